@@ -1,0 +1,1 @@
+"""Scenarios users run with ``cutline simulate NAME``."""
