@@ -171,3 +171,36 @@ def test_handle_dispatches_every_event_type():
     assert h.handle(TriggerCheckpoint(1)) == snap(1)
     assert h.handle(RecordsArrived("a", (1,))) == [RecordChannelState(1, "a", (1,)), Deliver("a", (1,))]
     assert h.handle(BarrierArrived("a", B(1))) == [FinishSnapshot(1)]
+
+
+def test_unaligned_announced_barrier_is_prioritized():
+    from cutline.protocol import PrioritizeBarrier
+    h = SnapshotHandler(["a", "b"], "unaligned")
+    assert h.on_announce("a", B(1, True)) == [PrioritizeBarrier("a", 1)]
+    h.on_barrier("a", B(1, True), overtaken=(1,))
+    # after the snapshot, a queued barrier on a recorded channel overtakes too
+    assert h.on_announce("b", B(1, True)) == [PrioritizeBarrier("b", 1)]
+    g = SnapshotHandler(["a"], "chandy_lamport")
+    assert g.on_announce("a", B(1)) == []  # markers never overtake
+
+
+def test_aligned_timeout_counts_time_queued_and_pulls_barriers_forward():
+    from cutline.protocol import PrioritizeBarrier
+    h = SnapshotHandler(["a", "b"], "aligned", aligned_timeout=1.0)
+    # both barriers stuck behind data: the timer starts at the announcement
+    assert h.on_announce("a", B(3)) == [ScheduleTimeout(3, 1.0)]
+    assert h.on_announce("b", B(3)) == []
+    acts = h.on_timeout(3)
+    assert acts == snap(3, True) + [PrioritizeBarrier("a", 3), PrioritizeBarrier("b", 3)]
+    assert h.on_barrier("a", B(3, True), overtaken=(1, 2)) == [
+        RecordChannelState(3, "a", (1, 2)), Deliver("a", (1, 2))]
+    assert h.on_barrier("b", B(3, True)) == [FinishSnapshot(3)]
+
+
+def test_aligned_timeout_stale_timer_after_alignment_completes():
+    h = SnapshotHandler(["a", "b"], "aligned", aligned_timeout=1.0)
+    assert h.on_announce("a", B(1)) == [ScheduleTimeout(1, 1.0)]
+    h.on_barrier("a", B(1))
+    h.on_barrier("b", B(1))
+    assert h.on_timeout(1) == []
+    assert h.idle

@@ -9,6 +9,7 @@ from .events import (
     Action,
     AlignmentTimeout,
     Barrier,
+    BarrierAnnounced,
     BarrierArrived,
     BlockChannel,
     ChannelClosed,
@@ -18,6 +19,7 @@ from .events import (
     Event,
     FinishSnapshot,
     Mode,
+    PrioritizeBarrier,
     ProtocolError,
     RecordChannelState,
     RecordsArrived,
@@ -29,9 +31,9 @@ from .events import (
 from .handler import SnapshotHandler
 
 __all__ = [
-    "AbortCheckpoint", "Action", "AlignmentTimeout", "Barrier", "BarrierArrived",
+    "AbortCheckpoint", "Action", "AlignmentTimeout", "Barrier", "BarrierAnnounced", "BarrierArrived",
     "BlockChannel", "ChannelClosed", "DeclineSnapshot", "Deliver", "EmitBarrier", "Event",
-    "FinishSnapshot", "Mode", "ProtocolError", "RecordChannelState", "RecordsArrived",
+    "FinishSnapshot", "Mode", "PrioritizeBarrier", "ProtocolError", "RecordChannelState", "RecordsArrived",
     "ScheduleTimeout", "SnapshotHandler", "TakeSnapshot", "TriggerCheckpoint",
     "UnblockChannel",
 ]

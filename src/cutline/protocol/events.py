@@ -83,6 +83,19 @@ class BarrierArrived:
 
 
 @dataclass(frozen=True, slots=True)
+class BarrierAnnounced:
+    """A barrier is queued on ``channel`` behind records the task has not taken yet.
+
+    Flink's barrier announcement: it lets aligned-with-timeout count the time a barrier
+    spends stuck in a backpressured queue.  Drivers may send it whenever a barrier arrives;
+    handlers in other modes ignore it.
+    """
+
+    channel: Channel
+    barrier: Barrier
+
+
+@dataclass(frozen=True, slots=True)
 class TriggerCheckpoint:
     """This task initiates snapshot ``checkpoint_id`` (a source, or a Chandy-Lamport initiator)."""
 
@@ -113,6 +126,7 @@ class AlignmentTimeout:
 Event: TypeAlias = (
     RecordsArrived
     | BarrierArrived
+    | BarrierAnnounced
     | TriggerCheckpoint
     | AbortCheckpoint
     | ChannelClosed
@@ -195,6 +209,16 @@ class ScheduleTimeout:
     delay: float
 
 
+@dataclass(frozen=True, slots=True)
+class PrioritizeBarrier:
+    """Take barrier ``checkpoint_id`` out of ``channel``'s queue now, ahead of the records
+    before it, and feed it back as an unaligned :class:`BarrierArrived` with those records
+    as ``overtaken`` (the alignment timed out while the barrier was still queued)."""
+
+    channel: Channel
+    checkpoint_id: int
+
+
 Action: TypeAlias = (
     Deliver
     | BlockChannel
@@ -205,6 +229,7 @@ Action: TypeAlias = (
     | FinishSnapshot
     | DeclineSnapshot
     | ScheduleTimeout
+    | PrioritizeBarrier
 )
 
 

@@ -24,6 +24,7 @@ from .events import (
     Action,
     AlignmentTimeout,
     Barrier,
+    BarrierAnnounced,
     BarrierArrived,
     Batch,
     BlockChannel,
@@ -35,6 +36,7 @@ from .events import (
     Event,
     FinishSnapshot,
     Mode,
+    PrioritizeBarrier,
     ProtocolError,
     RecordChannelState,
     RecordsArrived,
@@ -114,6 +116,7 @@ class SnapshotHandler:
         self._dispatch = {
             RecordsArrived: lambda e: self.on_records(e.channel, e.records),
             BarrierArrived: lambda e: self.on_barrier(e.channel, e.barrier, e.overtaken),
+            BarrierAnnounced: lambda e: self.on_announce(e.channel, e.barrier),
             TriggerCheckpoint: lambda e: self.on_trigger(e.checkpoint_id),
             AbortCheckpoint: lambda e: self.on_abort(e.checkpoint_id),
             ChannelClosed: lambda e: self.on_close(e.channel),
@@ -183,6 +186,18 @@ class SnapshotHandler:
                 )
             return self._record_and_deliver(channel, overtaken) + self._channel_done(n, channel)
         return self._policy.barrier(channel, barrier, overtaken)
+
+    def on_announce(self, channel: Channel, barrier: Barrier) -> list[Action]:
+        """A barrier is queued on ``channel`` behind records not yet taken."""
+        if channel not in self._open:
+            self._bad_channel(channel, f"announced barrier {barrier.checkpoint_id}")
+        n = barrier.checkpoint_id
+        rec = self._recordings.get(n)
+        if rec is not None and channel in rec.pending and (
+            self.mode is Mode.UNALIGNED or self.aligned_timeout is not None
+        ):
+            return [PrioritizeBarrier(channel, n)]  # snapshot taken: let it overtake
+        return self._policy.announce(channel, barrier)
 
     def on_trigger(self, checkpoint_id: int) -> list[Action]:
         return self._policy.trigger(checkpoint_id)
@@ -323,6 +338,9 @@ class _Policy:
     def trigger(self, n: int) -> list[Action]:
         return self.h._trigger_at_edge(n)
 
+    def announce(self, channel: Channel, barrier: Barrier) -> list[Action]:
+        return []
+
     def abort(self, n: int) -> list[Action]:
         return []
 
@@ -349,6 +367,12 @@ class _Recording(_Policy):
         actions += h._channel_done(n, channel)
         return actions
 
+    def announce(self, channel: Channel, barrier: Barrier) -> list[Action]:
+        # Unaligned: a barrier is a priority event, it overtakes the queue at once.
+        if self.h.mode is Mode.UNALIGNED and not self.h._seen_before(barrier.checkpoint_id):
+            return [PrioritizeBarrier(channel, barrier.checkpoint_id)]
+        return []
+
     def trigger(self, n: int) -> list[Action]:
         h = self.h
         if h._seen_before(n) or n in h._recordings:
@@ -364,9 +388,23 @@ class _Aligned(_Policy):
         super().__init__(h)
         self.aligning: int | None = None
         self.received: dict[Channel, None] = {}
+        # checkpoint -> channels where its barrier is queued, not yet taken (timeout only)
+        self.announced: dict[int, dict[Channel, None]] = {}
 
     def idle(self) -> bool:
         return self.aligning is None
+
+    def announce(self, channel: Channel, barrier: Barrier) -> list[Action]:
+        h, n = self.h, barrier.checkpoint_id
+        if h.aligned_timeout is None or channel in h._back or barrier.unaligned:
+            return []
+        if h._seen_before(n) and self.aligning != n:
+            return []
+        if self.aligning is not None and n < self.aligning:
+            return []
+        first = n not in self.announced and self.aligning != n
+        self.announced.setdefault(n, {})[channel] = None
+        return [ScheduleTimeout(n, h.aligned_timeout)] if first else []
 
     def oldest_open(self, default: int) -> int:
         return default if self.aligning is None else min(default, self.aligning)
@@ -391,8 +429,10 @@ class _Aligned(_Policy):
                 return actions + h._late(channel, overtaken)
             self.aligning, self.received = n, {}
             h._mark_seen(n)
-            if h.aligned_timeout is not None and not barrier.unaligned:
+            announced = n in self.announced
+            if h.aligned_timeout is not None and not barrier.unaligned and not announced:
                 actions.append(ScheduleTimeout(n, h.aligned_timeout))
+        self.announced.get(n, {}).pop(channel, None)
         if barrier.unaligned:
             if h.aligned_timeout is None:
                 raise ProtocolError(
@@ -408,8 +448,16 @@ class _Aligned(_Policy):
             return actions + self._complete()
         return actions + h._block(channel)
 
+    def _forget_announced(self, n: int) -> dict[Channel, None]:
+        for m in [m for m in self.announced if m <= n]:
+            got = self.announced.pop(m)
+            if m == n:
+                return got
+        return {}
+
     def _complete(self) -> list[Action]:
         h, n = self.h, self.aligning
+        self._forget_announced(n)
         self.aligning, self.received = None, {}
         actions = h._take_snapshot(n, False, h._back)
         return actions + h._unblock_all()
@@ -417,15 +465,20 @@ class _Aligned(_Policy):
     def _switch(self) -> list[Action]:
         h, n = self.h, self.aligning
         pending = [c for c in h._open if c not in self.received]
+        queued = self._forget_announced(n)
         self.aligning, self.received = None, {}
         actions = h._take_snapshot(n, True, pending)
-        return actions + h._unblock_all()
+        actions += h._unblock_all()
+        # barriers still stuck in queues: have the driver pull them forward now
+        actions += [PrioritizeBarrier(c, n) for c in queued if c in h._open and c in pending]
+        return actions
 
     def _cancel(self) -> list[Action]:
         self.aligning, self.received = None, {}
         return self.h._unblock_all()
 
     def abort(self, n: int) -> list[Action]:
+        self._forget_announced(n)
         return self._cancel() if self.aligning == n else []
 
     def closed(self, channel: Channel) -> list[Action]:
@@ -436,7 +489,14 @@ class _Aligned(_Policy):
         return []
 
     def timeout(self, n: int) -> list[Action]:
-        return self._switch() if self.aligning == n else []
+        if self.aligning == n:
+            return self._switch()
+        if self.aligning is None and n in self.announced and not self.h._seen_before(n):
+            # every barrier of n is still queued: snapshot now, pull them all forward
+            self.aligning, self.received = n, {}
+            self.h._mark_seen(n)
+            return self._switch()
+        return []
 
 
 class _AtLeastOnce(_Policy):

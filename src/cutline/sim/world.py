@@ -33,6 +33,7 @@ from ..protocol import (
     EmitBarrier,
     FinishSnapshot,
     Mode,
+    PrioritizeBarrier,
     RecordChannelState,
     ScheduleTimeout,
     SnapshotHandler,
@@ -383,7 +384,24 @@ class Simulation:
 
     def _arrive(self, ch: _Chan, item: Any) -> None:
         ch.inbox.append(item)
-        self._wake(self.procs[ch.dst])
+        p = self.procs[ch.dst]
+        if isinstance(item, Barrier) and len(ch.inbox) > 1 and p.handler is not None:
+            # queued behind data: announce it (a priority event, handled even when busy)
+            self._perform(p, p.handler.on_announce(ch.name, item))
+        self._wake(p)
+
+    def _prioritize(self, p: _Proc, channel: str, n: int) -> None:
+        """Pull barrier ``n`` forward in ``channel``'s inbox, past the records ahead of it."""
+        inbox = self.chans[channel].inbox
+        pos = next((i for i, it in enumerate(inbox)
+                    if isinstance(it, Barrier) and it.checkpoint_id == n), None)
+        if pos is None:
+            return  # already taken in order
+        overtaken = tuple(inbox.popleft() for _ in range(pos))
+        inbox.popleft()
+        barrier = Barrier(n, unaligned=True)
+        self._marker_received(p, channel, barrier)
+        self._perform(p, p.handler.on_barrier(channel, barrier, overtaken))
 
     def _fire_timer(self, p: _Proc, tag: Any) -> None:
         p.logic.on_timer(Context(self, p), tag)
@@ -411,17 +429,6 @@ class Simulation:
         ready = [c for c in p.inputs if self.chans[c].inbox and c not in p.blocked]
         if not ready:
             return False
-        # Unaligned barriers are priority events: they overtake the records ahead of them.
-        for c in ready:
-            inbox = self.chans[c].inbox
-            pos = next((i for i, it in enumerate(inbox)
-                        if isinstance(it, Barrier) and it.unaligned), None)
-            if pos:
-                overtaken = tuple(inbox.popleft() for _ in range(pos))
-                barrier = inbox.popleft()
-                self._marker_received(p, c, barrier)
-                self._perform(p, h.on_barrier(c, barrier, overtaken))
-                return True
         c = ready[0] if len(ready) == 1 else self.rng.choice(ready)
         inbox = self.chans[c].inbox
         head = inbox[0]
@@ -526,6 +533,8 @@ class Simulation:
                 p.blocked.discard(a.channel)
             elif type(a) is ScheduleTimeout:
                 self._at(self.now + a.delay, self._timeout, p, a.checkpoint_id)
+            elif type(a) is PrioritizeBarrier:
+                self._prioritize(p, a.channel, a.checkpoint_id)
             elif type(a) is DeclineSnapshot:
                 self._at(self.now, self._abort, a.checkpoint_id, f"{p.name}: {a.reason}")
             else:  # pragma: no cover - exhaustive over protocol actions

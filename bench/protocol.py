@@ -1,0 +1,311 @@
+"""Throughput of the sans-IO snapshot handler against a bare loop over the same batches.
+
+Run ``python bench/protocol.py`` (``--quick`` for a short run).  Cases, all feeding the
+same pre-built batches (tuples of ints) to the same consumer:
+
+* ``bare loop``: no protocol at all, the consumer is called on every batch;
+* ``handler, no checkpoint``: ``SnapshotHandler(["a", "b"], mode).on_records`` per batch,
+  then the returned actions are carried out as a driver would;
+* ``handler, one checkpoint in flight``: as above, after a barrier on ``a`` put a
+  checkpoint in flight, feeding only ``b`` (recorded *and* delivered in chandy_lamport and
+  unaligned mode; ``a`` blocked in aligned mode).
+
+The machine may be shared and noisy, so cases are interleaved across several rounds (the
+order rotates each round) and the median per case is reported.  Exit code is always 0:
+this is a benchmark, not a test.  Results also go to ``bench/results/protocol.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+try:
+    from cutline.protocol import (
+        Barrier,
+        Deliver,
+        Mode,
+        RecordChannelState,
+        SnapshotHandler,
+    )
+except ImportError:  # running from a checkout without an installed package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    from cutline.protocol import (
+        Barrier,
+        Deliver,
+        Mode,
+        RecordChannelState,
+        SnapshotHandler,
+    )
+
+from rich.console import Console
+from rich.table import Table
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "results" / "protocol.json"
+
+MODES = (Mode.ALIGNED, Mode.CHANDY_LAMPORT, Mode.UNALIGNED)
+TARGET = 0.9
+POOL = 64  # distinct pre-built batches, cycled (keeps memory flat for long runs)
+
+BARE = "bare loop"
+NO_CP = "handler, no checkpoint"
+IN_FLIGHT = "handler, one checkpoint in flight"
+
+
+# --------------------------------------------------------------------------- workload
+
+
+def consume(batch) -> int:
+    """The operator: honest per-record work, the same in every case."""
+    acc = 0
+    for r in batch:
+        acc += r
+    return acc
+
+
+def make_pool(batch_size: int) -> list[tuple[int, ...]]:
+    return [tuple(range(i * batch_size, (i + 1) * batch_size)) for i in range(POOL)]
+
+
+def make_feed(pool, batches: int, channels: tuple[str, ...]) -> list[tuple[str, tuple]]:
+    """``batches`` (channel, batch) pairs, channels round-robin, batches cycled from pool."""
+    nch = len(channels)
+    return [(channels[i % nch], pool[i % POOL]) for i in range(batches)]
+
+
+# --------------------------------------------------------------------------- cases
+
+
+def run_bare(feed, _mode=None) -> tuple[int, int]:
+    total = 0
+    for _channel, batch in feed:
+        total += consume(batch)
+    return total, 0
+
+
+def _drive(handler: SnapshotHandler, feed) -> tuple[int, int]:
+    """Feed every batch to ``handler`` and carry out its actions like a driver."""
+    on_records = handler.on_records
+    log: list = []  # the driver's in-flight log: references, no copies
+    append = log.append
+    total = 0
+    for channel, batch in feed:
+        for a in on_records(channel, batch):
+            t = type(a)
+            if t is Deliver:
+                total += consume(a.records)
+            elif t is RecordChannelState:
+                append(a.records)
+            else:  # pragma: no cover - not expected on the records path
+                raise AssertionError(f"unexpected action on the records path: {a!r}")
+    return total, len(log)
+
+
+def run_no_checkpoint(feed, mode: Mode) -> tuple[int, int]:
+    return _drive(SnapshotHandler(["a", "b"], mode), feed)
+
+
+def in_flight_handler(mode: Mode) -> SnapshotHandler:
+    h = SnapshotHandler(["a", "b"], mode)
+    if mode is Mode.UNALIGNED:
+        h.on_barrier("a", Barrier(1, unaligned=True))
+        assert h.recording == {1: ("b",)}, h.recording
+    elif mode is Mode.CHANDY_LAMPORT:
+        h.on_barrier("a", Barrier(1))
+        assert h.recording == {1: ("b",)}, h.recording
+    elif mode is Mode.ALIGNED:
+        h.on_barrier("a", Barrier(1))
+        assert h.blocked == ("a",) and h.aligning == 1, (h.blocked, h.aligning)
+    else:  # pragma: no cover
+        raise ValueError(mode)
+    return h
+
+
+def run_in_flight(feed, mode: Mode) -> tuple[int, int]:
+    return _drive(in_flight_handler(mode), feed)
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def measure(fn, feed, mode, records: int) -> tuple[float, int, int]:
+    gc.collect()
+    t0 = time.perf_counter()
+    total, logged = fn(feed, mode)
+    dt = time.perf_counter() - t0
+    return records / dt, total, logged
+
+
+def calibrate(pool, batch_size: int, target_s: float) -> int:
+    """Number of batches that makes the bare loop take about ``target_s`` seconds."""
+    n = max(1, 20_000 // batch_size)
+    while True:
+        feed = make_feed(pool, n, ("a", "b"))
+        t0 = time.perf_counter()
+        run_bare(feed)
+        dt = time.perf_counter() - t0
+        if dt >= 0.1 or n >= 50_000_000 // batch_size:
+            break
+        n *= 4
+    return max(10, int(n * target_s / dt))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="short run (smoke test)")
+    p.add_argument("--batch-size", type=int, default=1000, help="records per batch")
+    p.add_argument(
+        "--batches",
+        type=int,
+        default=None,
+        help="batches per measured case (default: calibrated so each case takes ~1.5 s)",
+    )
+    p.add_argument("--rounds", type=int, default=None, help="rounds (default 5, quick 3)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
+    args = p.parse_args(argv)
+
+    # Piped output (CI logs, subprocess) gets a width that fits the table on one line.
+    console = Console() if sys.stdout.isatty() else Console(width=130)
+    bs = args.batch_size
+    if bs < 1:
+        p.error("--batch-size must be >= 1")
+    rounds = args.rounds or (3 if args.quick else 5)
+    pool = make_pool(bs)
+    if args.batches is not None:
+        batches = args.batches
+    elif args.quick:
+        batches = max(10, 200_000 // bs)
+    else:
+        batches = calibrate(pool, bs, 1.5)
+    batches += batches % 2  # even: both channels get the same number of batches
+    records = batches * bs
+
+    feed_two = make_feed(pool, batches, ("a", "b"))
+    feed_b = make_feed(pool, batches, ("b",))
+
+    cases: list[tuple[str, str, object, list]] = [(BARE, "-", run_bare, feed_two)]
+    for mode in MODES:
+        cases.append((NO_CP, mode.value, run_no_checkpoint, feed_two))
+    for mode in MODES:
+        cases.append((IN_FLIGHT, mode.value, run_in_flight, feed_b))
+
+    console.print(
+        f"[bold]cutline protocol benchmark[/]  batch size {bs:,} records, "
+        f"{batches:,} batches ({records:,} records) per case, {rounds} rounds, "
+        f"Python {platform.python_version()}"
+    )
+
+    # Warm up every case once (small), and check they all see the same records.
+    warm = make_feed(pool, min(batches, 20), ("a", "b"))
+    warm_b = make_feed(pool, min(batches, 20), ("b",))
+    for _name, mval, fn, feed in cases:
+        fn(warm_b if feed is feed_b else warm, Mode(mval) if mval != "-" else None)
+
+    rates: dict[tuple[str, str], list[float]] = {(c[0], c[1]): [] for c in cases}
+    expected_total = None
+    logged_counts: dict[tuple[str, str], int] = {}
+    for r in range(rounds):
+        k = r % len(cases)
+        order = cases[k:] + cases[:k]  # rotate so no case always runs first or last
+        for name, mval, fn, feed in order:
+            mode = Mode(mval) if mval != "-" else None
+            rate, total, logged = measure(fn, feed, mode, records)
+            if expected_total is None:
+                expected_total = total
+            elif total != expected_total:
+                raise AssertionError(f"{name}/{mval} consumed a different total: {total}")
+            rates[(name, mval)].append(rate)
+            logged_counts[(name, mval)] = logged
+        console.print(f"  round {r + 1}/{rounds} done", style="dim")
+
+    med = {key: statistics.median(v) for key, v in rates.items()}
+    bare = med[(BARE, "-")]
+    # Paired ratio: case vs the bare loop of the same round, median over rounds.
+    bare_rounds = rates[(BARE, "-")]
+    paired = {
+        key: statistics.median(x / b for x, b in zip(v, bare_rounds)) for key, v in rates.items()
+    }
+
+    table = Table(title=f"records/s at {bs:,}-record batches (median of {rounds} rounds)")
+    table.add_column("case", no_wrap=True)
+    table.add_column("mode", no_wrap=True)
+    table.add_column("records/s (median)", justify="right")
+    table.add_column("ratio vs bare loop", justify="right")
+    table.add_column("paired ratio", justify="right")
+    table.add_column("spread", justify="right")
+    table.add_column("batches logged", justify="right")
+    for name, mval, _fn, _feed in cases:
+        key = (name, mval)
+        v = rates[key]
+        spread = (max(v) - min(v)) / med[key] * 100 if med[key] else 0.0
+        ratio = med[key] / bare
+        style = "" if name == BARE else ("green" if ratio >= TARGET else "red")
+        table.add_row(
+            name,
+            mval,
+            f"{med[key]:,.0f}",
+            f"[{style}]{ratio:.3f}x[/]" if style else f"{ratio:.3f}x",
+            f"{paired[key]:.3f}x",
+            f"±{spread / 2:.1f}%",
+            f"{logged_counts[key]:,}",
+        )
+    console.print(table)
+
+    verdicts = {}
+    for mode in MODES:
+        r_no = med[(NO_CP, mode.value)] / bare
+        r_in = med[(IN_FLIGHT, mode.value)] / bare
+        ok = r_no >= TARGET and r_in >= TARGET
+        verdicts[mode.value] = {"pass": ok, "no_checkpoint": r_no, "in_flight": r_in}
+        word = "[green]PASS[/]" if ok else "[red]FAIL[/]"
+        console.print(
+            f"{mode.value:>15}: handler >= {TARGET}x bare loop at {bs:,}-record batches: "
+            f"{word} (ratio {min(r_no, r_in):.3f}; no checkpoint {r_no:.3f}x, "
+            f"in flight {r_in:.3f}x)"
+        )
+
+    result = {
+        "benchmark": "cutline.protocol.SnapshotHandler vs bare loop",
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "machine": platform.machine(),
+        "quick": args.quick,
+        "batch_size": bs,
+        "batches": batches,
+        "records_per_case": records,
+        "rounds": rounds,
+        "target_ratio": TARGET,
+        "cases": [
+            {
+                "case": name,
+                "mode": None if mval == "-" else mval,
+                "records_per_s_median": med[(name, mval)],
+                "records_per_s_rounds": rates[(name, mval)],
+                "ratio_vs_bare": med[(name, mval)] / bare,
+                "paired_ratio_median": paired[(name, mval)],
+                "batches_logged": logged_counts[(name, mval)],
+            }
+            for name, mval, _fn, _feed in cases
+        ],
+        "target": verdicts,
+    }
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        console.print(f"results written to {args.out}", style="dim")
+    except OSError as exc:  # a benchmark: report, don't fail
+        console.print(f"could not write {args.out}: {exc}", style="yellow")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
