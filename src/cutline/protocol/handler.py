@@ -113,15 +113,6 @@ class SnapshotHandler:
         self._floor = min_checkpoint_id
         policy = _POLICIES[self.mode]
         self._policy = policy(self)
-        self._dispatch = {
-            RecordsArrived: lambda e: self.on_records(e.channel, e.records),
-            BarrierArrived: lambda e: self.on_barrier(e.channel, e.barrier, e.overtaken),
-            BarrierAnnounced: lambda e: self.on_announce(e.channel, e.barrier),
-            TriggerCheckpoint: lambda e: self.on_trigger(e.checkpoint_id),
-            AbortCheckpoint: lambda e: self.on_abort(e.checkpoint_id),
-            ChannelClosed: lambda e: self.on_close(e.channel),
-            AlignmentTimeout: lambda e: self.on_timeout(e.checkpoint_id),
-        }
 
     # ------------------------------------------------------------------ introspection
 
@@ -143,6 +134,18 @@ class SnapshotHandler:
         """The checkpoint whose barriers are being aligned, if any."""
         return getattr(self._policy, "aligning", None)
 
+    def state_key(self) -> tuple:
+        """A hashable, order-independent fingerprint of the protocol state (model checking)."""
+
+        def srt(xs: Iterable) -> tuple:
+            return tuple(sorted(xs, key=repr))
+
+        return (
+            srt(self._open), srt(self._blocked),
+            srt((n, srt(r.pending)) for n, r in self._recordings.items()),
+            srt(self._seen), self._floor, self._policy.key(),
+        )
+
     @property
     def idle(self) -> bool:
         """No checkpoint is open at this task."""
@@ -152,10 +155,10 @@ class SnapshotHandler:
 
     def handle(self, event: Event) -> list[Action]:
         try:
-            fn = self._dispatch[type(event)]
+            fn = _DISPATCH[type(event)]
         except KeyError:
             raise TypeError(f"not a protocol event: {event!r}") from None
-        return fn(event)
+        return fn(self, event)
 
     def on_records(self, channel: Channel, records: Batch) -> list[Action]:
         """Records taken off ``channel``; the hot path, once per batch."""
@@ -329,6 +332,9 @@ class _Policy:
     def idle(self) -> bool:
         return True
 
+    def key(self) -> tuple:
+        return ()
+
     def oldest_open(self, default: int) -> int:
         return default
 
@@ -393,6 +399,10 @@ class _Aligned(_Policy):
 
     def idle(self) -> bool:
         return self.aligning is None
+
+    def key(self) -> tuple:
+        return (self.aligning, tuple(sorted(self.received, key=repr)),
+                tuple(sorted((n, tuple(sorted(c, key=repr))) for n, c in self.announced.items())))
 
     def announce(self, channel: Channel, barrier: Barrier) -> list[Action]:
         h, n = self.h, barrier.checkpoint_id
@@ -513,6 +523,9 @@ class _AtLeastOnce(_Policy):
     def idle(self) -> bool:
         return not self.pending
 
+    def key(self) -> tuple:
+        return tuple(sorted((n, tuple(sorted(c, key=repr))) for n, c in self.pending.items()))
+
     def oldest_open(self, default: int) -> int:
         return min(self.pending, default=default)
 
@@ -564,4 +577,15 @@ _POLICIES = {
     Mode.UNALIGNED: _Recording,
     Mode.ALIGNED: _Aligned,
     Mode.AT_LEAST_ONCE: _AtLeastOnce,
+}
+
+
+_DISPATCH = {
+    RecordsArrived: lambda h, e: h.on_records(e.channel, e.records),
+    BarrierArrived: lambda h, e: h.on_barrier(e.channel, e.barrier, e.overtaken),
+    BarrierAnnounced: lambda h, e: h.on_announce(e.channel, e.barrier),
+    TriggerCheckpoint: lambda h, e: h.on_trigger(e.checkpoint_id),
+    AbortCheckpoint: lambda h, e: h.on_abort(e.checkpoint_id),
+    ChannelClosed: lambda h, e: h.on_close(e.channel),
+    AlignmentTimeout: lambda h, e: h.on_timeout(e.checkpoint_id),
 }
