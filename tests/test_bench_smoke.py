@@ -23,6 +23,7 @@ def test_protocol_bench_quick(tmp_path):
     result = json.loads(out.read_text())
     assert {c["case"] for c in result["cases"]} == {
         "bare loop",
+        "bare loop again (noise control)",
         "handler, no checkpoint",
         "handler, one checkpoint in flight",
     }

@@ -161,12 +161,12 @@ class _Explorer:
                 continue
             out.append((self._describe(c, q[0]), lambda c=c: self._deliver(w, c)))
             if self.mode is Mode.UNALIGNED:
-                for pos in range(1, len(q)):
-                    if q[pos][0] == "b":
-                        out.append((f"barrier {q[pos][1].checkpoint_id} overtakes {pos} "
-                                    f"record(s) on {self.chan_names[c]}",
-                                    lambda c=c, pos=pos: self._overtake(w, c, pos)))
-                        break
+                # the first barrier queued behind records may jump them (never a barrier)
+                pos = next((i for i, it in enumerate(q) if it[0] == "b"), 0)
+                if pos:
+                    out.append((f"barrier {q[pos][1].checkpoint_id} overtakes {pos} "
+                                f"record(s) on {self.chan_names[c]}",
+                                lambda c=c, pos=pos: self._overtake(w, c, pos)))
         return out
 
     def _describe(self, c: int, item: tuple) -> str:

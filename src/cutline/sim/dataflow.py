@@ -107,3 +107,37 @@ def compare_output(expected: list, actual: list) -> dict[str, int | bool]:
         "exact": sorted((k, n) for k, n, _ in expected) == sorted((k, n) for k, n, _ in actual)
         and got_ids == exp_ids,
     }
+
+
+class Relay(Process):
+    """A keyed, stateful operator for arbitrary DAGs: counts records per key and routes
+    each record by key to one output; with no outputs it is a sink collecting record ids."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, Any] = {"counts": {}, "out": []}
+
+    def on_message(self, ctx: Context, channel: str, payload: Any) -> None:
+        key, rid = payload
+        counts = self.state["counts"]
+        counts[key] = counts.get(key, 0) + 1
+        if ctx.outputs:
+            ctx.send(route(key, ctx.outputs), payload)
+        else:
+            self.state["out"].append(rid)
+
+
+def build_dag(sim: Simulation, edges: list[tuple[int, int]], *, records: int = 40,
+              keys: int = 7, interval: float = 0.05) -> list[str]:
+    """Processes ``n0..nK`` over ``edges``; nodes without inputs are sources."""
+    nodes = sorted({a for a, _ in edges} | {b for _, b in edges})
+    has_input = {b for _, b in edges}
+    src_index = 0
+    for n in nodes:
+        if n in has_input:
+            sim.add_process(f"n{n}", Relay())
+        else:
+            sim.add_process(f"n{n}", Source(src_index, records, keys, interval))
+            src_index += 1
+    for a, b in edges:
+        sim.connect(f"n{a}", f"n{b}")
+    return [f"n{n}" for n in nodes]

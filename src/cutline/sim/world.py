@@ -290,6 +290,10 @@ class Simulation:
             if name not in self.procs:
                 raise ValueError(f"snapshot {snapshot.id} has state for unknown process {name!r}")
             self.procs[name].logic.restore_state(state)
+        unknown = sorted(set(snapshot.channels) - set(self.chans))
+        if unknown:
+            raise ValueError(f"snapshot {snapshot.id} records channels this world lacks: "
+                             f"{', '.join(unknown)} (the graph changed since the snapshot)")
         for cname, msgs in snapshot.channels.items():
             ch = self.chans[cname]
             for m in msgs:  # re-inject recorded in-flight messages, in order, first
@@ -393,10 +397,9 @@ class Simulation:
     def _prioritize(self, p: _Proc, channel: str, n: int) -> None:
         """Pull barrier ``n`` forward in ``channel``'s inbox, past the records ahead of it."""
         inbox = self.chans[channel].inbox
-        pos = next((i for i, it in enumerate(inbox)
-                    if isinstance(it, Barrier) and it.checkpoint_id == n), None)
-        if pos is None:
-            return  # already taken in order
+        pos = next((i for i, it in enumerate(inbox) if isinstance(it, Barrier)), None)
+        if pos is None or inbox[pos].checkpoint_id != n:
+            return  # already taken in order, or behind another barrier: FIFO among barriers
         overtaken = tuple(inbox.popleft() for _ in range(pos))
         inbox.popleft()
         barrier = Barrier(n, unaligned=True)

@@ -77,7 +77,7 @@ class TokensResult:
 
 def build(
     processes: int = 5, tokens: int = 100, seed: int = 0, mode: str = "chandy_lamport",
-    period: float = 1.0,
+    period: float = 1.0, graph_seed: int | None = None,
 ) -> Simulation:
     import random
 
@@ -85,7 +85,7 @@ def build(
     names = [f"P{i + 1}" for i in range(processes)]
     for n in names:
         sim.add_process(n, Bank(tokens, period))
-    for a, b in strongly_connected(processes, random.Random(seed)):
+    for a, b in strongly_connected(processes, random.Random(seed if graph_seed is None else graph_seed)):
         sim.connect(names[a], names[b])
     return sim
 
