@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/cutline simulate lecture --diagram docs/lecture.png
+	$(VENV)/bin/cutline simulate lecture --diagram out/lecture.png
 	$(VENV)/bin/cutline simulate alignment
 
 test: $(STAMP)

@@ -34,13 +34,13 @@ def test_at_least_once_is_caught_with_a_counterexample():
 
 def test_a_broken_protocol_that_forgets_channel_state_is_caught(monkeypatch):
     # Mutation: Chandy-Lamport that never records in-flight messages.
-    real = handler_mod.SnapshotHandler._record_and_deliver
+    real = handler_mod.SnapshotHandler.on_records
 
     def forgetful(self, channel, records):
         return [a for a in real(self, channel, records)
                 if type(a).__name__ != "RecordChannelState"]
 
-    monkeypatch.setattr(handler_mod.SnapshotHandler, "_record_and_deliver", forgetful)
+    monkeypatch.setattr(handler_mod.SnapshotHandler, "on_records", forgetful)
     r = explore(processes=3, messages=1, snapshots=1)
     assert not r.ok
     assert any("recorded []" in p for p in r.problems)

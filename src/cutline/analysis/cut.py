@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ..sim.world import Snapshot, TraceEvent
+from ..sim.trace import Snapshot, TraceEvent
 
 __all__ = ["CutReport", "check_cut"]
 
