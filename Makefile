@@ -1,7 +1,7 @@
 # Two commands do all set-up on a fresh machine (Python 3.11 + Java 17):
 #   make demo   - create .venv, install cutline, run the main demo
 #   make test   - create .venv if needed, run the test suite
-PYTHON ?= python3.11
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
