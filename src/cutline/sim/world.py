@@ -214,6 +214,10 @@ class Simulation:
     ) -> None:
         """Initiate ``checkpoint_id`` at ``time`` from ``initiators`` (default: sources)."""
         names = list(initiators) if initiators is not None else None
+        unknown = [n for n in names or () if n not in self.procs]
+        if unknown:
+            raise ValueError(f"unknown initiator(s) {', '.join(map(repr, unknown))}; "
+                             f"processes are {', '.join(self.procs)}")
         self._at(time, self._initiate, checkpoint_id, names)
 
     def snapshot_every(
