@@ -1,0 +1,1 @@
+"""The streaming runtime: task executor, channels, operators. Knows nothing of Spark."""

@@ -1,0 +1,1 @@
+"""Glue between the runtime and Spark: barrier-stage launcher, driver-side coordinator."""

@@ -1,0 +1,1 @@
+"""Checkpoint storage: layout, metadata written last, retention, savepoints."""
