@@ -1,1 +1,18 @@
-"""Sources and sinks."""
+"""Sources and sinks.
+
+Contracts (``Source`` / ``SourceReader``, ``Sink`` / ``SinkWriter``) are in ``base``; reader
+positions and sink transaction handles are plain msgpack-able data. No pyspark imports here.
+"""
+
+from .base import (
+    CommitError, RecordError, Sink, SinkWriter, Source, SourceReader,
+)
+from .collect import CollectSink, PrintSink
+from .files import FileSource
+from .generator import GeneratorSource
+from .parquet_sink import ParquetSink
+
+__all__ = [
+    "CollectSink", "CommitError", "FileSource", "GeneratorSource", "ParquetSink", "PrintSink",
+    "RecordError", "Sink", "SinkWriter", "Source", "SourceReader",
+]

@@ -1,0 +1,291 @@
+"""The user's vocabulary: ``Pipeline``, ``Stream``, ``KeyedStream``, ``CheckpointConfig``.
+
+A pipeline is built by chaining operators on streams; nothing runs until
+:meth:`Pipeline.run`.  Everything a user passes is validated here, up front, with an error
+that names the argument.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .protocol import Mode
+
+__all__ = ["CheckpointConfig", "Pipeline", "Stream", "KeyedStream", "Node"]
+
+_UID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """How a job checkpoints; the fields of Flink's ``CheckpointConfig`` that users set."""
+
+    interval: float = 1.0
+    mode: str = "exactly_once"  # or "at_least_once"
+    unaligned: bool = False
+    aligned_timeout: float | None = None
+    timeout: float = 600.0
+    min_pause: float = 0.0
+    max_concurrent: int = 1
+    tolerable_failures: int = 0
+    retained: int = 3
+    retain_on_cancel: bool = True
+    storage: str = "file:///tmp/cutline-checkpoints"
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> None:
+            raise ValueError(f"CheckpointConfig.{name} {why}, got {getattr(self, name)!r}")
+
+        if not isinstance(self.interval, (int, float)) or self.interval <= 0:
+            bad("interval", "must be a positive number of seconds")
+        if self.mode not in ("exactly_once", "at_least_once"):
+            bad("mode", "must be 'exactly_once' or 'at_least_once'")
+        if not isinstance(self.unaligned, bool):
+            bad("unaligned", "must be True or False")
+        if self.unaligned and self.mode != "exactly_once":
+            bad("unaligned", "applies to mode 'exactly_once' only")
+        if self.aligned_timeout is not None:
+            if self.mode != "exactly_once":
+                bad("aligned_timeout", "applies to mode 'exactly_once' only")
+            if not isinstance(self.aligned_timeout, (int, float)) or self.aligned_timeout < 0:
+                bad("aligned_timeout", "must be None or a number of seconds >= 0")
+        if not isinstance(self.timeout, (int, float)) or self.timeout <= 0:
+            bad("timeout", "must be a positive number of seconds")
+        if not isinstance(self.min_pause, (int, float)) or self.min_pause < 0:
+            bad("min_pause", "must be >= 0 seconds")
+        for name in ("max_concurrent", "retained"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                bad(name, "must be a whole number >= 1")
+        v = self.tolerable_failures
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            bad("tolerable_failures", "must be a whole number >= 0")
+        if not isinstance(self.storage, str) or not self.storage:
+            bad("storage", "must be a storage URL such as file:///path or s3://bucket/path")
+
+    @property
+    def protocol_mode(self) -> Mode:
+        if self.mode == "at_least_once":
+            return Mode.AT_LEAST_ONCE
+        if self.unaligned:
+            return Mode.UNALIGNED
+        return Mode.ALIGNED
+
+
+# Partitioning of an edge into an operator.
+FORWARD, REBALANCE, HASH, BROADCAST = "forward", "rebalance", "hash", "broadcast"
+
+
+@dataclass
+class Node:
+    """One logical operator."""
+
+    id: int
+    uid: str
+    kind: str  # source | map | flat_map | filter | reduce | process | union | sink
+    fn: Any = None
+    parallelism: int | None = None
+    inputs: list[int] = field(default_factory=list)
+    partitioning: str = FORWARD  # how records reach this node from its inputs
+    key_fn: Callable[[Any], Any] | None = None  # hash partitioning / keyed operators
+
+    @property
+    def keyed(self) -> bool:
+        return self.kind in ("reduce", "process")
+
+
+def _check_callable(name: str, fn: Any) -> None:
+    if not callable(fn):
+        raise TypeError(f"{name}() needs a function, got {type(fn).__name__}: {fn!r}")
+
+
+def _check_parallelism(p: Any, what: str = "parallelism") -> None:
+    if p is not None and (not isinstance(p, int) or isinstance(p, bool) or p < 1):
+        raise ValueError(f"{what} must be a whole number >= 1, got {p!r}")
+
+
+class Pipeline:
+    """A streaming job: sources, operators and sinks, checkpointed as configured.
+
+    >>> p = Pipeline("wordcount", parallelism=2, checkpoint=CheckpointConfig(interval=1.0))
+    >>> (p.source(GeneratorSource(count=1000))             # doctest: +SKIP
+    ...   .map(str).key_by(len).reduce(lambda a, b: a + b).sink(CollectSink()))
+    >>> p.run()                                             # doctest: +SKIP
+    """
+
+    def __init__(self, name: str, parallelism: int = 2,
+                 checkpoint: CheckpointConfig | None = None, max_parallelism: int = 128):
+        if not isinstance(name, str) or not _UID.match(name):
+            raise ValueError(f"pipeline name must be 1-64 letters, digits, '.', '_' or '-', "
+                             f"got {name!r}")
+        _check_parallelism(parallelism)
+        _check_parallelism(max_parallelism, "max_parallelism")
+        if max_parallelism < parallelism:
+            raise ValueError(f"max_parallelism ({max_parallelism}) must be >= parallelism "
+                             f"({parallelism}): state is split into max_parallelism key groups")
+        if checkpoint is not None and not isinstance(checkpoint, CheckpointConfig):
+            raise TypeError(f"checkpoint must be a CheckpointConfig, got {checkpoint!r}")
+        self.name = name
+        self.parallelism = parallelism
+        self.max_parallelism = max_parallelism
+        self.checkpoint = checkpoint or CheckpointConfig()
+        self.nodes: list[Node] = []
+
+    # -------------------------------------------------------------- building
+
+    def _add(self, kind: str, fn: Any, inputs: list[int], *, uid: str | None,
+             parallelism: int | None, partitioning: str = FORWARD,
+             key_fn: Callable | None = None) -> Node:
+        _check_parallelism(parallelism)
+        if parallelism is not None and parallelism > self.max_parallelism:
+            raise ValueError(f"parallelism {parallelism} exceeds max_parallelism "
+                             f"{self.max_parallelism}")
+        node_id = len(self.nodes)
+        if uid is None:
+            uid = f"{kind}-{node_id}"
+        elif not isinstance(uid, str) or not _UID.match(uid):
+            raise ValueError(f"uid must be 1-64 letters, digits, '.', '_' or '-', got {uid!r}")
+        if any(n.uid == uid for n in self.nodes):
+            raise ValueError(f"duplicate operator uid {uid!r}: uids identify state in "
+                             "checkpoints and must be unique")
+        node = Node(node_id, uid, kind, fn, parallelism, inputs, partitioning, key_fn)
+        self.nodes.append(node)
+        return node
+
+    def source(self, source: Any, *, uid: str | None = None,
+               parallelism: int | None = None) -> "Stream":
+        if not hasattr(source, "create_reader"):
+            raise TypeError(f"source() needs a cutline source (e.g. GeneratorSource, "
+                            f"FileSource), got {source!r}")
+        return Stream(self, self._add("source", source, [], uid=uid, parallelism=parallelism))
+
+    def run(self, spark: Any = None, **kwargs: Any) -> Any:
+        """Run on Spark (an embedded ``local[N,F]`` session unless ``spark`` is given)."""
+        from .spark.launcher import run_pipeline
+
+        return run_pipeline(self, spark=spark, **kwargs)
+
+    def with_checkpoint(self, **changes: Any) -> "Pipeline":
+        """Change checkpoint settings (validated) and return the pipeline."""
+        self.checkpoint = replace(self.checkpoint, **changes)
+        return self
+
+    def validate(self) -> None:
+        sinks = [n for n in self.nodes if n.kind == "sink"]
+        if not sinks:
+            raise ValueError(f"pipeline {self.name!r} has no sink: add .sink(...)")
+        consumed = {i for n in self.nodes for i in n.inputs}
+        dangling = [n.uid for n in self.nodes if n.kind != "sink" and n.id not in consumed]
+        if dangling:
+            raise ValueError(f"operators {dangling} lead nowhere: end every branch in a sink")
+
+
+class Stream:
+    """A stream of records produced by one operator."""
+
+    def __init__(self, pipeline: Pipeline, node: Node):
+        self.pipeline = pipeline
+        self.node = node
+
+    def _then(self, kind: str, fn: Any, *, uid: str | None, parallelism: int | None,
+              partitioning: str | None = None, key_fn: Callable | None = None) -> "Stream":
+        part = partitioning or (FORWARD if parallelism in (None, self._parallelism())
+                                else REBALANCE)
+        node = self.pipeline._add(kind, fn, [self.node.id], uid=uid, parallelism=parallelism,
+                                  partitioning=part, key_fn=key_fn)
+        return Stream(self.pipeline, node)
+
+    def _parallelism(self) -> int:
+        return self.node.parallelism or self.pipeline.parallelism
+
+    def map(self, fn: Callable[[Any], Any], *, uid: str | None = None,
+            parallelism: int | None = None) -> "Stream":
+        _check_callable("map", fn)
+        return self._then("map", fn, uid=uid, parallelism=parallelism)
+
+    def flat_map(self, fn: Callable[[Any], Iterable[Any]], *, uid: str | None = None,
+                 parallelism: int | None = None) -> "Stream":
+        _check_callable("flat_map", fn)
+        return self._then("flat_map", fn, uid=uid, parallelism=parallelism)
+
+    def filter(self, fn: Callable[[Any], bool], *, uid: str | None = None,
+               parallelism: int | None = None) -> "Stream":
+        _check_callable("filter", fn)
+        return self._then("filter", fn, uid=uid, parallelism=parallelism)
+
+    def rebalance(self) -> "Stream":
+        """Spread records round-robin over the next operator's subtasks."""
+        return _Repartitioned(self, REBALANCE)
+
+    def key_by(self, key_fn: Callable[[Any], Any]) -> "KeyedStream":
+        _check_callable("key_by", key_fn)
+        return KeyedStream(self, key_fn)
+
+    def union(self, *others: "Stream", uid: str | None = None,
+              parallelism: int | None = None) -> "Stream":
+        for o in others:
+            if not isinstance(o, Stream) or o.pipeline is not self.pipeline:
+                raise ValueError("union() takes streams of the same pipeline")
+        node = self.pipeline._add("union", None, [self.node.id] + [o.node.id for o in others],
+                                  uid=uid, parallelism=parallelism, partitioning=REBALANCE)
+        return Stream(self.pipeline, node)
+
+    def sink(self, sink: Any, *, uid: str | None = None,
+             parallelism: int | None = None) -> "Stream":
+        if not hasattr(sink, "create_writer"):
+            raise TypeError(f"sink() needs a cutline sink (e.g. ParquetSink, CollectSink, "
+                            f"PrintSink), got {sink!r}")
+        return self._then("sink", sink, uid=uid, parallelism=parallelism)
+
+
+class _Repartitioned(Stream):
+    def __init__(self, stream: Stream, partitioning: str):
+        super().__init__(stream.pipeline, stream.node)
+        self._partitioning = partitioning
+
+    def _then(self, kind, fn, *, uid, parallelism, partitioning=None, key_fn=None):
+        return super()._then(kind, fn, uid=uid, parallelism=parallelism,
+                             partitioning=partitioning or self._partitioning, key_fn=key_fn)
+
+
+class KeyedStream:
+    """Records partitioned by key: the next operator sees all records of a key, with state."""
+
+    def __init__(self, stream: Stream, key_fn: Callable[[Any], Any]):
+        self.stream = stream
+        self.key_fn = key_fn
+
+    def _keyed(self, kind: str, fn: Any, uid: str | None, parallelism: int | None) -> Stream:
+        return self.stream._then(kind, fn, uid=uid, parallelism=parallelism,
+                                 partitioning=HASH, key_fn=self.key_fn)
+
+    def reduce(self, fn: Callable[[Any, Any], Any], *, uid: str | None = None,
+               parallelism: int | None = None) -> Stream:
+        """Running reduce per key; emits the new aggregate for every record."""
+        _check_callable("reduce", fn)
+        return self._keyed("reduce", fn, uid, parallelism)
+
+    def process(self, fn: Callable[[Any, Any], Iterable[Any] | None], *, uid: str | None = None,
+                parallelism: int | None = None) -> Stream:
+        """``fn(ctx, record)`` with keyed state on ``ctx``; returns/yields outputs (or None).
+
+        ``ctx.key``; ``ctx.value_state(name, default)`` -> ``.value`` / ``.update(v)`` /
+        ``.clear()``; ``ctx.list_state(name)`` -> list-like; ``ctx.map_state(name)`` ->
+        dict-like.  State is per key, checkpointed, restored after failures.
+        """
+        _check_callable("process", fn)
+        return self._keyed("process", fn, uid, parallelism)
+
+    def count(self, *, uid: str | None = None, parallelism: int | None = None) -> Stream:
+        """Running count per key: emits ``(key, count)``."""
+        key_fn = self.key_fn
+
+        def counting(ctx, record):
+            n = ctx.value_state("count", 0)
+            n.update(n.value + 1)
+            return ((key_fn(record), n.value),)
+
+        return self._keyed("process", counting, uid, parallelism)

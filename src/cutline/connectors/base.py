@@ -1,0 +1,182 @@
+"""Connector contracts (sources, two-phase-commit sinks) and shared file-system helpers.
+
+Everything a reader's ``snapshot()`` or a writer's ``pre_commit()`` returns is plain data
+(dict / list / str / int / float / bytes / bool / None) so it can be stored with msgpack in a
+checkpoint. Nothing in this package imports pyspark.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol, runtime_checkable
+
+import fsspec
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class SourceReader(Protocol):
+    """One per source subtask."""
+
+    def open(self, subtask: int, parallelism: int) -> None: ...
+
+    def read_batch(self, max_records: int) -> list | None:
+        """Up to ``max_records`` records; ``[]`` = nothing right now; ``None`` = end of input."""
+
+    def snapshot(self) -> dict:
+        """Position after the last record returned (msgpack-able)."""
+
+    def restore(self, state: dict) -> None:
+        """Called after ``open()``, before any read: continue from ``state``."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Source(Protocol):
+    """What the user passes to ``Pipeline.source()``; picklable (travels to executors)."""
+
+    name: str
+
+    def parallelism_hint(self) -> int | None: ...
+
+    def create_reader(self) -> SourceReader: ...
+
+
+@runtime_checkable
+class SinkWriter(Protocol):
+    """One per sink subtask; exactly-once through two-phase commit."""
+
+    def open(self, subtask: int, parallelism: int, job: str) -> None: ...
+
+    def write(self, batch: list) -> None: ...
+
+    def pre_commit(self, checkpoint_id: int) -> dict:
+        """Flush and stage everything written since the last pre_commit; return a handle."""
+
+    def commit(self, handles: list[dict]) -> None:
+        """Make staged transactions visible; committing a committed handle is a no-op."""
+
+    def abort(self, handles: list[dict]) -> None:
+        """Discard staged transactions that will never commit."""
+
+    def recover(self, handles: list[dict]) -> None:
+        """On restore: re-commit ``handles`` idempotently, discard staged data not covered."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Sink(Protocol):
+    name: str
+
+    def create_writer(self) -> SinkWriter: ...
+
+
+class RecordError(ValueError):
+    """A record in an input could not be parsed.
+
+    ``file``: the input file; ``position``: byte offset (jsonl / csv) or row (parquet) where the
+    bad record starts; ``reason``: the parser's message; ``line``: 1-based line number (text).
+    """
+
+    def __init__(self, file: str, position: int, reason: str, line: int | None = None):
+        self.file, self.position, self.reason, self.line = file, position, reason, line
+        where = f"line {line}, byte offset {position}" if line is not None else f"row {position}"
+        super().__init__(f"malformed record in {file} ({where}): {reason}")
+
+
+class CommitError(RuntimeError):
+    """A staged transaction cannot be committed (its files are gone, or the target is taken)."""
+
+
+# --------------------------------------------------------------------------- file helpers
+
+def get_fs(path: str) -> tuple[Any, str]:
+    """``(fsspec filesystem, path without protocol)`` for a local path or any fsspec URL."""
+    fs, root = fsspec.core.url_to_fs(str(path))
+    return fs, root.rstrip("/") or "/"
+
+
+def join(*parts: str) -> str:
+    return "/".join(p.strip("/") if i else p.rstrip("/") for i, p in enumerate(parts) if p != "")
+
+
+def commit_file(fs: Any, src: str, dest: str, *, strict: bool) -> bool:
+    """Move ``src`` to ``dest`` idempotently. Returns True if this call moved the file.
+
+    - src present, dest absent: move.
+    - src absent, dest present: already committed -> no-op.
+    - both present: an interrupted non-atomic move (copy done, delete not) if the sizes agree ->
+      delete src; otherwise ``dest`` belongs to something else -> CommitError.
+    - both absent: the staged data is gone. ``strict`` (a normal commit) raises CommitError;
+      during recovery it is logged and ignored, assuming the output was committed and later
+      moved away by a consumer (the behaviour of Flink's file committer after recovery).
+    """
+    if fs.exists(src):
+        if fs.exists(dest):
+            if fs.size(src) == fs.size(dest):
+                fs.rm(src)
+                return False
+            raise CommitError(
+                f"cannot commit {src}: {dest} already exists with different content "
+                "(output of an earlier run in the same directory? use a fresh output path)")
+        try:
+            fs.mv(src, dest)
+        except FileNotFoundError:
+            if not fs.exists(dest):  # somebody else moved it concurrently: fine if dest exists
+                raise
+            return False
+        return True
+    if fs.exists(dest):
+        return False
+    msg = f"staged file {src} is missing and {dest} does not exist"
+    if strict:
+        raise CommitError(msg + ": the transaction was aborted or its staging data was lost")
+    log.warning("%s; assuming it was committed earlier and moved away", msg)
+    return False
+
+
+def rm_quiet(fs: Any, path: str) -> None:
+    try:
+        fs.rm(path)
+    except FileNotFoundError:
+        pass
+
+
+def owned_staging_dirs(fs: Any, job_staging: str, subtask: int, parallelism: int) -> list[str]:
+    """Staging directories this subtask is responsible for cleaning on recovery.
+
+    Its own ``<job_staging>/<subtask>`` plus, after a scale-down, the directories of old subtasks
+    ``s >= parallelism`` with ``s % parallelism == subtask`` (nobody else would clean them).
+    """
+    dirs = [join(job_staging, str(subtask))]
+    try:
+        entries = fs.ls(job_staging, detail=False)
+    except FileNotFoundError:
+        return dirs
+    for entry in entries:
+        name = entry.rstrip("/").rsplit("/", 1)[-1]
+        if name.isdigit() and int(name) >= parallelism and int(name) % parallelism == subtask:
+            dirs.append(join(job_staging, name))
+    return dirs
+
+
+def clean_staging(fs: Any, dirs: list[str], keep: set[str]) -> list[str]:
+    """Delete every file under ``dirs`` whose path is not in ``keep``; return what was deleted."""
+    deleted, keep = [], {_norm(k) for k in keep}
+    for d in dirs:
+        try:
+            files = fs.find(d)
+        except FileNotFoundError:
+            continue
+        for f in files:
+            if _norm(f) not in keep:
+                rm_quiet(fs, f)
+                deleted.append(f)
+    return deleted
+
+
+def _norm(path: str) -> str:
+    return "/" + path.strip("/") if path.startswith("/") else path.strip("/")

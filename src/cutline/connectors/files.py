@@ -1,0 +1,256 @@
+"""Replayable file source: a directory (local or any fsspec URL) of jsonl, csv or parquet files."""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import json
+import time
+import zlib
+from typing import Any
+
+from .base import RecordError, get_fs
+
+FORMATS = ("jsonl", "csv", "parquet")
+
+
+class FileSource:
+    """Read every file of a directory; files are the unit of partitioning.
+
+    - Files whose names start with ``.`` or ``_`` are ignored (temporary files, ``_SUCCESS``).
+      The directory is not descended into. ``path`` may also name a single file.
+    - Bounded (``follow=False``): the files listed at ``open()``, sorted by name; file ``i``
+      belongs to subtask ``i % p``; end of input once all of a subtask's files are read.
+    - ``follow=True``: unbounded; re-lists every ``poll_interval`` seconds when idle. A file
+      belongs to subtask ``crc32(name) % p`` so that the assignment does not change when new
+      files arrive. Files must appear atomically (write elsewhere, then rename into the
+      directory) and are read once: data appended to a file already read is not seen.
+    - Position: ``{"file", "offset", "line", "done"}``; offset is a byte offset for jsonl / csv
+      (line based) and a row number for parquet (read in row-group slices); ``done`` lists the
+      finished files of this subtask.
+    - jsonl: one JSON value per line (blank lines skipped). csv: records are dicts of strings
+      keyed by the file's header line (or by ``fieldnames``, then files have no header);
+      quoted fields may span lines. parquet: records are dicts (``Table.to_pylist``).
+    - A record that does not parse raises ``RecordError`` naming file, line and byte offset;
+      the position stays at the start of the bad record.
+    """
+
+    def __init__(self, path: str, format: str = "jsonl", follow: bool = False,
+                 poll_interval: float = 1.0, name: str | None = None, *,
+                 encoding: str = "utf-8", fieldnames: list[str] | None = None,
+                 delimiter: str = ",", step: float = 0.05):
+        if format not in FORMATS:
+            raise ValueError(f"unknown file format {format!r}; supported: {', '.join(FORMATS)}")
+        if poll_interval <= 0:
+            raise ValueError(f"poll_interval must be > 0, got {poll_interval}")
+        self.path, self.format, self.follow = str(path), format, follow
+        self.poll_interval, self.encoding, self.step = poll_interval, encoding, step
+        self.fieldnames = list(fieldnames) if fieldnames is not None else None
+        self.delimiter = delimiter
+        self.name = name or f"{format}:{self.path}"
+        fs, root = get_fs(self.path)
+        if not fs.exists(root):
+            raise FileNotFoundError(f"input path {self.path} does not exist")
+
+    def parallelism_hint(self) -> int | None:
+        return None
+
+    def create_reader(self) -> "FileReader":
+        return FileReader(self)
+
+    def __repr__(self) -> str:
+        return f"FileSource({self.path!r}, format={self.format!r}, follow={self.follow})"
+
+
+class FileReader:
+    def __init__(self, source: FileSource):
+        self._src = source
+        self._parallelism = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def open(self, subtask: int, parallelism: int) -> None:
+        if not 0 <= subtask < parallelism:
+            raise ValueError(f"subtask {subtask} out of range for parallelism {parallelism}")
+        self._subtask, self._parallelism = subtask, parallelism
+        self._fs, self._root = get_fs(self._src.path)
+        if not self._fs.exists(self._root):
+            raise FileNotFoundError(f"input path {self._src.path} does not exist")
+        self._known: dict[str, str] = {}   # name -> full path, only files of this subtask
+        self._done: set[str] = set()
+        self._cur: str | None = None
+        self._off = self._line = 0
+        self._handle: Any = None
+        self._header: list[str] | None = None
+        self._list()
+        self._next_poll = time.monotonic() + self._src.poll_interval
+
+    def close(self) -> None:
+        self._close_handle()
+
+    def snapshot(self) -> dict:
+        return {"file": self._cur, "offset": self._off, "line": self._line,
+                "done": sorted(self._done)}
+
+    def restore(self, state: dict) -> None:
+        self._close_handle()
+        self._done = set(state.get("done") or ())
+        cur = state.get("file")
+        if cur is not None and cur not in self._known:
+            self._list()
+            if cur not in self._known:
+                raise ValueError(
+                    f"restored position refers to file {cur!r}, which is not (any more) an input "
+                    f"of subtask {self._subtask}/{self._parallelism} under {self._src.path}")
+        self._cur = cur
+        self._off = int(state.get("offset") or 0) if cur is not None else 0
+        self._line = int(state.get("line") or 0) if cur is not None else 0
+
+    # ------------------------------------------------------------------ listing
+    def _list(self) -> None:
+        fs, root, p = self._fs, self._root, self._parallelism
+        if fs.isfile(root):
+            entries = [root]
+        else:
+            entries = [e["name"] for e in fs.ls(root, detail=True) if e.get("type") == "file"]
+        names = sorted({e.rstrip("/").rsplit("/", 1)[-1]: e for e in entries}.items())
+        names = [(n, e) for n, e in names if not n.startswith((".", "_"))]
+        for i, (n, full) in enumerate(names):
+            owner = zlib.crc32(n.encode()) % p if self._src.follow else i % p
+            if owner == self._subtask:
+                self._known[n] = full
+
+    def _pick(self) -> str | None:
+        pending = [n for n in self._known if n not in self._done]
+        return min(pending) if pending else None
+
+    # ------------------------------------------------------------------ reading
+    def read_batch(self, max_records: int) -> list | None:
+        if self._parallelism is None:
+            raise RuntimeError("FileReader.read_batch() before open()")
+        out: list = []
+        while len(out) < max_records:
+            if self._cur is None:
+                nxt = self._pick()
+                if nxt is None:
+                    if out:
+                        return out
+                    if not self._src.follow:
+                        return None
+                    now = time.monotonic()
+                    if now >= self._next_poll:
+                        self._list()
+                        self._next_poll = now + self._src.poll_interval
+                        if self._pick() is not None:
+                            continue
+                    time.sleep(max(0.0, min(self._src.step, self._next_poll - now)))
+                    return []
+                self._cur, self._off, self._line = nxt, 0, 0
+            if self._handle is None:
+                self._open_current()
+            if self._read(max_records - len(out), out):  # end of this file
+                self._close_handle()
+                self._done.add(self._cur)
+                self._cur, self._off, self._line = None, 0, 0
+        return out
+
+    def _close_handle(self) -> None:
+        h, self._handle = self._handle, None
+        if h is not None:
+            h.close()
+
+    def _open_current(self) -> None:
+        full = self._known[self._cur]
+        if self._src.format == "parquet":
+            import pyarrow.parquet as pq
+            f = self._fs.open(full, "rb")
+            try:
+                pf = pq.ParquetFile(f)
+            except Exception as e:
+                f.close()
+                raise RecordError(full, 0, f"not a readable parquet file: {e}") from e
+            self._handle, self._pf, self._rg = f, pf, None
+            sizes = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
+            self._starts = [sum(sizes[:i]) for i in range(len(sizes))]
+            self._rows = sum(sizes)
+            return
+        self._handle = self._fs.open(full, "rb")
+        if self._src.format == "csv":
+            self._header = self._src.fieldnames
+            if self._header is None:
+                off, line = self._off, self._line
+                self._off = self._line = 0
+                header = self._next_text_record()
+                self._header = header[2] if header else []
+                if off > 0:  # restoring mid-file: header known, jump back to the position
+                    self._handle.seek(off)
+                    self._off, self._line = off, line
+        elif self._off:
+            self._handle.seek(self._off)
+
+    def _read(self, n: int, out: list) -> bool:
+        """Append up to ``n`` records of the current file to ``out``; True at end of file."""
+        if self._src.format == "parquet":
+            return self._read_parquet(n, out)
+        while n > 0:
+            rec = self._next_text_record()
+            if rec is None:
+                return True
+            out.append(rec[2])
+            n -= 1
+        return False
+
+    def _next_text_record(self) -> tuple[int, int, Any] | None:
+        """(offset, line, record) of the next non-blank record, or None at end of file."""
+        f, fmt = self._handle, self._src.format
+        while True:
+            start, start_line = self._off, self._line + 1
+            raw = f.readline()
+            if not raw:
+                return None
+            lines = 1
+            if fmt == "csv":  # a quoted field may contain newlines: keep reading until balanced
+                while raw.count(b'"') % 2 == 1:
+                    more = f.readline()
+                    if not more:
+                        break
+                    raw += more
+                    lines += 1
+            self._off, self._line = start + len(raw), self._line + lines
+            try:
+                text = raw.decode(self._src.encoding)
+                if not text.strip():
+                    continue
+                rec = self._parse(text)
+            except (ValueError, csv.Error) as e:
+                # Leave the position at the bad record, so a retry fails the same way.
+                f.seek(start)
+                self._off, self._line = start, start_line - 1
+                raise RecordError(self._known[self._cur], start, str(e), line=start_line) from e
+            return start, start_line, rec
+
+    def _parse(self, text: str) -> Any:
+        if self._src.format == "jsonl":
+            return json.loads(text)
+        row = next(csv.reader([text], delimiter=self._src.delimiter, strict=True))
+        header = self._header
+        if header is None:  # this is the header line itself
+            return row
+        if len(row) != len(header):
+            raise ValueError(f"expected {len(header)} fields {header}, got {len(row)}: {row}")
+        return dict(zip(header, row))
+
+    def _read_parquet(self, n: int, out: list) -> bool:
+        while n > 0 and self._off < self._rows:
+            idx = bisect.bisect_right(self._starts, self._off) - 1
+            if self._rg is None or self._rg[0] != idx:
+                self._rg = (idx, self._pf.read_row_group(idx))
+            table = self._rg[1]
+            local = self._off - self._starts[idx]
+            k = min(n, table.num_rows - local)
+            out.extend(table.slice(local, k).to_pylist())
+            self._off += k
+            n -= k
+        if self._off >= self._rows:
+            self._rg = None
+            return True
+        return False

@@ -1,0 +1,189 @@
+"""Logical pipeline -> physical plan: chains, subtasks, channels and key groups.
+
+* Operators connected by a forward edge with the same parallelism, where the upstream has
+  no other consumer, are *chained*: they run in one task, passing batches by function call.
+* Every other edge becomes channels: forward (subtask i -> i), rebalance / hash
+  (all-to-all), broadcast (all-to-all, every record to every subtask).
+* Keys hash to ``max_parallelism`` key groups; a subtask owns a contiguous range of them
+  (Flink's assignment), so keyed state can be restored at another parallelism by moving
+  whole key groups.
+* Spark task ``k`` hosts subtask ``k`` of every chain (slot sharing): the job needs as many
+  Spark slots as its largest parallelism.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from .api import FORWARD, HASH, Node, Pipeline
+
+__all__ = ["stable_hash", "key_group", "key_group_range", "subtask_for_key_group",
+           "Chain", "Edge", "PhysicalPlan", "plan"]
+
+
+def stable_hash(key: Any) -> int:
+    """A hash of ``key`` that is the same in every process (``hash()`` of str is not)."""
+    if key is None:
+        h = 0
+    elif isinstance(key, bool):
+        h = int(key) + 1
+    elif isinstance(key, int):
+        h = key & 0xFFFFFFFFFFFFFFFF
+    elif isinstance(key, str):
+        h = zlib.crc32(key.encode("utf-8", "surrogatepass"))
+    elif isinstance(key, bytes):
+        h = zlib.crc32(key)
+    elif isinstance(key, float):
+        h = zlib.crc32(struct.pack("<d", key))
+    elif isinstance(key, tuple):
+        h = 17
+        for item in key:
+            h = (h * 31 + stable_hash(item)) & 0xFFFFFFFFFFFFFFFF
+    else:
+        h = zlib.crc32(pickle.dumps(key, protocol=5))
+    # murmur3 finaliser: spread consecutive keys over key groups
+    h ^= h >> 33
+    h = (h * 0xFF51AFD7ED558CCD) & 0xFFFFFFFFFFFFFFFF
+    h ^= h >> 33
+    return h
+
+
+def key_group(key: Any, max_parallelism: int) -> int:
+    return stable_hash(key) % max_parallelism
+
+
+def key_group_range(subtask: int, parallelism: int, max_parallelism: int) -> range:
+    """The contiguous key groups owned by ``subtask`` (Flink's formula)."""
+    start = (subtask * max_parallelism + parallelism - 1) // parallelism
+    end = ((subtask + 1) * max_parallelism - 1) // parallelism
+    return range(start, end + 1)
+
+
+def subtask_for_key_group(group: int, parallelism: int, max_parallelism: int) -> int:
+    return group * parallelism // max_parallelism
+
+
+@dataclass
+class Chain:
+    id: int
+    nodes: list[Node]
+    parallelism: int
+
+    @property
+    def uid(self) -> str:
+        return self.nodes[0].uid
+
+    @property
+    def head(self) -> Node:
+        return self.nodes[0]
+
+    @property
+    def is_source(self) -> bool:
+        return self.head.kind == "source"
+
+    def task_id(self, subtask: int) -> str:
+        return f"{self.uid}.{subtask}"
+
+
+@dataclass
+class Edge:
+    src: int  # chain id
+    dst: int  # chain id
+    partitioning: str
+    key_fn: Any = None
+
+    def pairs(self, src_p: int, dst_p: int) -> list[tuple[int, int]]:
+        if self.partitioning == FORWARD:
+            return [(i, i) for i in range(src_p)]
+        return [(i, j) for i in range(src_p) for j in range(dst_p)]
+
+
+@dataclass
+class PhysicalPlan:
+    name: str
+    chains: list[Chain]
+    edges: list[Edge]
+    max_parallelism: int
+    slots: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.slots = max(c.parallelism for c in self.chains)
+
+    def channel_id(self, edge: Edge, i: int, j: int) -> str:
+        return f"{self.chains[edge.src].task_id(i)}->{self.chains[edge.dst].task_id(j)}"
+
+    def tasks(self) -> list[tuple[Chain, int]]:
+        return [(c, i) for c in self.chains for i in range(c.parallelism)]
+
+    def tasks_in_slot(self, slot: int) -> list[tuple[Chain, int]]:
+        return [(c, slot) for c in self.chains if slot < c.parallelism]
+
+    def inputs(self, chain: Chain, subtask: int) -> list[str]:
+        out = []
+        for e in self.edges:
+            if e.dst == chain.id:
+                src_p = self.chains[e.src].parallelism
+                out += [self.channel_id(e, i, j) for i, j in e.pairs(src_p, chain.parallelism)
+                        if j == subtask]
+        return out
+
+    def outputs(self, chain: Chain, subtask: int) -> list[tuple[Edge, list[str]]]:
+        """Per outgoing edge, the channel ids to the downstream subtasks, by subtask index."""
+        out = []
+        for e in self.edges:
+            if e.src == chain.id:
+                dst_p = self.chains[e.dst].parallelism
+                chans = [self.channel_id(e, i, j) for i, j in e.pairs(chain.parallelism, dst_p)
+                         if i == subtask]
+                out.append((e, chans))
+        return out
+
+    def describe(self) -> str:
+        lines = [f"pipeline {self.name}: {len(self.chains)} chains, "
+                 f"{sum(c.parallelism for c in self.chains)} subtasks on {self.slots} slots"]
+        for c in self.chains:
+            ops = " -> ".join(f"{n.kind}[{n.uid}]" for n in c.nodes)
+            lines.append(f"  chain {c.id} x{c.parallelism}: {ops}")
+        for e in self.edges:
+            lines.append(f"  {self.chains[e.src].uid} ={e.partitioning}=> "
+                         f"{self.chains[e.dst].uid}")
+        return "\n".join(lines)
+
+
+def plan(pipeline: Pipeline) -> PhysicalPlan:
+    pipeline.validate()
+    nodes = pipeline.nodes
+    par = {n.id: n.parallelism or pipeline.parallelism for n in nodes}
+    consumers: dict[int, list[int]] = {n.id: [] for n in nodes}
+    for n in nodes:
+        for i in n.inputs:
+            consumers[i].append(n.id)
+    chain_of: dict[int, Chain] = {}
+    chains: list[Chain] = []
+    for n in nodes:  # nodes are in topological order (added after their inputs)
+        chainable = (
+            len(n.inputs) == 1 and n.partitioning == FORWARD and n.kind != "source"
+            and par[n.inputs[0]] == par[n.id] and len(consumers[n.inputs[0]]) == 1
+        )
+        if chainable:
+            chain = chain_of[n.inputs[0]]
+            chain.nodes.append(n)
+        else:
+            chain = Chain(len(chains), [n], par[n.id])
+            chains.append(chain)
+        chain_of[n.id] = chain
+    edges = []
+    for n in nodes:
+        if chain_of[n.id].head is not n:
+            continue
+        for i in n.inputs:
+            part = n.partitioning
+            if part == FORWARD and par[i] != par[n.id]:
+                part = "rebalance"
+            edges.append(Edge(chain_of[i].id, chain_of[n.id].id, part,
+                              n.key_fn if part == HASH else None))
+    return PhysicalPlan(pipeline.name, chains, edges, pipeline.max_parallelism)

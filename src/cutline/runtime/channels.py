@@ -1,0 +1,538 @@
+"""FIFO data channels between streaming tasks: TCP, authenticated, credit-based flow control.
+
+One :class:`InputGate` per task holds all its input channels and listens on ``(host, 0)``;
+each upstream subtask opens one :class:`OutputChannel` to it per edge.  Records travel in
+batches (Python lists) as pickle protocol 5; barriers and EOF are control frames queued in
+order with the records, so every channel is FIFO end to end.
+
+Wire format: frames ``struct "!BI"`` (type, payload length) + payload.  The gate sends
+HELLO(16-byte random nonce); the sender answers HELLO(msgpack {channel_id, mac}) with
+mac = HMAC-SHA256(secret, channel_id + nonce); the gate answers CREDIT(initial credits), or
+REJECT(reason) and closes.  Then RECORDS(pickle), BARRIER(msgpack [checkpoint_id,
+unaligned]) and EOF flow downstream and CREDIT(n) upstream.  A batch costs one credit,
+control frames none.  Peers are authenticated once at connect; frames are not encrypted.
+
+Encoding, ``python bench/encoding.py`` (1,000-record batches, encode+decode, median of 5
+rounds; Python 3.11.7, pyarrow 26.0.1, shared 2-core box), records/s, pickle-5 vs Arrow IPC:
+dicts {user: str, n: int, t: float} 2.74-2.80 M vs 2.22-2.26 M (0.79-0.86x; 0.80x with the
+schema given to Arrow); tuples (str, int, float) 4.66-4.87 M vs 3.42-3.43 M (0.68-0.70x).
+Pickle encodes at ~215-230 MB/s and decodes at ~175-280 MB/s, Arrow ~150 / ~115-270 MB/s;
+Arrow frames are 17% smaller for the dicts, 8% larger for the tuples.  Arrow loses (columns
+are built from Python objects and back) and only fits flat records of primitives, so
+channels use pickle protocol 5.  One channel on loopback, sender in another process,
+credits 8: 1.6-2.3 M records/s with dict batches of 1,000 (a shared box; the receiving
+side, on one core, is the bottleneck).
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import hmac
+import logging
+import pickle
+import secrets
+import socket
+import struct
+import threading
+import time
+
+import msgpack
+
+from ..protocol.events import Barrier
+
+log = logging.getLogger(__name__)
+
+HELLO, RECORDS, BARRIER, EOF, CREDIT, REJECT = range(1, 7)
+_HEADER = struct.Struct("!BI")
+_COUNT = struct.Struct("!I")
+NONCE_BYTES = 16
+MAX_HELLO = 4096  # longest frame accepted from a peer that has not authenticated (yet)
+HANDSHAKE_TIMEOUT = 10.0
+
+
+class ChannelError(RuntimeError):
+    """A channel broke: connection lost or refused, or the peer broke the protocol."""
+
+    def __init__(self, channel_id: str, message: str) -> None:
+        super().__init__(f"channel {channel_id!r}: {message}")
+        self.channel_id = channel_id
+
+
+def encode_records(batch: list) -> bytes:
+    return pickle.dumps(batch, protocol=5)
+
+
+decode_records = pickle.loads
+
+
+def _wait(cond: threading.Condition, deadline: float | None) -> bool:
+    """Wait on ``cond`` (held) until notified; False once ``deadline`` has passed."""
+    left = None if deadline is None else deadline - time.monotonic()
+    if left is not None and left <= 0:
+        return False
+    cond.wait(left)
+    return True
+
+
+def _shutdown(sock: socket.socket, how: int = socket.SHUT_RDWR) -> None:
+    try:
+        sock.shutdown(how)
+    except OSError:
+        pass
+
+
+class _Closing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def channel_mac(secret: bytes, channel_id: str, nonce: bytes) -> bytes:
+    return hmac.new(secret, channel_id.encode() + nonce, hashlib.sha256).digest()
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise EOFError("connection closed" + (" mid-frame" if got else ""))
+        got += k
+    return buf
+
+
+def _read_frame(sock: socket.socket, max_len: int = 2**32) -> tuple[int, bytearray]:
+    kind, length = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    if length > max_len:
+        raise ValueError(f"frame of type {kind} too long ({length} bytes)")
+    return kind, _recv_exact(sock, length)
+
+
+def _send_frame(sock: socket.socket, kind: int, payload: bytes = b"") -> None:
+    header = _HEADER.pack(kind, len(payload))
+    if len(payload) < 65536:
+        sock.sendall(header + payload)
+    else:  # don't copy a big payload to prepend five bytes
+        sock.sendall(header)
+        sock.sendall(payload)
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, name):  # a peer host that vanishes is noticed in ~25 s
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
+class _Input:
+    """One input channel of a gate; guarded by the gate's condition."""
+
+    __slots__ = ("queue", "batches", "owed", "sock", "send_lock", "eof")
+
+    def __init__(self) -> None:
+        self.queue: collections.deque = collections.deque()  # (kind, payload, credits)
+        self.batches = 0  # record batches in the queue
+        self.owed = 0  # credits earned back, not sent yet
+        self.sock: socket.socket | None = None
+        self.send_lock = threading.Lock()
+        self.eof = False  # EOF frame received
+
+
+class InputGate(_Closing):
+    """All input channels of one task.  Upstream tasks connect to :attr:`address`."""
+
+    def __init__(self, task_id: str, channel_ids: list[str], secret: bytes,
+                 host: str = "127.0.0.1", credits: int = 8) -> None:
+        if credits < 1 or len(set(channel_ids)) != len(channel_ids):
+            raise ValueError(f"need credits >= 1 and distinct channel ids: {channel_ids}")
+        self.task_id, self.credits, self._secret = task_id, credits, secret
+        self._order = list(channel_ids)
+        self._ch = {c: _Input() for c in channel_ids}
+        self._next = 0  # round-robin position in _order
+        self._grant_at = max(1, credits // 4)  # coalesce credit grants
+        self._cond = threading.Condition()
+        self._announced: list[tuple[str, Barrier]] = []
+        self._error: ChannelError | None = None
+        self._closed = False
+        self._socks: set[socket.socket] = set()
+        self._threads: list[threading.Thread] = []
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.create_server((host, 0), family=family, backlog=128)
+        self._listener.settimeout(0.5)
+        self.address: tuple[str, int] = (host, self._listener.getsockname()[1])
+        self._acceptor = threading.Thread(target=self._accept_loop, daemon=True,
+                                          name=f"cutline-gate-{task_id}")
+        self._acceptor.start()
+
+    # ------------------------------------------------------------------ task side
+
+    def wait_connected(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                self._raise_if_broken()
+                missing = [c for c in self._order if self._ch[c].sock is None]
+                if not missing:
+                    return
+                if not _wait(self._cond, deadline):
+                    raise TimeoutError(f"task {self.task_id}: input channels not connected "
+                                       f"after {timeout}s: {', '.join(missing)}")
+
+    def poll(self, blocked: set[str] | frozenset, timeout: float | None):
+        """Next ``(channel_id, kind, payload)`` from an unblocked channel, round-robin;
+        ``None`` on timeout.  Raises :class:`ChannelError` once any channel broke."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while (got := self._take(blocked)) is None:
+                if not _wait(self._cond, deadline):
+                    return None
+        cid, kind, payload, grant = got
+        if grant:
+            self._grant(cid, grant)
+        return cid, kind, payload
+
+    def _take(self, blocked):
+        self._raise_if_broken()
+        n = len(self._order)
+        for i in range(n):
+            idx = (self._next + i) % n
+            cid = self._order[idx]
+            st = self._ch[cid]
+            if not st.queue or cid in blocked:
+                continue
+            self._next = idx + 1
+            kind, payload, credits = st.queue.popleft()
+            grant = 0
+            if kind == "records":
+                st.batches -= 1
+                grant = self._earn(st, credits)
+            elif kind == "barrier":
+                self._forget_announcement(cid, payload)
+            return cid, kind, payload, grant
+        return None
+
+    def _earn(self, st: _Input, credits: int) -> int:
+        st.owed += credits
+        if st.owed < self._grant_at or st.eof:
+            return 0
+        grant, st.owed = st.owed, 0
+        return grant
+
+    def _forget_announcement(self, cid: str, barrier: Barrier) -> None:
+        if (cid, barrier) in self._announced:
+            self._announced.remove((cid, barrier))
+
+    def announcements(self) -> list[tuple[str, Barrier]]:
+        """Barriers that arrived behind queued records since the last call and are still
+        queued (one taken meanwhile by poll or take_through_barrier is left out)."""
+        with self._cond:
+            out, self._announced = self._announced, []
+        return out
+
+    def take_through_barrier(self, channel_id: str, checkpoint_id: int) -> list | None:
+        with self._cond:
+            st = self._ch[channel_id]
+            for ahead, (kind, payload, _) in enumerate(st.queue):
+                if kind != "records":
+                    break
+            else:
+                return None
+            if kind != "barrier" or payload.checkpoint_id != checkpoint_id:
+                return None  # not there, or behind another barrier / EOF: no overtaking
+            records, credits = [], 0
+            for _ in range(ahead):
+                _, batch, c = st.queue.popleft()
+                records.extend(batch)
+                credits += c
+            st.batches -= ahead
+            st.queue.popleft()
+            self._forget_announcement(channel_id, payload)
+            grant = self._earn(st, credits)
+        if grant:
+            self._grant(channel_id, grant)
+        return records
+
+    def inject(self, channel_id: str, records: list) -> None:
+        """Put recovered in-flight ``records`` at the front of the queue (no credit)."""
+        if records:
+            with self._cond:
+                self._ch[channel_id].queue.appendleft(("records", list(records), 0))
+                self._ch[channel_id].batches += 1
+                self._cond.notify_all()
+
+    def queued(self, channel_id: str) -> int:
+        with self._cond:
+            return self._ch[channel_id].batches
+
+    def close(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            for s in self._socks:  # wakes the reader threads; each closes its socket
+                _shutdown(s)
+            self._cond.notify_all()
+        _shutdown(self._listener)  # wakes accept() at once on Linux
+        self._acceptor.join(2.0)
+        self._listener.close()
+        for t in list(self._threads):
+            t.join(2.0)
+
+    def _raise_if_broken(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise RuntimeError(f"input gate of task {self.task_id} is closed")
+
+    def _fail(self, cid: str, message: str) -> None:
+        with self._cond:
+            if self._closed or self._ch[cid].eof:
+                return
+            log.error("task %s: input channel %r broke: %s", self.task_id, cid, message)
+            self._error = self._error or ChannelError(cid, message)
+            self._cond.notify_all()
+
+    def _grant(self, cid: str, n: int) -> None:
+        st = self._ch[cid]
+        try:
+            with st.send_lock:
+                _send_frame(st.sock, CREDIT, _COUNT.pack(n))
+        except OSError as exc:
+            self._fail(cid, f"cannot return credit to the sender: {exc}")
+
+    # ------------------------------------------------------------------ network side
+
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                sock, peer = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                if self._closed:
+                    return
+                time.sleep(0.05)  # e.g. out of file descriptors: don't spin
+                continue
+            with self._cond:
+                if self._closed:
+                    sock.close()
+                    return
+                self._socks.add(sock)
+                self._threads = [t for t in self._threads if t.is_alive()]
+                t = threading.Thread(target=self._serve, args=(sock, peer), daemon=True,
+                                     name=f"cutline-gate-{self.task_id}-{peer}")
+                self._threads.append(t)
+            t.start()
+
+    def _serve(self, sock: socket.socket, peer) -> None:
+        try:
+            if (cid := self._handshake(sock, peer)) is not None:
+                self._read_loop(sock, cid)
+        finally:
+            with self._cond:
+                self._socks.discard(sock)
+            sock.close()
+
+    def _handshake(self, sock: socket.socket, peer) -> str | None:
+        nonce = secrets.token_bytes(NONCE_BYTES)
+        try:
+            sock.settimeout(HANDSHAKE_TIMEOUT)
+            _tune(sock)
+            _send_frame(sock, HELLO, nonce)
+            kind, payload = _read_frame(sock, MAX_HELLO)
+            if kind != HELLO:
+                return self._reject(sock, peer, f"expected HELLO, got frame type {kind}")
+            hello = msgpack.unpackb(payload)
+            cid, mac = hello["channel_id"], hello["mac"]
+            if not isinstance(cid, str) or not isinstance(mac, bytes):
+                raise TypeError("channel_id must be str and mac bytes")
+        except Exception as exc:  # untrusted input: whatever goes wrong, refuse
+            return self._reject(sock, peer, f"bad handshake ({type(exc).__name__}: {exc})")
+        if not hmac.compare_digest(mac, channel_mac(self._secret, cid, nonce)):
+            return self._reject(sock, peer, f"wrong mac for channel {cid!r}")
+        with self._cond:
+            st = self._ch.get(cid)
+            taken = st is None or st.sock is not None
+            if not taken:
+                st.sock = sock
+                self._cond.notify_all()
+        if taken:
+            what = "unknown channel" if st is None else "already connected: channel"
+            return self._reject(sock, peer, f"{what} {cid!r}")
+        sock.settimeout(None)
+        try:
+            with st.send_lock:
+                _send_frame(sock, CREDIT, _COUNT.pack(self.credits))
+        except OSError as exc:
+            self._fail(cid, f"connection lost after handshake: {exc}")
+            return None
+        return cid
+
+    def _reject(self, sock: socket.socket, peer, reason: str) -> None:
+        if not self._closed:
+            log.warning("task %s: refused connection from %s: %s", self.task_id, peer, reason)
+            try:
+                sock.settimeout(1.0)
+                _send_frame(sock, REJECT, reason.encode()[:MAX_HELLO])
+            except OSError:
+                pass
+        return None
+
+    def _read_loop(self, sock: socket.socket, cid: str) -> None:
+        st = self._ch[cid]
+        try:
+            while not st.eof:
+                kind, payload = _read_frame(sock)
+                if kind == RECORDS:
+                    item = ("records", decode_records(payload), 1)
+                elif kind == BARRIER:
+                    n, unaligned = msgpack.unpackb(payload)
+                    item = ("barrier", Barrier(int(n), bool(unaligned)), 0)
+                elif kind == EOF:
+                    item = ("eof", None, 0)
+                else:
+                    raise ValueError(f"unexpected frame type {kind}")
+                with self._cond:
+                    if kind == BARRIER and st.batches:
+                        self._announced.append((cid, item[1]))
+                    st.queue.append(item)
+                    st.batches += kind == RECORDS
+                    st.eof = kind == EOF
+                    self._cond.notify_all()
+            sock.recv(1)  # after EOF: wait for the sender's close, then close ours
+        except EOFError as exc:
+            self._fail(cid, f"{exc} by the sender before EOF")
+        except Exception as exc:
+            self._fail(cid, f"{type(exc).__name__}: {exc}")
+
+
+class OutputChannel(_Closing):
+    """The sending end of one channel.  :meth:`send_records` blocks while the receiver
+    granted no credit.  Thread-safe, but the order of batches sent concurrently from
+    several threads is whatever order they took credit in."""
+
+    def __init__(self, channel_id: str, address: tuple[str, int], secret: bytes,
+                 connect_timeout: float = 30.0) -> None:
+        self.channel_id, self.address = channel_id, tuple(address)
+        self._cond = threading.Condition()
+        self._send_lock = threading.Lock()
+        self._credits = 0
+        self._error: str | None = None
+        self._closed = self._eof_sent = False
+        deadline = time.monotonic() + connect_timeout
+        while True:  # the gate may not listen yet: retry until the deadline
+            try:
+                self._sock = socket.create_connection(
+                    self.address, timeout=max(deadline - time.monotonic(), 0.01))
+                break
+            except OSError as exc:
+                if time.monotonic() + 0.05 >= deadline:
+                    raise ChannelError(channel_id,
+                                       f"cannot connect to {self.address}: {exc}") from exc
+                time.sleep(0.05)
+        try:
+            _tune(self._sock)
+            self._handshake(secret, deadline)
+        except BaseException:
+            self._sock.close()
+            raise
+        self._reader = threading.Thread(target=self._read_loop, daemon=True,
+                                        name=f"cutline-out-{channel_id}")
+        self._reader.start()
+
+    @property
+    def credits(self) -> int:
+        return self._credits
+
+    def _handshake(self, secret: bytes, deadline: float) -> None:
+        sock, cid = self._sock, self.channel_id
+        try:
+            sock.settimeout(max(deadline - time.monotonic(), 1.0))
+            kind, nonce = _read_frame(sock, MAX_HELLO)
+            if kind != HELLO or len(nonce) != NONCE_BYTES:
+                raise ChannelError(cid, f"{self.address} is not a cutline input gate")
+            mac = channel_mac(secret, cid, bytes(nonce))
+            _send_frame(sock, HELLO, msgpack.packb({"channel_id": cid, "mac": mac}))
+            kind, payload = _read_frame(sock, MAX_HELLO)
+        except (OSError, EOFError, ValueError) as exc:
+            raise ChannelError(cid, f"handshake with {self.address} failed: {exc}") from exc
+        if kind == REJECT:
+            reason = payload.decode(errors="replace")
+            raise ChannelError(cid, f"refused by {self.address}: {reason}")
+        if kind != CREDIT or len(payload) != _COUNT.size:
+            raise ChannelError(cid, f"unexpected handshake reply (frame type {kind})")
+        self._credits = _COUNT.unpack(payload)[0]
+        sock.settimeout(None)
+
+    def _read_loop(self) -> None:
+        try:
+            while True:
+                kind, payload = _read_frame(self._sock, MAX_HELLO)
+                if kind != CREDIT or len(payload) != _COUNT.size:
+                    raise ValueError(f"unexpected frame type {kind} from the receiver")
+                with self._cond:
+                    self._credits += _COUNT.unpack(payload)[0]
+                    self._cond.notify_all()
+        except (EOFError, OSError, ValueError) as exc:
+            with self._cond:
+                if not self._closed and self._error is None:
+                    self._error = f"receiver connection lost ({exc})"
+                self._cond.notify_all()
+
+    def _check(self) -> None:  # with self._cond held
+        if self._error is not None:
+            raise ChannelError(self.channel_id, self._error)
+        if self._closed or self._eof_sent:
+            raise ChannelError(self.channel_id,
+                               "send after " + ("close" if self._closed else "EOF"))
+
+    def send_records(self, batch: list, timeout: float | None = None) -> None:
+        payload = encode_records(batch)  # before taking credit: unpicklable data costs none
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._check()
+            while self._credits == 0:
+                if not _wait(self._cond, deadline):
+                    raise TimeoutError(f"channel {self.channel_id!r}: no credit from the "
+                                       f"receiver for {timeout}s (backpressure)")
+                self._check()  # woken by a broken connection or close()?
+            self._credits -= 1
+        self._send(RECORDS, payload)
+
+    def send_barrier(self, barrier: Barrier) -> None:
+        with self._cond:
+            self._check()
+        self._send(BARRIER, msgpack.packb([barrier.checkpoint_id, barrier.unaligned]))
+
+    def send_eof(self) -> None:
+        with self._cond:
+            self._check()
+            self._eof_sent = True
+        self._send(EOF)
+
+    def _send(self, kind: int, payload: bytes = b"") -> None:
+        try:
+            with self._send_lock:
+                _send_frame(self._sock, kind, payload)
+        except OSError as exc:
+            with self._cond:
+                self._error = self._error or f"send failed ({exc})"
+            raise ChannelError(self.channel_id, self._error) from exc
+
+    def close(self) -> None:
+        """After :meth:`send_eof` a graceful close (FIN behind the data, then wait up to
+        5 s for the receiver to close); without EOF the receiver sees a broken channel."""
+        with self._cond:
+            if self._closed:
+                return
+            graceful = self._eof_sent and self._error is None
+            self._closed = True
+            self._cond.notify_all()
+        _shutdown(self._sock, socket.SHUT_WR if graceful else socket.SHUT_RDWR)
+        self._reader.join(5.0 if graceful else 1.0)
+        self._sock.close()

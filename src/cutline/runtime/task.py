@@ -1,0 +1,458 @@
+"""The task executor: one subtask of one chain, driving the snapshot protocol.
+
+A record flows: input channel -> ``SnapshotHandler`` (Deliver) -> the chain's operators ->
+output buffers -> output channels.  A barrier flows: coordinator ``trigger`` (sources) or an
+input channel -> handler -> TakeSnapshot (operator state, source position, sink
+pre-commit) -> EmitBarrier -> FinishSnapshot (state file written) -> ``ack`` to the
+coordinator, which writes ``_metadata`` and sends ``complete`` (sinks commit).
+
+Nothing here knows about Spark; :mod:`cutline.spark` runs :class:`Slot` inside a Spark task.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import pickle
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from ..plan import HASH, Chain, PhysicalPlan, key_group, subtask_for_key_group
+from ..protocol import (
+    Barrier,
+    BlockChannel,
+    DeclineSnapshot,
+    Deliver,
+    EmitBarrier,
+    FinishSnapshot,
+    PrioritizeBarrier,
+    RecordChannelState,
+    ScheduleTimeout,
+    SnapshotHandler,
+    TakeSnapshot,
+    UnblockChannel,
+)
+from .channels import InputGate, OutputChannel
+from .control import FrameConnection, connect
+from .operators import build_operator
+
+log = logging.getLogger("cutline.task")
+
+__all__ = ["JobSpec", "Slot", "Subtask"]
+
+
+@dataclass
+class JobSpec:
+    """Everything a task needs, shipped to every Spark task (pickled with the closure)."""
+
+    plan: PhysicalPlan
+    job: str
+    secret: bytes
+    coordinator: tuple[str, int]
+    mode: str
+    aligned_timeout: float | None
+    storage_url: str
+    batch_size: int = 1000
+    flush_interval: float = 0.01
+    host: str = "127.0.0.1"
+
+
+class _Stop(Exception):
+    pass
+
+
+class Subtask:
+    def __init__(self, spec: JobSpec, chain: Chain, index: int, slot: "Slot") -> None:
+        self.spec, self.chain, self.index, self.slot = spec, chain, index, slot
+        self.task_id = chain.task_id(index)
+        plan = spec.plan
+        self.inputs = plan.inputs(chain, index)
+        self.gate = InputGate(self.task_id, self.inputs, spec.secret, host=spec.host) \
+            if self.inputs else None
+        self.outputs: list[tuple[Any, list[str], int]] = [
+            (e, chans, plan.chains[e.dst].parallelism) for e, chans in plan.outputs(chain, index)]
+        self.channels: dict[str, OutputChannel] = {}
+        self.buffers: dict[str, list] = {}
+        self.rr = 0
+        nodes = chain.nodes
+        self.reader = None
+        self.writer = None
+        if nodes[0].kind == "source":
+            self.reader = nodes[0].fn.create_reader()
+            nodes = nodes[1:]
+        if nodes and nodes[-1].kind == "sink":
+            self.writer = nodes[-1].fn.create_writer()
+            self.sink_uid = nodes[-1].uid
+            nodes = nodes[:-1]
+        self.ops = [build_operator(n, index, chain.parallelism, plan.max_parallelism)
+                    for n in nodes]
+        self.handler = SnapshotHandler(self.inputs, spec.mode,
+                                       aligned_timeout=spec.aligned_timeout)
+        self.control: queue.Queue = queue.Queue()
+        self.blocked: set[str] = set()
+        self.timers: list[tuple[float, int]] = []
+        self.pending: dict[int, dict[str, Any]] = {}
+        self.uncommitted: dict[int, dict] = {}
+        self.final: int | None = None
+        self.last_flush = time.monotonic()
+        self.alignment_started: dict[int, float] = {}
+        self.records_in = 0
+
+    # ------------------------------------------------------------------ wiring
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        return self.gate.address if self.gate else None
+
+    def connect_outputs(self, addresses: dict[str, tuple[str, int]]) -> None:
+        for _, chans, _ in self.outputs:
+            for ch in chans:
+                dst_task = ch.split("->", 1)[1]
+                self.channels[ch] = OutputChannel(ch, tuple(addresses[dst_task]),
+                                                  self.spec.secret)
+                self.buffers[ch] = []
+
+    def open(self, restore: dict | None, restore_blobs: dict[str, list[bytes]]) -> None:
+        if self.reader is not None:
+            self.reader.open(self.index, self.chain.parallelism)
+        if self.writer is not None:
+            self.writer.open(self.index, self.chain.parallelism, self.spec.job)
+        if restore is None:
+            if self.writer is not None:
+                self.writer.recover([])  # drop staging left by an earlier run of the job
+            return
+        for op in self.ops:
+            if op.keyed:
+                op.restore(restore_blobs.get(op.uid, []))
+        if self.reader is not None and restore.get("source") is not None:
+            self.reader.restore(restore["source"])
+        if self.writer is not None:
+            self.writer.recover(list(restore.get("sink") or []))
+        for ch, blob in (restore.get("channels") or {}).items():
+            if self.gate is not None and ch in self.inputs:
+                self.gate.inject(ch, pickle.loads(blob))
+
+    # ------------------------------------------------------------------ data path
+
+    def _chain(self, batch: list) -> list:
+        for op in self.ops:
+            if not batch:
+                return batch
+            batch = op.process(batch)
+        return batch
+
+    def _emit(self, batch: list) -> None:
+        if not batch:
+            return
+        if self.writer is not None:
+            self.writer.write(batch)
+            return
+        size = self.spec.batch_size
+        for edge, chans, dst_p in self.outputs:
+            if edge.partitioning == HASH:
+                key_fn, maxp = edge.key_fn, self.spec.plan.max_parallelism
+                for r in batch:
+                    ch = chans[subtask_for_key_group(key_group(key_fn(r), maxp), dst_p, maxp)]
+                    buf = self.buffers[ch]
+                    buf.append(r)
+                    if len(buf) >= size:
+                        self._flush(ch)
+            elif edge.partitioning == "broadcast":
+                for ch in chans:
+                    self.buffers[ch].extend(batch)
+                    if len(self.buffers[ch]) >= size:
+                        self._flush(ch)
+            else:  # forward (one channel) or rebalance (round robin per batch)
+                ch = chans[self.rr % len(chans)]
+                self.rr += 1
+                self.buffers[ch].extend(batch)
+                if len(self.buffers[ch]) >= size:
+                    self._flush(ch)
+
+    def _flush(self, ch: str) -> None:
+        buf = self.buffers[ch]
+        if buf:
+            self.buffers[ch] = []
+            self.channels[ch].send_records(buf)
+
+    def flush_all(self) -> None:
+        for ch in self.buffers:
+            self._flush(ch)
+        self.last_flush = time.monotonic()
+
+    # ------------------------------------------------------------------ protocol actions
+
+    def perform(self, actions: list) -> None:
+        for a in actions:
+            t = type(a)
+            if t is Deliver:
+                self.records_in += len(a.records)
+                self._emit(self._chain(list(a.records)))
+            elif t is RecordChannelState:
+                self.pending[a.checkpoint_id]["channels"].setdefault(a.channel, []).extend(
+                    a.records)
+            elif t is TakeSnapshot:
+                self._take_snapshot(a.checkpoint_id)
+            elif t is EmitBarrier:
+                self.flush_all()
+                for c in self.channels.values():
+                    c.send_barrier(a.barrier)
+            elif t is FinishSnapshot:
+                self._finish_snapshot(a.checkpoint_id)
+            elif t is BlockChannel:
+                self.blocked.add(a.channel)
+                self.alignment_started.setdefault(a.channel, time.monotonic())
+            elif t is UnblockChannel:
+                self.blocked.discard(a.channel)
+            elif t is ScheduleTimeout:
+                heapq.heappush(self.timers, (time.monotonic() + a.delay, a.checkpoint_id))
+            elif t is PrioritizeBarrier:
+                overtaken = self.gate.take_through_barrier(a.channel, a.checkpoint_id)
+                if overtaken is not None:
+                    self.perform(self.handler.on_barrier(
+                        a.channel, Barrier(a.checkpoint_id, unaligned=True), overtaken))
+            elif t is DeclineSnapshot:
+                self.pending.pop(a.checkpoint_id, None)
+                self.slot.send({"op": "decline", "task": self.task_id,
+                                "checkpoint": a.checkpoint_id, "reason": a.reason})
+
+    def _take_snapshot(self, n: int) -> None:
+        snap: dict[str, Any] = {"started": time.monotonic(), "channels": {},
+                                "ops": {op.uid: op.snapshot() for op in self.ops if op.keyed}}
+        if self.reader is not None:
+            snap["source"] = self.reader.snapshot()
+        if self.writer is not None:
+            self.uncommitted[n] = self.writer.pre_commit(n)
+            snap["sink"] = [self.uncommitted[k] for k in sorted(self.uncommitted)]
+        self.pending[n] = snap
+
+    def _finish_snapshot(self, n: int) -> None:
+        snap = self.pending.pop(n, None)
+        if snap is None:
+            return
+        channels = {ch: pickle.dumps(recs, protocol=5) for ch, recs in snap["channels"].items()}
+        state = {"task": self.task_id, "chain": self.chain.uid, "ops": snap["ops"],
+                 "source": snap.get("source"), "sink": snap.get("sink"), "channels": channels}
+        data = msgpack.packb(state, use_bin_type=True)
+        try:
+            info = self.slot.storage.write_task_state(n, self.task_id, data)
+        except Exception as exc:  # storage failure declines this checkpoint only
+            self.slot.send({"op": "decline", "task": self.task_id, "checkpoint": n,
+                            "reason": f"writing state failed: {exc}"})
+            return
+        stats = {"bytes": len(data), "in_flight": sum(len(v) for v in snap["channels"].values()),
+                 "duration": time.monotonic() - snap["started"], "chain": self.chain.uid}
+        stats.update({k: info[k] for k in ("path", "size", "sha256") if k in info})
+        self.slot.send({"op": "ack", "task": self.task_id, "checkpoint": n, "stats": stats})
+
+    def _commit_upto(self, n: int) -> None:
+        done = sorted(k for k in self.uncommitted if k <= n)
+        if done and self.writer is not None:
+            self.writer.commit([self.uncommitted[k] for k in done])
+        for k in done:
+            del self.uncommitted[k]
+
+    # ------------------------------------------------------------------ control
+
+    def _control(self, block: float = 0.0) -> None:
+        try:
+            msg = self.control.get(timeout=block) if block else self.control.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            op = msg["op"]
+            if op == "trigger":
+                if msg.get("final"):
+                    self.final = msg["checkpoint"]
+                self.perform(self.handler.on_trigger(msg["checkpoint"]))
+                if self.final is not None and self.reader is not None:
+                    self._end_output()
+            elif op == "abort":
+                self.pending.pop(msg["checkpoint"], None)
+                self.perform(self.handler.on_abort(msg["checkpoint"]))
+            elif op == "complete":
+                self._commit_upto(msg["checkpoint"])
+                if msg.get("final"):
+                    raise _Stop
+            elif op == "stop":
+                raise _Stop
+            try:
+                msg = self.control.get_nowait()
+            except queue.Empty:
+                return
+
+    def _timers(self) -> None:
+        now = time.monotonic()
+        while self.timers and self.timers[0][0] <= now:
+            _, n = heapq.heappop(self.timers)
+            self.perform(self.handler.on_timeout(n))
+
+    def _end_output(self) -> None:
+        self.flush_all()
+        for c in self.channels.values():
+            c.send_eof()
+        self.outputs_closed = True
+
+    # ------------------------------------------------------------------ main loops
+
+    def run(self) -> None:
+        try:
+            if self.reader is not None:
+                self._run_source()
+            else:
+                self._run_operator()
+        except _Stop:
+            pass
+        except Exception as exc:
+            log.exception("task %s failed", self.task_id)
+            self.slot.send({"op": "failed", "task": self.task_id,
+                            "error": f"{type(exc).__name__}: {exc}",
+                            "trace": traceback.format_exc()[-4000:]})
+            raise
+        finally:
+            self.close()
+        self.slot.send({"op": "finished", "task": self.task_id})
+
+    def _run_source(self) -> None:
+        ended = False
+        self.outputs_closed = False
+        size = self.spec.batch_size
+        while True:
+            self._control()
+            if self.outputs_closed:
+                self._control(block=0.5)
+                continue
+            if ended:
+                self._control(block=0.05)
+                continue
+            batch = self.reader.read_batch(size)
+            if batch is None:
+                ended = True
+                self.flush_all()
+                self.slot.send({"op": "source_ended", "task": self.task_id})
+            elif batch:
+                self._emit(self._chain(batch))
+                if time.monotonic() - self.last_flush > self.spec.flush_interval:
+                    self.flush_all()
+            else:
+                self.flush_all()
+                self._control(block=0.005)
+
+    def _run_operator(self) -> None:
+        gate, h = self.gate, self.handler
+        self.outputs_closed = False
+        while True:
+            self._control()
+            if self.timers:
+                self._timers()
+            if self.outputs_closed:
+                self._control(block=0.5)
+                continue
+            for ch, barrier in gate.announcements():
+                self.perform(h.on_announce(ch, barrier))
+            item = gate.poll(self.blocked, timeout=self.spec.flush_interval)
+            if item is None:
+                self.flush_all()
+                continue
+            ch, kind, payload = item
+            if kind == "records":
+                self.perform(h.on_records(ch, payload))
+            elif kind == "barrier":
+                self.perform(h.on_barrier(ch, payload))
+            else:
+                self.perform(h.on_close(ch))
+                if not h.open_inputs:
+                    self._end_output()
+            if time.monotonic() - self.last_flush > self.spec.flush_interval:
+                self.flush_all()
+
+    def close(self) -> None:
+        for c in self.channels.values():
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001 - closing on the way out
+                pass
+        if self.gate is not None:
+            self.gate.close()
+        for res in (self.reader, self.writer):
+            if res is not None:
+                try:
+                    res.close()
+                except Exception:  # noqa: BLE001
+                    pass
+
+
+class Slot:
+    """The subtasks one Spark task hosts, and their connection to the coordinator."""
+
+    def __init__(self, spec: JobSpec, slot: int) -> None:
+        from ..storage.checkpoints import CheckpointStorage
+
+        self.spec, self.slot = spec, slot
+        self.storage = CheckpointStorage(spec.storage_url, spec.job)
+        self.subtasks = [Subtask(spec, c, i, self) for c, i in spec.plan.tasks_in_slot(slot)]
+        self.by_id = {s.task_id: s for s in self.subtasks}
+        self.conn: FrameConnection | None = None
+
+    def send(self, msg: dict) -> None:
+        if self.conn is not None:
+            self.conn.send(msg)
+
+    def run(self) -> dict:
+        """Register, wait for the start signal, run every subtask to the end."""
+        self.conn = connect(self.spec.coordinator, self.spec.secret)
+        self.send({"op": "register", "slot": self.slot, "pid": os.getpid(),
+                   "tasks": {s.task_id: list(s.address) if s.address else None
+                             for s in self.subtasks}})
+        start = self.conn.recv()
+        if start.get("op") != "start":
+            raise RuntimeError(f"coordinator did not start the job: {start}")
+        addresses = {k: tuple(v) for k, v in start["addresses"].items() if v}
+        restore, blobs = self._load_restore(start.get("restore"))
+        for s in self.subtasks:
+            s.connect_outputs(addresses)
+        for s in self.subtasks:
+            s.open(restore.get(s.task_id) if restore is not None else None,
+                   blobs.get(s.chain.uid, {}))
+        threads = [threading.Thread(target=s.run, name=s.task_id, daemon=True)
+                   for s in self.subtasks]
+        reader = threading.Thread(target=self._read_control, name="control", daemon=True)
+        reader.start()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return {"slot": self.slot, "attempt": start.get("attempt"),
+                "records": sum(s.records_in for s in self.subtasks)}
+
+    def _load_restore(self, path: str | None):
+        if not path:
+            return None, {}
+        handle = self.storage.open(path)
+        states, blobs = {}, {}
+        for task_id in handle.tasks:
+            state = msgpack.unpackb(handle.read_task_state(task_id), raw=False,
+                                    strict_map_key=False)
+            states[task_id] = state
+            for uid, blob in (state.get("ops") or {}).items():
+                blobs.setdefault(state["chain"], {}).setdefault(uid, []).append(blob)
+        return states, blobs
+
+    def _read_control(self) -> None:
+        try:
+            while True:
+                msg = self.conn.recv()
+                target = msg.get("task")
+                for s in self.subtasks:
+                    if target is None or target == s.task_id:
+                        s.control.put(msg)
+        except (ConnectionError, OSError):
+            for s in self.subtasks:  # coordinator gone: stop everything
+                s.control.put({"op": "stop"})

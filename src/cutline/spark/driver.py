@@ -1,0 +1,289 @@
+"""The job driver: the checkpoint coordinator as a service in the Spark driver process.
+
+Tasks connect (per-job secret), register their channel addresses, and get ``start`` with
+the address map, the run attempt and the checkpoint to restore.  The driver turns the
+pure :class:`~cutline.protocol.coordinator.CheckpointCoordinator` decisions into messages,
+writes ``_metadata`` last when a checkpoint completes, applies retention, and decides when
+the job is done.  A task connection that drops means the attempt failed: Spark resubmits
+the barrier stage, the new tasks register, and the driver starts a new attempt from the
+latest completed checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..api import CheckpointConfig
+from ..plan import PhysicalPlan
+from ..protocol.coordinator import (
+    Abort,
+    CheckpointCoordinator,
+    CheckpointPolicy,
+    Complete,
+    FailJob,
+    Trigger,
+)
+from ..runtime.control import FrameConnection, HandshakeError, accept
+from ..storage.checkpoints import CheckpointStorage
+
+log = logging.getLogger("cutline.driver")
+
+__all__ = ["JobDriver", "CheckpointRecord", "JobFailed"]
+
+
+class JobFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class CheckpointRecord:
+    id: int
+    started: float
+    completed: float
+    bytes: int
+    in_flight: int
+    path: str
+    final: bool = False
+    attempt: int = 0
+
+    @property
+    def duration(self) -> float:
+        return self.completed - self.started
+
+
+@dataclass
+class _Attempt:
+    number: int
+    conns: dict[int, FrameConnection] = field(default_factory=dict)
+    pids: dict[int, int] = field(default_factory=dict)
+    addresses: dict[str, Any] = field(default_factory=dict)
+    started: bool = False
+    failed: bool = False
+
+
+class JobDriver:
+    def __init__(self, plan: PhysicalPlan, config: CheckpointConfig, job: str,
+                 restore_from: str | None = None, host: str = "127.0.0.1") -> None:
+        self.plan, self.config, self.job = plan, config, job
+        self.storage = CheckpointStorage(config.storage, job)
+        self.secret = secrets.token_bytes(32)
+        self.tasks = [c.task_id(i) for c, i in plan.tasks()]
+        self.sources = {c.task_id(i) for c, i in plan.tasks() if c.is_source}
+        self.policy = CheckpointPolicy(
+            interval=config.interval, timeout=config.timeout, min_pause=config.min_pause,
+            max_concurrent=config.max_concurrent,
+            tolerable_failures=config.tolerable_failures)
+        self.restore_path = restore_from
+        if restore_from is not None:
+            handle = self.storage.open(restore_from)
+            self.next_id = max(handle.id + 1, self.storage.next_id())
+            self.restored_from = handle.path
+        else:
+            self.next_id = 1
+            self.restored_from = None
+        self.checkpoints: list[CheckpointRecord] = []
+        self.attempt = _Attempt(0)
+        self.attempts = 0
+        self.events: queue.Queue = queue.Queue()
+        self.done = threading.Event()
+        self.error: str | None = None
+        self._server = socket.create_server((host, 0))
+        self.address = self._server.getsockname()[:2]
+        self._stopping = False
+        self._triggered: dict[int, float] = {}
+        self._final: int | None = None
+        self._ended: set[str] = set()
+        self._finished: set[str] = set()
+        self.coordinator: CheckpointCoordinator | None = None
+
+    # ------------------------------------------------------------------ network
+
+    def start(self) -> None:
+        threading.Thread(target=self._accept_loop, name="cutline-accept", daemon=True).start()
+        threading.Thread(target=self._main_loop, name="cutline-driver", daemon=True).start()
+
+    def _accept_loop(self) -> None:
+        while not self._stopping:
+            try:
+                sock, peer = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(sock, peer), daemon=True).start()
+
+    def _serve(self, sock: socket.socket, peer: Any) -> None:
+        try:
+            conn = accept(sock, self.secret)
+        except HandshakeError as exc:
+            log.warning("refused control connection from %s: %s", peer, exc)
+            return
+        try:
+            while True:
+                self.events.put((conn, conn.recv()))
+        except (ConnectionError, OSError):
+            self.events.put((conn, {"op": "_disconnected"}))
+
+    # ------------------------------------------------------------------ main loop
+
+    def _main_loop(self) -> None:
+        try:
+            while not self.done.is_set():
+                try:
+                    conn, msg = self.events.get(timeout=0.02)
+                    self._handle(conn, msg)
+                except queue.Empty:
+                    pass
+                if self.coordinator is not None and self.attempt.started:
+                    self._run(self.coordinator.tick(time.monotonic()))
+        except Exception as exc:  # pragma: no cover - reported to the caller
+            log.exception("driver failed")
+            self.error = f"driver failed: {exc}"
+            self.done.set()
+
+    def _broadcast(self, msg: dict) -> None:
+        for conn in list(self.attempt.conns.values()):
+            try:
+                conn.send(msg)
+            except OSError:
+                pass
+
+    def _handle(self, conn: FrameConnection, msg: dict) -> None:
+        op = msg.get("op")
+        if op == "register":
+            self._register(conn, msg)
+            return
+        if conn not in self.attempt.conns.values():
+            return  # a message from a previous attempt
+        now = time.monotonic()
+        if op == "ack":
+            self._run(self.coordinator.on_ack(msg["task"], msg["checkpoint"], now,
+                                              msg.get("stats") or {}))
+        elif op == "decline":
+            self._run(self.coordinator.on_decline(msg["task"], msg["checkpoint"],
+                                                  msg.get("reason", ""), now))
+        elif op == "source_ended":
+            self._ended.add(msg["task"])
+            if self._ended >= self.sources and self._final is None:
+                self._run(self.coordinator.trigger_now(now), final=True)
+        elif op == "finished":
+            self._finished.add(msg["task"])
+            if self._finished >= set(self.tasks):
+                self.done.set()
+        elif op == "failed":
+            log.error("task %s failed: %s", msg.get("task"), msg.get("error"))
+            self.last_task_error = msg.get("error")
+        elif op == "_disconnected":
+            if self.attempt.started and not self.done.is_set():
+                log.warning("attempt %d lost a task; waiting for Spark to restart the stage",
+                            self.attempt.number)
+                self.attempt.failed = True
+
+    def _register(self, conn: FrameConnection, msg: dict) -> None:
+        slot = msg["slot"]
+        if self.attempt.started or slot in self.attempt.conns:
+            self._new_attempt()
+        self.attempt.conns[slot] = conn
+        self.attempt.pids[slot] = msg.get("pid")
+        self.attempt.addresses.update(msg.get("tasks") or {})
+        if len(self.attempt.conns) == self.plan.slots:
+            self._start_attempt()
+
+    def _new_attempt(self) -> None:
+        for c in self.attempt.conns.values():
+            try:
+                c.send({"op": "stop"})
+            except OSError:
+                pass
+        self.attempt = _Attempt(self.attempt.number + 1)
+        self._ended.clear()
+        self._finished.clear()
+        self._final = None
+        self._triggered.clear()
+
+    def _start_attempt(self) -> None:
+        latest = self.storage.latest()
+        path = latest.path if latest is not None else self.restore_path
+        self.next_id = max(self.next_id, self.storage.next_id())
+        self.coordinator = CheckpointCoordinator(self.policy, set(self.tasks),
+                                                 first_id=self.next_id)
+        self.attempt.started = True
+        self.attempts = self.attempt.number + 1
+        for conn in self.attempt.conns.values():
+            conn.send({"op": "start", "attempt": self.attempt.number,
+                       "addresses": self.attempt.addresses, "restore": path})
+        log.info("attempt %d started%s", self.attempt.number,
+                 f" from {path}" if path else "")
+
+    # ------------------------------------------------------------------ commands
+
+    def _run(self, commands: list, final: bool = False) -> None:
+        for cmd in commands:
+            if isinstance(cmd, Trigger):
+                n = cmd.checkpoint_id
+                self.next_id = max(self.next_id, n + 1)
+                self._triggered[n] = time.monotonic()
+                if final:
+                    self._final = n
+                for task in self.sources:
+                    slot_msg = {"op": "trigger", "checkpoint": n, "task": task,
+                                "final": n == self._final}
+                    self._send_to_task(task, slot_msg)
+            elif isinstance(cmd, Complete):
+                self._complete(cmd)
+            elif isinstance(cmd, Abort):
+                self._broadcast({"op": "abort", "checkpoint": cmd.checkpoint_id})
+            elif isinstance(cmd, FailJob):
+                self.error = cmd.reason
+                self.done.set()
+
+    def _send_to_task(self, task: str, msg: dict) -> None:
+        for slot, conn in self.attempt.conns.items():
+            chain_tasks = [c.task_id(slot) for c, _ in self.plan.tasks_in_slot(slot)]
+            if task in chain_tasks:
+                conn.send(msg)
+                return
+
+    def _complete(self, cmd: Complete) -> None:
+        n = cmd.checkpoint_id
+        stats = cmd.stats_by_task
+        metadata = {
+            "job": self.job, "checkpoint": n, "attempt": self.attempt.number,
+            "mode": self.config.protocol_mode.value,
+            "tasks": {t: {k: s.get(k) for k in ("path", "size", "sha256", "chain")}
+                      for t, s in stats.items()},
+            "chains": {c.uid: c.parallelism for c in self.plan.chains},
+            "max_parallelism": self.plan.max_parallelism, "time": time.time(),
+        }
+        try:
+            path = self.storage.commit(n, metadata, savepoint=cmd.savepoint, states=stats)
+        except Exception as exc:
+            self._run(self.coordinator.on_storage_failure(n, str(exc), time.monotonic()))
+            return
+        final = n == self._final
+        self.checkpoints.append(CheckpointRecord(
+            n, self._triggered.get(n, time.monotonic()), time.monotonic(),
+            sum(int(s.get("bytes") or 0) for s in stats.values()),
+            sum(int(s.get("in_flight") or 0) for s in stats.values()), path, final,
+            self.attempt.number))
+        self._broadcast({"op": "complete", "checkpoint": n, "final": final})
+        self.storage.retain(self.config.retained)
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.done.set()
+        for c in self.attempt.conns.values():
+            try:
+                c.close()
+            except OSError:
+                pass
+        self._server.close()
+
+    @property
+    def task_pids(self) -> dict[int, int]:
+        return dict(self.attempt.pids)

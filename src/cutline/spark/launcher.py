@@ -1,0 +1,188 @@
+"""Run a pipeline as one Spark barrier stage, with the coordinator in the driver.
+
+The stage is ``parallelize(slots).barrier().mapPartitions(run_slot).map(..).partitionBy(1)``:
+ending the barrier stage in a shuffle makes it a ShuffleMapStage, which Spark resubmits as
+a whole when any task fails (a barrier *ResultStage* is never retried).  Each Spark task
+hosts one slot: subtask ``k`` of every chain.  The rows the stage returns are not trusted
+as proof of anything: the driver knows which checkpoint committed and which tasks
+finished, and decides from that.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..plan import plan as make_plan
+from ..runtime.task import JobSpec, Slot
+from .driver import CheckpointRecord, JobDriver, JobFailed
+
+log = logging.getLogger("cutline.spark")
+
+__all__ = ["run_pipeline", "run_threads", "JobResult", "embedded_session"]
+
+_SESSION = None
+
+
+def embedded_session(slots: int, max_failures: int = 8) -> Any:
+    """The library's own ``local[N,F]`` session (N slots, F task attempts)."""
+    global _SESSION
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    if _SESSION is None:
+        _SESSION = (SparkSession.builder
+                    .master(f"local[{max(slots, 2)},{max_failures}]")
+                    .appName("cutline")
+                    .config("spark.ui.enabled", "false")
+                    .config("spark.ui.showConsoleProgress", "false")
+                    .config("spark.sql.shuffle.partitions", "1")
+                    .getOrCreate())
+        _SESSION.sparkContext.setLogLevel("ERROR")
+    return _SESSION
+
+
+@dataclass
+class JobResult:
+    job: str
+    checkpoints: list[CheckpointRecord]
+    attempts: int
+    duration: float
+    restored_from: str | None
+    plan: str
+    task_pids: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def latest_checkpoint(self) -> CheckpointRecord | None:
+        return self.checkpoints[-1] if self.checkpoints else None
+
+
+def _slot_main(spec: JobSpec):
+    def run(_: Any):
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        slot = Slot(spec, ctx.partitionId())
+        yield slot.run()
+
+    return run
+
+
+def run_threads(pipeline: Any, *, restore_from: str | None = None,
+                timeout: float | None = None) -> JobResult:
+    """Run every slot on a thread of this process (no Spark): for tests and debugging.
+
+    The same driver, tasks, channels and storage as on Spark; no fault tolerance beyond
+    restarting from checkpoints in a new run.
+    """
+    plan = make_plan(pipeline)
+    driver = JobDriver(plan, pipeline.checkpoint, pipeline.name, restore_from)
+    spec = JobSpec(plan=plan, job=pipeline.name, secret=driver.secret,
+                   coordinator=driver.address, mode=pipeline.checkpoint.protocol_mode.value,
+                   aligned_timeout=pipeline.checkpoint.aligned_timeout,
+                   storage_url=pipeline.checkpoint.storage)
+    driver.start()
+    errors: list[BaseException] = []
+
+    def slot_main(k: int) -> None:
+        try:
+            Slot(spec, k).run()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=slot_main, args=(k,), daemon=True)
+               for k in range(plan.slots)]
+    for t in threads:
+        t.start()
+    try:
+        while not driver.done.wait(0.05):
+            if errors:
+                raise JobFailed(f"job {pipeline.name!r} failed: {errors[0]}") from errors[0]
+            if timeout is not None and time.monotonic() - t0 > timeout:
+                raise JobFailed(f"job {pipeline.name!r} did not finish within {timeout}s")
+        if driver.error:
+            raise JobFailed(f"job {pipeline.name!r} failed: {driver.error}")
+        for t in threads:
+            t.join(timeout=30)
+    finally:
+        driver.stop()
+    return JobResult(pipeline.name, driver.checkpoints, driver.attempts,
+                     time.monotonic() - t0, driver.restored_from, plan.describe())
+
+
+def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None = None,
+                 timeout: float | None = None, on_start: Any = None,
+                 engine: str = "spark") -> JobResult:
+    """Run ``pipeline`` to the end (bounded sources) and return what happened.
+
+    ``restore_from`` starts from a checkpoint or savepoint path; otherwise the job resumes
+    from the latest completed checkpoint under its storage, if any.  ``on_start(driver)``
+    is called once the driver is up (tests use it to inject faults).
+    """
+    if engine == "threads":
+        return run_threads(pipeline, restore_from=restore_from, timeout=timeout)
+    if engine != "spark":
+        raise ValueError(f"engine must be 'spark' or 'threads', got {engine!r}")
+    plan = make_plan(pipeline)
+    if spark is None:
+        spark = embedded_session(plan.slots)
+    sc = spark.sparkContext
+    slots_available = sc.defaultParallelism
+    if slots_available < plan.slots:
+        raise ValueError(f"pipeline {pipeline.name!r} needs {plan.slots} task slots for its "
+                         f"barrier stage, the Spark session offers {slots_available}")
+    local = sc.master.startswith("local")
+    host = "127.0.0.1" if local else spark.conf.get("spark.driver.host")
+    driver = JobDriver(plan, pipeline.checkpoint, pipeline.name, restore_from, host=host)
+    spec = JobSpec(plan=plan, job=pipeline.name, secret=driver.secret,
+                   coordinator=driver.address, mode=pipeline.checkpoint.protocol_mode.value,
+                   aligned_timeout=pipeline.checkpoint.aligned_timeout,
+                   storage_url=pipeline.checkpoint.storage,
+                   host="127.0.0.1" if local else "")
+    driver.start()
+    stage_error: list[BaseException] = []
+
+    def stage() -> None:
+        try:
+            (sc.parallelize(range(plan.slots), plan.slots).barrier()
+             .mapPartitions(_slot_main(spec)).map(lambda r: (0, r)).partitionBy(1).collect())
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            stage_error.append(exc)
+        finally:
+            driver.events.put((None, {"op": "_stage_ended"}))
+
+    t0 = time.monotonic()
+    sc.setJobGroup(f"cutline-{pipeline.name}-{os.getpid()}", f"cutline job {pipeline.name}")
+    runner = threading.Thread(target=stage, name="cutline-stage", daemon=True)
+    runner.start()
+    if on_start is not None:
+        on_start(driver)
+    try:
+        while not driver.done.wait(0.1):
+            if stage_error:
+                raise JobFailed(f"job {pipeline.name!r} failed: Spark gave up on the stage: "
+                                f"{_first_line(stage_error[0])}")
+            if timeout is not None and time.monotonic() - t0 > timeout:
+                raise JobFailed(f"job {pipeline.name!r} did not finish within {timeout}s")
+        if driver.error:
+            raise JobFailed(f"job {pipeline.name!r} failed: {driver.error}")
+        runner.join(timeout=60)
+    finally:
+        if not driver.done.is_set() or driver.error:
+            sc.cancelJobGroup(f"cutline-{pipeline.name}-{os.getpid()}")
+        driver.stop()
+    return JobResult(pipeline.name, driver.checkpoints, driver.attempts,
+                     time.monotonic() - t0, driver.restored_from, plan.describe(),
+                     driver.task_pids)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

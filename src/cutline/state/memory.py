@@ -1,0 +1,74 @@
+"""In-memory keyed state, organised by key group so it can move between subtasks."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterable
+from typing import Any
+
+from ..plan import key_group
+
+__all__ = ["MemoryStateBackend", "ValueState"]
+
+_MISSING = object()
+
+
+class MemoryStateBackend:
+    """State of one keyed operator subtask: ``{key group: {(state name, key): value}}``."""
+
+    def __init__(self, key_groups: range, max_parallelism: int) -> None:
+        self.key_groups = key_groups
+        self.max_parallelism = max_parallelism
+        self._groups: dict[int, dict[tuple[str, Any], Any]] = {}
+
+    def _table(self, key: Any) -> dict:
+        g = key_group(key, self.max_parallelism)
+        table = self._groups.get(g)
+        if table is None:
+            if g not in self.key_groups:
+                raise RuntimeError(f"key {key!r} (key group {g}) is not owned by this subtask "
+                                   f"(groups {self.key_groups.start}..{self.key_groups.stop - 1})")
+            table = self._groups[g] = {}
+        return table
+
+    def get(self, name: str, key: Any, default: Any = None) -> Any:
+        return self._table(key).get((name, key), default)
+
+    def put(self, name: str, key: Any, value: Any) -> None:
+        self._table(key)[(name, key)] = value
+
+    def delete(self, name: str, key: Any) -> None:
+        self._table(key).pop((name, key), None)
+
+    def keys(self) -> int:
+        return sum(len(t) for t in self._groups.values())
+
+    def snapshot(self) -> bytes:
+        """All state as bytes, by key group (user objects are pickled)."""
+        return pickle.dumps({g: t for g, t in self._groups.items() if t}, protocol=5)
+
+    def restore(self, blobs: Iterable[bytes]) -> None:
+        """Load the key groups this subtask owns from any number of snapshots (rescaling)."""
+        for blob in blobs:
+            for g, table in pickle.loads(blob).items():
+                if g in self.key_groups:
+                    self._groups.setdefault(g, {}).update(table)
+
+
+class ValueState:
+    """One value per key: ``.value``, ``.update(v)``, ``.clear()``."""
+
+    __slots__ = ("_backend", "_name", "_key", "_default")
+
+    def __init__(self, backend: MemoryStateBackend, name: str, key: Any, default: Any) -> None:
+        self._backend, self._name, self._key, self._default = backend, name, key, default
+
+    @property
+    def value(self) -> Any:
+        return self._backend.get(self._name, self._key, self._default)
+
+    def update(self, value: Any) -> None:
+        self._backend.put(self._name, self._key, value)
+
+    def clear(self) -> None:
+        self._backend.delete(self._name, self._key)

@@ -1,0 +1,404 @@
+"""Checkpoint storage over fsspec URLs: layout, ``_metadata`` written last, retention.
+
+Layout under ``<root>/<job>/``::
+
+    chk-<id>/<task>.state                 one file per task, written by the task
+    chk-<id>/_metadata                    written last: the commit point
+    savepoint-<id>-<suffix>/...           same format, never deleted by retention
+
+A directory without a valid ``_metadata`` is not a checkpoint (partial, in progress or
+abandoned).  ``_metadata`` is msgpack: an envelope ``{format, version, sha256, body}`` whose
+``body`` (msgpack again) lists every state file with its size and sha256, plus the caller's
+metadata.  It is written to a temporary name and renamed where rename is atomic (local,
+HDFS); on object stores (s3, gcs, ...) it is written directly, and the single object
+appearing is the commit point.  Never pickle: a checkpoint must not run code when read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import fsspec
+import msgpack
+from fsspec.core import url_to_fs
+
+__all__ = [
+    "CheckpointHandle", "CheckpointNotFoundError", "CheckpointStorage", "CheckpointStorageError",
+    "CorruptCheckpointError",
+]
+
+log = logging.getLogger(__name__)
+
+METADATA = "_metadata"
+FORMAT, VERSION = "cutline-checkpoint", 1
+_CHUNK = 4 << 20
+_ATOMIC_RENAME = {"file", "local", "hdfs", "viewfs", "memory"}
+_CHK = re.compile(r"chk-(\d+)\Z")
+_SAVEPOINT = re.compile(r"savepoint-(\d+)-[0-9A-Za-z_.-]+\Z")
+
+
+class CheckpointStorageError(Exception):
+    """Checkpoint storage is unusable, or an operation on it is refused."""
+
+
+class CheckpointNotFoundError(CheckpointStorageError):
+    """No completed checkpoint there: missing, or partial (no ``_metadata``)."""
+
+
+class CorruptCheckpointError(CheckpointStorageError):
+    """A checkpoint's ``_metadata`` or state file fails verification; the message names it."""
+
+
+def _name(kind: str, value: str) -> str:
+    if (not isinstance(value, str) or not value or value in {".", ".."}
+            or any(c in value for c in "/\\\0")):
+        raise ValueError(f"{kind} must be a non-empty name without '/', '\\' or NUL, got {value!r}")
+    return value
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _pack(obj: Any, what: str) -> bytes:
+    try:
+        return msgpack.packb(obj, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise TypeError(f"{what} must be msgpack-serialisable (dict/list/str/bytes/int/float/"
+                        f"bool/None): {e}") from None
+
+
+def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    return "file" in protocols or "local" in protocols
+
+
+def _write(fs: fsspec.AbstractFileSystem, path: str, data: bytes, *, atomic: bool) -> None:
+    """Write ``path`` (durably on local disks: fsync file and directory)."""
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    renames = atomic and bool(protocols & _ATOMIC_RENAME)
+    parent, base = path.rsplit("/", 1)
+    target = f"{parent}/.{base}.{uuid.uuid4().hex}.tmp" if renames else path
+    if _is_local(fs):
+        with open(target, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if renames:
+            os.replace(target, path)
+        dir_fd = os.open(parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return
+    fs.pipe_file(target, data)
+    if renames:
+        fs.mv(target, path)
+
+
+class CheckpointHandle:
+    """A completed checkpoint or savepoint whose ``_metadata`` verified."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, label: str, body: dict) -> None:
+        self._fs, self._path, self._label = fs, path, label
+        self.id: int = body["id"]
+        self.is_savepoint: bool = body["savepoint"]
+        self.job: str = body["job"]
+        self.metadata: dict = body["metadata"]
+        self.states: dict[str, dict] = body["states"]  # task -> {file, size, sha256}
+        self.path: str = fs.unstrip_protocol(path)
+
+    def __repr__(self) -> str:
+        return f"CheckpointHandle({self.path!r}, id={self.id}, savepoint={self.is_savepoint})"
+
+    @property
+    def tasks(self) -> list[str]:
+        return sorted(self.states)
+
+    def read_task_state(self, task: str) -> bytes:
+        info = self._info(task)
+        try:
+            data = self._fs.cat_file(f"{self._path}/{info['file']}")
+        except FileNotFoundError:
+            raise CorruptCheckpointError(
+                f"missing state file {self._label}/{info['file']}") from None
+        self._check(info, len(data), _sha256(data))
+        return data
+
+    def verify(self, *, deep: bool = True) -> None:
+        """Check every state file: size and sha256 (``deep``, reads them all) or size only."""
+        sizes: dict[str, int] = {}
+        try:
+            for entry in self._fs.ls(self._path, detail=True):
+                sizes[entry["name"].rstrip("/").rsplit("/", 1)[-1]] = entry.get("size")
+        except FileNotFoundError:
+            pass
+        for task in self.tasks:
+            info = self.states[task]
+            if info["file"] not in sizes:
+                raise CorruptCheckpointError(f"missing state file {self._label}/{info['file']}")
+            if not deep:
+                self._check(info, sizes[info["file"]], info["sha256"])
+                continue
+            digest, size = hashlib.sha256(), 0
+            with self._fs.open(f"{self._path}/{info['file']}", "rb") as f:
+                while chunk := f.read(_CHUNK):
+                    digest.update(chunk)
+                    size += len(chunk)
+            self._check(info, size, digest.hexdigest())
+
+    def _info(self, task: str) -> dict:
+        try:
+            return self.states[task]
+        except KeyError:
+            raise KeyError(f"task {task!r} has no state in {self._label} "
+                           f"(tasks: {', '.join(self.tasks) or 'none'})") from None
+
+    def _check(self, info: dict, size: int | None, sha: str) -> None:
+        where = f"{self._label}/{info['file']}"
+        if size != info["size"]:
+            raise CorruptCheckpointError(
+                f"size mismatch in {where}: expected {info['size']} bytes, found {size}")
+        if sha != info["sha256"]:
+            raise CorruptCheckpointError(
+                f"checksum mismatch in {where}: expected sha256 {info['sha256'][:12]}..., "
+                f"got {sha[:12]}...")
+
+
+class CheckpointStorage:
+    """Checkpoints and savepoints of one job under a URL (``file://``, a path, ``s3://`` ...).
+
+    Tasks call :meth:`write_task_state`; the coordinator's driver calls :meth:`commit` with
+    the collected results, then :meth:`retain`.  On restart, :meth:`latest` or :meth:`open`.
+    """
+
+    def __init__(self, url: str, job: str) -> None:
+        self.url, self.job = url, _name("job", job)
+        try:
+            self.fs, root = url_to_fs(url)
+        except ImportError as e:
+            raise ImportError(f"checkpoint storage URL {url!r} needs an extra package: {e}") from e
+        except ValueError as e:
+            scheme = url.split("://", 1)[0] if "://" in url else "?"
+            raise ValueError(f"checkpoint storage URL {url!r}: no fsspec implementation for "
+                             f"scheme {scheme!r} ({e})") from None
+        except Exception as e:  # e.g. hdfs without a JVM: a page of dlopen errors
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CheckpointStorageError(f"cannot open checkpoint storage {url!r}: {first}") from e
+        self.root = root.rstrip("/") or "/"
+        self.dir = f"{self.root.rstrip('/')}/{job}"
+        self._check_writable()
+
+    def __repr__(self) -> str:
+        return f"CheckpointStorage({self.url!r}, job={self.job!r})"
+
+    def _check_writable(self) -> None:
+        for path, what in ((self.root, "root"), (self.dir, "job directory")):
+            if self.fs.isfile(path):
+                raise CheckpointStorageError(
+                    f"checkpoint storage {what} {self.fs.unstrip_protocol(path)!r} (from URL "
+                    f"{self.url!r}) is a file, not a directory")
+        probe = f"{self.dir}/.probe-{uuid.uuid4().hex}"
+        try:
+            self.fs.makedirs(self.dir, exist_ok=True)
+            self.fs.pipe_file(probe, b"")
+            self.fs.rm_file(probe)
+        except Exception as e:
+            raise CheckpointStorageError(
+                f"checkpoint storage URL {self.url!r} is not writable "
+                f"({type(e).__name__}: {e})") from e
+
+    # ------------------------------------------------------------------ layout
+
+    def _dirname(self, checkpoint_id: int, savepoint: bool) -> str:
+        if type(checkpoint_id) is not int or checkpoint_id < 0:
+            raise ValueError(f"checkpoint id must be an integer >= 0, got {checkpoint_id!r}")
+        if not savepoint:
+            return f"chk-{checkpoint_id}"
+        # Every process must find the same directory without talking: derive the suffix.
+        suffix = _sha256(f"{self.job}/{checkpoint_id}".encode())[:8]
+        return f"savepoint-{checkpoint_id}-{suffix}"
+
+    def _entries(self) -> dict[str, str]:
+        """Directory name -> path of every entry in the job directory."""
+        try:
+            listing = self.fs.ls(self.dir, detail=False)
+        except FileNotFoundError:
+            return {}
+        return {p.rstrip("/").rsplit("/", 1)[-1]: p.rstrip("/") for p in listing}
+
+    def _checkpoint_dirs(self) -> dict[int, str]:
+        return {int(m.group(1)): p for name, p in self._entries().items()
+                if (m := _CHK.match(name))}
+
+    # ------------------------------------------------------------------ writing
+
+    def write_task_state(
+        self, checkpoint_id: int, task: str, data: bytes, *, savepoint: bool = False
+    ) -> dict:
+        """Write ``task``'s state; returns ``{"path", "size", "sha256"}`` to acknowledge with."""
+        file = f"{_name('task', task)}.state"
+        directory = f"{self.dir}/{self._dirname(checkpoint_id, savepoint)}"
+        if self.fs.exists(f"{directory}/{METADATA}"):
+            raise CheckpointStorageError(
+                f"{self.fs.unstrip_protocol(directory)} is committed; refusing to change it")
+        data = bytes(data)
+        self.fs.makedirs(directory, exist_ok=True)
+        _write(self.fs, f"{directory}/{file}", data, atomic=False)
+        return {"path": self.fs.unstrip_protocol(f"{directory}/{file}"),
+                "size": len(data), "sha256": _sha256(data)}
+
+    def commit(
+        self,
+        checkpoint_id: int,
+        metadata: dict,
+        *,
+        savepoint: bool = False,
+        states: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> str:
+        """Write ``_metadata`` last and atomically; returns the checkpoint's path.
+
+        ``states``: task -> the dict its :meth:`write_task_state` returned (what the
+        coordinator's ``Complete.stats_by_task`` carries).  They are checked against the
+        files present (existence and size).  Without it every ``*.state`` file in the
+        directory is read and hashed.
+        """
+        name = self._dirname(checkpoint_id, savepoint)
+        directory = f"{self.dir}/{name}"
+        if self.fs.exists(f"{directory}/{METADATA}"):
+            raise CheckpointStorageError(f"{name} of job {self.job!r} is already committed")
+        present = {e["name"].rstrip("/").rsplit("/", 1)[-1]: e.get("size")
+                   for e in self._ls(directory) if e["name"].endswith(".state")}
+        if states is None:
+            states = {}
+            for file in present:
+                data = self.fs.cat_file(f"{directory}/{file}")
+                states[file[: -len(".state")]] = {"size": len(data), "sha256": _sha256(data)}
+        table: dict[str, dict] = {}
+        for task, info in states.items():
+            file = f"{_name('task', task)}.state"
+            if file not in present:
+                raise CheckpointStorageError(f"cannot commit {name}: missing state file {file}")
+            if present[file] is not None and present[file] != info["size"]:
+                raise CheckpointStorageError(
+                    f"cannot commit {name}: {file} has {present[file]} bytes, "
+                    f"acknowledged {info['size']}")
+            table[task] = {"file": file, "size": int(info["size"]), "sha256": str(info["sha256"])}
+        body = _pack({"id": checkpoint_id, "job": self.job, "savepoint": savepoint,
+                      "states": table, "metadata": metadata}, "checkpoint metadata")
+        envelope = _pack({"format": FORMAT, "version": VERSION, "sha256": _sha256(body),
+                          "body": body}, "envelope")
+        self.fs.makedirs(directory, exist_ok=True)
+        _write(self.fs, f"{directory}/{METADATA}", envelope, atomic=True)
+        return self.fs.unstrip_protocol(directory)
+
+    def _ls(self, directory: str) -> list[dict]:
+        try:
+            return self.fs.ls(directory, detail=True)
+        except FileNotFoundError:
+            return []
+
+    # ------------------------------------------------------------------ reading
+
+    def completed(self) -> list[int]:
+        """Ids of checkpoints (not savepoints) with a valid ``_metadata``, ascending."""
+        return [n for n, p in sorted(self._checkpoint_dirs().items()) if self._valid(p, n)]
+
+    def next_id(self) -> int:
+        """1 + the largest id under this job, in any state (checkpoint or savepoint, complete
+        or partial): the coordinator's ``first_id`` that never reuses an id."""
+        ids = [int(m.group(1)) for name in self._entries()
+               if (m := _CHK.match(name) or _SAVEPOINT.match(name))]
+        return max(ids, default=0) + 1
+
+    def latest(self, *, deep: bool = True) -> CheckpointHandle | None:
+        """The newest checkpoint whose ``_metadata`` and state files verify (``deep``: by
+        sha256, else by size).  Corrupt ones are skipped with a warning.  I/O errors other
+        than missing files propagate: a checkpoint is never skipped for a flaky network."""
+        for n, path in sorted(self._checkpoint_dirs().items(), reverse=True):
+            try:
+                handle = self._load(path, f"chk-{n}")
+                handle.verify(deep=deep)
+                return handle
+            except CheckpointNotFoundError:
+                continue  # partial: not a checkpoint
+            except CorruptCheckpointError as e:
+                log.warning("skipping corrupt checkpoint chk-%d of job %r, falling back to an "
+                            "older one: %s", n, self.job, e)
+        return None
+
+    def open(self, path_or_id: int | str) -> CheckpointHandle:
+        """A checkpoint by id, by name (``chk-7``, ``savepoint-8-ab12cd34``) or by path/URL
+        (any job, any filesystem: a run may start from it).  Its state files are checked by
+        :meth:`CheckpointHandle.read_task_state` as they are read."""
+        fs = self.fs
+        if isinstance(path_or_id, int) and not isinstance(path_or_id, bool):
+            path = f"{self.dir}/{self._dirname(path_or_id, False)}"
+        elif isinstance(path_or_id, str) and path_or_id and "/" not in path_or_id:
+            path = f"{self.dir}/{path_or_id}"
+        elif isinstance(path_or_id, str) and path_or_id:
+            fs, path = url_to_fs(path_or_id) if "://" in path_or_id else (fs, path_or_id)
+            path = fs._strip_protocol(path).rstrip("/")
+        else:
+            raise TypeError(f"expected a checkpoint id or path, got {path_or_id!r}")
+        return self._load(path, path.rsplit("/", 1)[-1], fs)
+
+    def _valid(self, path: str, n: int) -> bool:
+        try:
+            self._load(path, f"chk-{n}")
+            return True
+        except CheckpointStorageError:
+            return False
+
+    def _load(self, path: str, label: str, fs: fsspec.AbstractFileSystem | None = None
+              ) -> CheckpointHandle:
+        fs = fs or self.fs
+        where = fs.unstrip_protocol(path)
+        try:
+            raw = fs.cat_file(f"{path}/{METADATA}")
+        except (FileNotFoundError, NotADirectoryError):
+            state = "partial: no _metadata" if fs.isdir(path) else "no such directory"
+            raise CheckpointNotFoundError(f"no completed checkpoint at {where} ({state})") from None
+        try:
+            env = msgpack.unpackb(raw, raw=False)
+            if not isinstance(env, dict) or env.get("format") != FORMAT:
+                raise ValueError("not a cutline checkpoint envelope")
+            if env.get("version") != VERSION:
+                raise ValueError(f"unsupported format version {env.get('version')!r}")
+            body_bytes = env["body"]
+            if _sha256(body_bytes) != env["sha256"]:
+                raise CorruptCheckpointError(f"checksum mismatch in {label}/{METADATA}")
+            body = msgpack.unpackb(body_bytes, raw=False, strict_map_key=False)
+            return CheckpointHandle(fs, path, label, body)
+        except CorruptCheckpointError:
+            raise
+        except Exception as e:
+            raise CorruptCheckpointError(
+                f"unreadable {label}/{METADATA} at {where}: {type(e).__name__}: {e}") from None
+
+    # ------------------------------------------------------------------ retention
+
+    def retain(self, n: int) -> list[int]:
+        """Delete all but the newest ``n`` completed checkpoints, and partial directories
+        older than the newest completed one; never savepoints.  Returns the deleted ids."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"retain(n) keeps at least one checkpoint; got n={n!r}")
+        dirs = self._checkpoint_dirs()
+        done = [i for i, p in sorted(dirs.items()) if self._valid(p, i)]
+        if not done:
+            return []
+        keep = set(done[-n:])
+        doomed = [i for i in sorted(dirs) if i not in keep and (i in done or i < done[-1])]
+        for i in doomed:
+            # _metadata first: a half-deleted checkpoint must read as partial, not corrupt.
+            if self.fs.exists(f"{dirs[i]}/{METADATA}"):
+                self.fs.rm_file(f"{dirs[i]}/{METADATA}")
+            self.fs.rm(dirs[i], recursive=True)
+        return doomed
