@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import sysconfig
+import types
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,6 +40,9 @@ def embedded_session(slots: int, max_failures: int = 8) -> Any:
     if active is not None:
         return active
     if _SESSION is None:
+        # Python workers run this interpreter (the venv cutline is installed in).
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         _SESSION = (SparkSession.builder
                     .master(f"local[{max(slots, 2)},{max_failures}]")
                     .appName("cutline")
@@ -61,6 +67,39 @@ class JobResult:
     @property
     def latest_checkpoint(self) -> CheckpointRecord | None:
         return self.checkpoints[-1] if self.checkpoints else None
+
+
+def _ship_user_code(pipeline: Any) -> None:
+    """Pickle the user's own modules by value, so Spark workers need not import them.
+
+    Functions from installed packages (and cutline) stay by reference; a user's
+    ``mymodule.parse`` used in ``map()`` travels with the job, as ``__main__`` code does.
+    """
+    from pyspark import cloudpickle
+
+    installed = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib")}
+    seen: set[str] = set()
+
+    def visit(obj: Any, depth: int = 0) -> None:
+        if obj is None or depth > 2:
+            return
+        mod_name = getattr(obj, "__module__", None)
+        if isinstance(mod_name, str) and mod_name not in seen:
+            seen.add(mod_name)
+            mod = sys.modules.get(mod_name)
+            path = getattr(mod, "__file__", None) or ""
+            top = mod_name.split(".")[0]
+            if (mod is not None and path and top not in ("cutline", "__main__")
+                    and not any(path.startswith(d) for d in installed)):
+                cloudpickle.register_pickle_by_value(mod)
+        if not isinstance(obj, (types.FunctionType, type)) and hasattr(obj, "__dict__"):
+            for value in vars(obj).values():
+                if callable(value):
+                    visit(value, depth + 1)
+
+    for node in pipeline.nodes:
+        visit(node.fn)
+        visit(node.key_fn)
 
 
 def _slot_main(spec: JobSpec):
@@ -138,6 +177,7 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
     if slots_available < plan.slots:
         raise ValueError(f"pipeline {pipeline.name!r} needs {plan.slots} task slots for its "
                          f"barrier stage, the Spark session offers {slots_available}")
+    _ship_user_code(pipeline)
     local = sc.master.startswith("local")
     host = "127.0.0.1" if local else spark.conf.get("spark.driver.host")
     driver = JobDriver(plan, pipeline.checkpoint, pipeline.name, restore_from, host=host)
