@@ -41,7 +41,8 @@ from ..protocol import (
 )
 from .channels import InputGate, OutputChannel
 from .control import FrameConnection, connect
-from .operators import build_operator
+from ..connectors.base import RecordError
+from .operators import UserFunctionError, build_operator
 
 log = logging.getLogger("cutline.task")
 
@@ -104,6 +105,7 @@ class Subtask:
         self.last_flush = time.monotonic()
         self.alignment_started: dict[int, float] = {}
         self.records_in = 0
+        self.error: BaseException | None = None
 
     # ------------------------------------------------------------------ wiring
 
@@ -311,11 +313,19 @@ class Subtask:
         except _Stop:
             pass
         except Exception as exc:
-            log.exception("task %s failed", self.task_id)
-            self.slot.send({"op": "failed", "task": self.task_id,
-                            "error": f"{type(exc).__name__}: {exc}",
-                            "trace": traceback.format_exc()[-4000:]})
-            raise
+            self.error = exc
+            # Bad records and user-code errors repeat on every retry: the job fails with
+            # them named.  Anything else (a peer died) fails the Spark task: Spark restarts.
+            fatal = isinstance(exc, (UserFunctionError, RecordError))
+            if not fatal:
+                log.warning("task %s failed: %s", self.task_id, exc)
+            try:
+                self.slot.send({"op": "failed", "task": self.task_id, "fatal": fatal,
+                                "error": str(exc) if fatal else f"{type(exc).__name__}: {exc}",
+                                "trace": traceback.format_exc()[-4000:]})
+            except OSError:
+                pass
+            return
         finally:
             self.close()
         self.slot.send({"op": "finished", "task": self.task_id})
@@ -429,6 +439,9 @@ class Slot:
             t.start()
         for t in threads:
             t.join()
+        failed = [s.error for s in self.subtasks if s.error is not None]
+        if failed:
+            raise failed[0]
         return {"slot": self.slot, "attempt": start.get("attempt"),
                 "records": sum(s.records_in for s in self.subtasks)}
 

@@ -176,8 +176,11 @@ class JobDriver:
             if self._finished >= set(self.tasks):
                 self.done.set()
         elif op == "failed":
-            log.error("task %s failed: %s", msg.get("task"), msg.get("error"))
-            self.last_task_error = msg.get("error")
+            if msg.get("fatal"):
+                self.error = f"task {msg.get('task')}: {msg.get('error')}"
+                self.done.set()
+            else:
+                log.warning("task %s failed: %s", msg.get("task"), msg.get("error"))
         elif op == "_disconnected":
             if self.attempt.started and not self.done.is_set():
                 log.warning("attempt %d lost a task; waiting for Spark to restart the stage",

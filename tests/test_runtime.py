@@ -1,0 +1,101 @@
+"""The streaming runtime end to end on the threads engine (no Spark): fast, exact."""
+
+import collections
+
+import pytest
+
+from cutline import CheckpointConfig, Pipeline
+from cutline.connectors import CollectSink, GeneratorSource
+from cutline.plan import key_group, key_group_range, plan, subtask_for_key_group
+from cutline.spark.driver import JobFailed
+from pipelines import expected_rows, wordcount
+
+
+@pytest.mark.parametrize("mode", ["aligned", "unaligned", "at_least_once"])
+def test_wordcount_is_exact_in_every_mode(tmp_path, mode):
+    p, sink = wordcount(tmp_path, 12_000, mode, rate=12_000, interval=0.2)
+    result = p.run(engine="threads", timeout=60)
+    assert collections.Counter(sink.results()) == expected_rows(12_000)
+    assert len(result.checkpoints) >= 3  # periodic ones and the final one
+    assert result.checkpoints[-1].final
+
+
+def test_unaligned_checkpoints_store_in_flight_data(tmp_path):
+    p, _ = wordcount(tmp_path, 20_000, "unaligned", rate=20_000, interval=0.1)
+    result = p.run(engine="threads", timeout=60)
+    assert sum(c.in_flight for c in result.checkpoints) > 0
+
+
+def test_a_new_run_resumes_from_the_latest_checkpoint(tmp_path):
+    p, sink = wordcount(tmp_path, 5_000, "aligned")
+    first = p.run(engine="threads", timeout=60)
+    last = first.checkpoints[-1]
+    p2, sink2 = wordcount(tmp_path, 5_000, "aligned")
+    second = p2.run(engine="threads", timeout=60)
+    assert second.checkpoints[0].id > last.id  # ids never repeat across runs
+    # the restored run starts where the first one ended: nothing more to emit
+    assert collections.Counter(sink2.results()) == expected_rows(5_000)
+
+
+def test_user_function_error_names_operator_and_record(tmp_path):
+    p = Pipeline("boom", parallelism=1,
+                 checkpoint=CheckpointConfig(storage=f"file://{tmp_path}/c"))
+
+    def explode(x):
+        if x == 7:
+            raise ValueError("seven is right out")
+        return x
+
+    (p.source(GeneratorSource(count=20), uid="numbers").map(explode, uid="explode")
+       .sink(CollectSink(str(tmp_path / "o"))))
+    with pytest.raises(JobFailed, match=r"map operator 'explode' failed on record 7: "
+                                        r"ValueError: seven is right out"):
+        p.run(engine="threads", timeout=30)
+
+
+def test_chaining_and_channels():
+    p = Pipeline("plan", parallelism=2)
+    (p.source(GeneratorSource(count=1), uid="src").map(str, uid="m").filter(bool, uid="f")
+       .key_by(len).reduce(lambda a, b: a + b, uid="r").sink(CollectSink("/tmp/x"), uid="s"))
+    pp = plan(p)
+    assert [[n.uid for n in c.nodes] for c in pp.chains] == [["src", "m", "f"], ["r", "s"]]
+    assert pp.inputs(pp.chains[1], 0) == ["src.0->r.0", "src.1->r.0"]
+    assert pp.slots == 2
+
+
+def test_key_groups_partition_every_key_exactly_once():
+    for parallelism in (1, 2, 3, 7):
+        ranges = [key_group_range(i, parallelism, 128) for i in range(parallelism)]
+        assert sorted(g for r in ranges for g in r) == list(range(128))
+        for i, r in enumerate(ranges):
+            assert all(subtask_for_key_group(g, parallelism, 128) == i for g in r)
+    assert key_group("word", 128) == key_group("word", 128)
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: CheckpointConfig(interval=0), "CheckpointConfig.interval must be a positive"),
+    (lambda: CheckpointConfig(mode="exactly"), "CheckpointConfig.mode must be"),
+    (lambda: CheckpointConfig(mode="at_least_once", unaligned=True), "applies to mode"),
+    (lambda: CheckpointConfig(retained=0), "CheckpointConfig.retained must be"),
+    (lambda: Pipeline("x", parallelism=0), "parallelism must be a whole number >= 1"),
+    (lambda: Pipeline("bad name!"), "pipeline name must be"),
+    (lambda: Pipeline("x").source(42), "source\\(\\) needs a cutline source"),
+    (lambda: Pipeline("x").source(GeneratorSource(count=1)).map(3), "map\\(\\) needs a function"),
+])
+def test_bad_input_is_refused_up_front(build, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        build()
+
+
+def test_pipeline_without_sink_is_refused():
+    p = Pipeline("nosink")
+    p.source(GeneratorSource(count=1)).map(str)
+    with pytest.raises(ValueError, match="has no sink"):
+        plan(p)
+
+
+def test_duplicate_uid_is_refused():
+    p = Pipeline("dup")
+    s = p.source(GeneratorSource(count=1), uid="a")
+    with pytest.raises(ValueError, match="duplicate operator uid 'a'"):
+        s.map(str, uid="a")
