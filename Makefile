@@ -17,8 +17,8 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
+	$(VENV)/bin/python examples/wordcount.py --kill
 	$(VENV)/bin/cutline simulate lecture --diagram out/lecture.png
-	$(VENV)/bin/cutline simulate alignment
 
 test: $(STAMP)
 	$(PY) -m pytest -q

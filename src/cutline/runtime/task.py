@@ -106,6 +106,7 @@ class Subtask:
         self.alignment_started: dict[int, float] = {}
         self.records_in = 0
         self.error: BaseException | None = None
+        self.last_metrics = 0.0
 
     # ------------------------------------------------------------------ wiring
 
@@ -226,7 +227,10 @@ class Subtask:
                                 "checkpoint": a.checkpoint_id, "reason": a.reason})
 
     def _take_snapshot(self, n: int) -> None:
-        snap: dict[str, Any] = {"started": time.monotonic(), "channels": {},
+        now = time.monotonic()
+        aligned_for = now - min(self.alignment_started.values()) if self.alignment_started else 0.0
+        self.alignment_started.clear()
+        snap: dict[str, Any] = {"started": now, "alignment": aligned_for, "channels": {},
                                 "ops": {op.uid: op.snapshot() for op in self.ops if op.keyed}}
         if self.reader is not None:
             snap["source"] = self.reader.snapshot()
@@ -250,6 +254,7 @@ class Subtask:
                             "reason": f"writing state failed: {exc}"})
             return
         stats = {"bytes": len(data), "in_flight": sum(len(v) for v in snap["channels"].values()),
+                 "alignment": snap["alignment"],
                  "duration": time.monotonic() - snap["started"], "chain": self.chain.uid}
         stats.update({k: info[k] for k in ("path", "size", "sha256") if k in info})
         self.slot.send({"op": "ack", "task": self.task_id, "checkpoint": n, "stats": stats})
@@ -289,6 +294,13 @@ class Subtask:
                 msg = self.control.get_nowait()
             except queue.Empty:
                 return
+
+    def _metrics(self) -> None:
+        now = time.monotonic()
+        if now - self.last_metrics >= 0.5:
+            self.last_metrics = now
+            self.slot.send({"op": "metrics", "task": self.task_id, "records": self.records_in,
+                            "source": self.reader is not None})
 
     def _timers(self) -> None:
         now = time.monotonic()
@@ -343,11 +355,13 @@ class Subtask:
                 self._control(block=0.05)
                 continue
             batch = self.reader.read_batch(size)
+            self._metrics()
             if batch is None:
                 ended = True
                 self.flush_all()
                 self.slot.send({"op": "source_ended", "task": self.task_id})
             elif batch:
+                self.records_in += len(batch)
                 self._emit(self._chain(batch))
                 if time.monotonic() - self.last_flush > self.spec.flush_interval:
                     self.flush_all()
@@ -368,6 +382,7 @@ class Subtask:
             for ch, barrier in gate.announcements():
                 self.perform(h.on_announce(ch, barrier))
             item = gate.poll(self.blocked, timeout=self.spec.flush_interval)
+            self._metrics()
             if item is None:
                 self.flush_all()
                 continue

@@ -52,6 +52,7 @@ class CheckpointRecord:
     path: str
     final: bool = False
     attempt: int = 0
+    alignment: float = 0.0  # longest alignment of any task
 
     @property
     def duration(self) -> float:
@@ -102,6 +103,8 @@ class JobDriver:
         self._ended: set[str] = set()
         self._finished: set[str] = set()
         self.coordinator: CheckpointCoordinator | None = None
+        self.metrics: dict[str, tuple[int, bool]] = {}  # task -> (records in, is source)
+        self.source_records_before = 0  # records read by sources in earlier attempts
 
     # ------------------------------------------------------------------ network
 
@@ -171,6 +174,8 @@ class JobDriver:
             self._ended.add(msg["task"])
             if self._ended >= self.sources and self._final is None:
                 self._run(self.coordinator.trigger_now(now), final=True)
+        elif op == "metrics":
+            self.metrics[msg["task"]] = (msg.get("records", 0), bool(msg.get("source")))
         elif op == "finished":
             self._finished.add(msg["task"])
             if self._finished >= set(self.tasks):
@@ -203,6 +208,8 @@ class JobDriver:
                 c.send({"op": "stop"})
             except OSError:
                 pass
+        self.source_records_before += self.source_records()
+        self.metrics.clear()
         self.attempt = _Attempt(self.attempt.number + 1)
         self._ended.clear()
         self._finished.clear()
@@ -273,7 +280,7 @@ class JobDriver:
             n, self._triggered.get(n, time.monotonic()), time.monotonic(),
             sum(int(s.get("bytes") or 0) for s in stats.values()),
             sum(int(s.get("in_flight") or 0) for s in stats.values()), path, final,
-            self.attempt.number))
+            self.attempt.number, max(float(s.get("alignment") or 0) for s in stats.values())))
         self._broadcast({"op": "complete", "checkpoint": n, "final": final})
         self.storage.retain(self.config.retained)
 
@@ -286,6 +293,10 @@ class JobDriver:
             except OSError:
                 pass
         self._server.close()
+
+    def source_records(self) -> int:
+        """Records read by the sources in the current attempt."""
+        return sum(n for n, is_source in self.metrics.values() if is_source)
 
     @property
     def task_pids(self) -> dict[int, int]:

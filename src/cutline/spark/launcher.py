@@ -43,12 +43,16 @@ def embedded_session(slots: int, max_failures: int = 8) -> Any:
         # Python workers run this interpreter (the venv cutline is installed in).
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        # An embedded session is a single machine: keep every socket on loopback.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         _SESSION = (SparkSession.builder
                     .master(f"local[{max(slots, 2)},{max_failures}]")
                     .appName("cutline")
                     .config("spark.ui.enabled", "false")
                     .config("spark.ui.showConsoleProgress", "false")
                     .config("spark.sql.shuffle.partitions", "1")
+                    .config("spark.driver.host", "127.0.0.1")
+                    .config("spark.driver.bindAddress", "127.0.0.1")
                     .getOrCreate())
         _SESSION.sparkContext.setLogLevel("ERROR")
     return _SESSION
@@ -158,7 +162,7 @@ def run_threads(pipeline: Any, *, restore_from: str | None = None,
 
 def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None = None,
                  timeout: float | None = None, on_start: Any = None,
-                 engine: str = "spark") -> JobResult:
+                 engine: str = "spark", progress: bool = False) -> JobResult:
     """Run ``pipeline`` to the end (bounded sources) and return what happened.
 
     ``restore_from`` starts from a checkpoint or savepoint path; otherwise the job resumes
@@ -204,13 +208,14 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
     runner.start()
     if on_start is not None:
         on_start(driver)
+    from contextlib import nullcontext
+
+    from ..report import Progress
+
+    display = Progress() if progress else None
     try:
-        while not driver.done.wait(0.1):
-            if stage_error:
-                raise JobFailed(f"job {pipeline.name!r} failed: Spark gave up on the stage: "
-                                f"{_first_line(stage_error[0])}")
-            if timeout is not None and time.monotonic() - t0 > timeout:
-                raise JobFailed(f"job {pipeline.name!r} did not finish within {timeout}s")
+        with display or nullcontext():
+            _wait(driver, stage_error, pipeline.name, t0, timeout, display)
         if driver.error:
             raise JobFailed(f"job {pipeline.name!r} failed: {driver.error}")
         runner.join(timeout=60)
@@ -221,6 +226,20 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
     return JobResult(pipeline.name, driver.checkpoints, driver.attempts,
                      time.monotonic() - t0, driver.restored_from, plan.describe(),
                      driver.task_pids)
+
+
+def _wait(driver: JobDriver, stage_error: list, name: str, t0: float,
+          timeout: float | None, display: Any) -> None:
+    while not driver.done.wait(0.1):
+        if display is not None:
+            display.update(driver)
+        if stage_error:
+            raise JobFailed(f"job {name!r} failed: Spark gave up on the stage: "
+                            f"{_first_line(stage_error[0])}")
+        if timeout is not None and time.monotonic() - t0 > timeout:
+            raise JobFailed(f"job {name!r} did not finish within {timeout}s")
+    if display is not None:
+        display.update(driver)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,0 +1,68 @@
+"""What users look at: live progress while a job runs, and its checkpoints afterwards."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+__all__ = ["Progress", "checkpoint_table"]
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"  # pragma: no cover
+
+
+def checkpoint_table(result: Any, title: str | None = None) -> Table:
+    t = Table(title=title or f"checkpoints of job {result.job}")
+    for col in ("id", "attempt", "duration", "alignment", "size", "in-flight records", ""):
+        t.add_column(col, justify="right" if col else "left")
+    for c in result.checkpoints:
+        t.add_row(str(c.id), str(c.attempt), f"{c.duration * 1000:.0f} ms",
+                  f"{c.alignment * 1000:.0f} ms", _size(c.bytes), str(c.in_flight),
+                  "final" if c.final else "")
+    return t
+
+
+class Progress:
+    """A live line: records/s read by the sources, checkpoints, attempts."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console()
+        self.live: Live | None = None
+        self.t0 = time.monotonic()
+        self.last = (self.t0, 0)
+        self.rate = 0.0
+
+    def __enter__(self) -> "Progress":
+        self.live = Live(console=self.console, refresh_per_second=4, transient=False)
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)
+            if not self.console.is_terminal:
+                self.console.print()
+
+    def update(self, driver: Any) -> None:
+        now = time.monotonic()
+        total = driver.source_records_before + driver.source_records()
+        t_last, n_last = self.last
+        if now - t_last >= 0.5:
+            self.rate = max(0.0, (total - n_last) / (now - t_last))
+            self.last = (now, total)
+        ckpts = driver.checkpoints
+        latest = f"#{ckpts[-1].id} ({ckpts[-1].duration * 1000:.0f} ms)" if ckpts else "-"
+        text = (f"[bold]{driver.job}[/] {now - self.t0:5.1f}s  "
+                f"read {total:>10,} records  [cyan]{self.rate:>9,.0f} records/s[/]  "
+                f"checkpoints {len(ckpts)} latest {latest}  attempt {driver.attempt.number}")
+        if self.live is not None:
+            self.live.update(text)
