@@ -99,3 +99,48 @@ def test_duplicate_uid_is_refused():
     s = p.source(GeneratorSource(count=1), uid="a")
     with pytest.raises(ValueError, match="duplicate operator uid 'a'"):
         s.map(str, uid="a")
+
+
+def test_cancelled_run_resumes_exactly_in_a_new_run(tmp_path):
+    from cutline.spark.launcher import JobCancelled
+
+    p, _ = wordcount(tmp_path, 40_000, "aligned", rate=10_000, interval=0.3)
+    with pytest.raises(JobCancelled, match="cancelled"):
+        p.run(engine="threads", timeout=1.5)
+    from cutline.storage.checkpoints import CheckpointStorage
+
+    kept = CheckpointStorage(p.checkpoint.storage, "wordcount").completed()
+    assert kept, "retain_on_cancel keeps the checkpoints"
+    p2, sink2 = wordcount(tmp_path, 40_000, "aligned", rate=None, interval=0.3)
+    result = p2.run(engine="threads", timeout=60)
+    assert result.restored_from is None  # resumed from the latest, not an explicit path
+    assert result.checkpoints[0].id > max(kept)
+    assert collections.Counter(sink2.results()) == expected_rows(40_000)
+
+
+def test_cancel_without_retain_deletes_checkpoints(tmp_path):
+    from cutline.spark.launcher import JobCancelled
+    from cutline.storage.checkpoints import CheckpointStorage
+
+    p, _ = wordcount(tmp_path, 40_000, "aligned", rate=10_000, interval=0.3)
+    p.with_checkpoint(retain_on_cancel=False)
+    with pytest.raises(JobCancelled):
+        p.run(engine="threads", timeout=1.5)
+    assert CheckpointStorage(p.checkpoint.storage, "wordcount").completed() == []
+
+
+def test_restore_from_an_explicit_checkpoint_path(tmp_path):
+    p, _ = wordcount(tmp_path, 3_000, "aligned")
+    first = p.run(engine="threads", timeout=60)
+    path = first.checkpoints[-1].path
+    p2, sink2 = wordcount(tmp_path / "other", 3_000, "aligned")
+    result = p2.run(engine="threads", timeout=60, restore_from=path)
+    assert result.restored_from == path
+    # everything was already emitted before that checkpoint: the new sink gets nothing new
+    assert list(sink2.results()) == []
+
+
+def test_restore_from_a_missing_path_is_a_clear_error(tmp_path):
+    p, _ = wordcount(tmp_path, 10, "aligned")
+    with pytest.raises(Exception, match="nope"):
+        p.run(engine="threads", timeout=30, restore_from=str(tmp_path / "nope"))

@@ -427,8 +427,13 @@ class Slot:
         self.conn: FrameConnection | None = None
 
     def send(self, msg: dict) -> None:
-        if self.conn is not None:
+        if self.conn is None:
+            return
+        try:
             self.conn.send(msg)
+        except OSError:  # the coordinator is gone: this attempt is over, nobody to tell
+            for s in self.subtasks:
+                s.control.put({"op": "stop"})
 
     def run(self) -> dict:
         """Register, wait for the start signal, run every subtask to the end."""

@@ -26,7 +26,7 @@ from .driver import CheckpointRecord, JobDriver, JobFailed
 
 log = logging.getLogger("cutline.spark")
 
-__all__ = ["run_pipeline", "run_threads", "JobResult", "embedded_session"]
+__all__ = ["run_pipeline", "run_threads", "JobResult", "JobCancelled", "embedded_session"]
 
 _SESSION = None
 
@@ -149,11 +149,15 @@ def run_threads(pipeline: Any, *, restore_from: str | None = None,
             if errors:
                 raise JobFailed(f"job {pipeline.name!r} failed: {errors[0]}") from errors[0]
             if timeout is not None and time.monotonic() - t0 > timeout:
-                raise JobFailed(f"job {pipeline.name!r} did not finish within {timeout}s")
+                raise JobCancelled(f"job {pipeline.name!r} cancelled: not finished within "
+                                   f"{timeout}s")
         if driver.error:
             raise JobFailed(f"job {pipeline.name!r} failed: {driver.error}")
         for t in threads:
             t.join(timeout=30)
+    except (KeyboardInterrupt, JobCancelled):
+        _cancelled(pipeline, driver)
+        raise
     finally:
         driver.stop()
     return JobResult(pipeline.name, driver.checkpoints, driver.attempts,
@@ -219,6 +223,9 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
         if driver.error:
             raise JobFailed(f"job {pipeline.name!r} failed: {driver.error}")
         runner.join(timeout=60)
+    except (KeyboardInterrupt, JobCancelled):
+        _cancelled(pipeline, driver)
+        raise
     finally:
         if not driver.done.is_set() or driver.error:
             sc.cancelJobGroup(f"cutline-{pipeline.name}-{os.getpid()}")
@@ -237,9 +244,21 @@ def _wait(driver: JobDriver, stage_error: list, name: str, t0: float,
             raise JobFailed(f"job {name!r} failed: Spark gave up on the stage: "
                             f"{_first_line(stage_error[0])}")
         if timeout is not None and time.monotonic() - t0 > timeout:
-            raise JobFailed(f"job {name!r} did not finish within {timeout}s")
+            raise JobCancelled(f"job {name!r} cancelled: not finished within {timeout}s")
     if display is not None:
         display.update(driver)
+
+
+class JobCancelled(JobFailed):
+    """The job was stopped before it finished (timeout or interrupt)."""
+
+
+def _cancelled(pipeline: Any, driver: JobDriver) -> None:
+    """Cancellation keeps the checkpoints unless ``retain_on_cancel=False``."""
+    if not pipeline.checkpoint.retain_on_cancel:
+        driver.stop()
+        deleted = driver.storage.discard_all()
+        log.info("job %s cancelled: deleted checkpoints %s", pipeline.name, deleted)
 
 
 def _first_line(exc: BaseException) -> str:

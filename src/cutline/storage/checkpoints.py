@@ -385,6 +385,16 @@ class CheckpointStorage:
 
     # ------------------------------------------------------------------ retention
 
+    def discard_all(self) -> list[int]:
+        """Delete every checkpoint of the job (a cancelled job that does not retain them);
+        never savepoints.  Returns the deleted ids."""
+        dirs = self._checkpoint_dirs()
+        for i in sorted(dirs):
+            if self.fs.exists(f"{dirs[i]}/{METADATA}"):
+                self.fs.rm_file(f"{dirs[i]}/{METADATA}")
+            self.fs.rm(dirs[i], recursive=True)
+        return sorted(dirs)
+
     def retain(self, n: int) -> list[int]:
         """Delete all but the newest ``n`` completed checkpoints, and partial directories
         older than the newest completed one; never savepoints.  Returns the deleted ids."""
