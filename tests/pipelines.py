@@ -34,3 +34,58 @@ def expected_rows(records: int) -> collections.Counter:
     """The exact output multiset of a failure-free run: (word, 1..n) for every word."""
     totals = collections.Counter(w for i in range(records) for w in sentence(i).split())
     return collections.Counter((w, k) for w, n in totals.items() for k in range(1, n + 1))
+
+
+def write_events(directory, files: int = 4, per_file: int = 3000) -> list[dict]:
+    """JSON-lines input: ``files`` files of click events."""
+    import json
+
+    directory.mkdir(parents=True, exist_ok=True)
+    events = []
+    for f in range(files):
+        with open(directory / f"events-{f:03d}.jsonl", "w") as out:
+            for i in range(per_file):
+                e = {"user": f"u{(i * 7 + f) % 23}", "page": f"/p{i % 11}", "ms": i % 500,
+                     "id": f"{f}-{i}"}
+                events.append(e)
+                out.write(json.dumps(e) + "\n")
+    return events
+
+
+def slow_parse(e: dict) -> dict:
+    import time
+
+    time.sleep(0.0002)  # a little work per record, so a kill lands mid-run
+    return {"user": e["user"], "ms": int(e["ms"]), "id": e["id"]}
+
+
+def running_total(ctx, e):
+    total = ctx.value_state("total", 0)
+    total.update(total.value + e["ms"])
+    seen = ctx.list_state("ids")
+    seen.append(e["id"])
+    return ({"user": e["user"], "id": e["id"], "total": total.value, "n": len(seen)},)
+
+
+def clicks(tmp, *, mode: str = "aligned", interval: float = 0.3):
+    from cutline.connectors import FileSource, ParquetSink
+
+    cfg = CheckpointConfig(interval=interval, storage=f"file://{tmp}/checkpoints",
+                           unaligned=mode == "unaligned")
+    p = Pipeline("clicks", parallelism=2, checkpoint=cfg)
+    sink = ParquetSink(str(tmp / "parquet"))
+    (p.source(FileSource(str(tmp / "in"), format="jsonl"), uid="files")
+       .map(slow_parse, uid="parse")
+       .filter(lambda e: e["ms"] >= 10, uid="fast-enough")
+       .key_by(lambda e: e["user"])
+       .process(running_total, uid="totals")
+       .sink(sink, uid="parquet"))
+    return p, sink
+
+
+def expected_clicks(events: list[dict]) -> collections.Counter:
+    """Per user, in file order per source file, the totals depend on interleaving across
+    files; what is fixed is the multiset of (user, n) and each id exactly once."""
+    kept = [e for e in events if e["ms"] >= 10]
+    per_user = collections.Counter(e["user"] for e in kept)
+    return collections.Counter((u, k) for u, n in per_user.items() for k in range(1, n + 1))
