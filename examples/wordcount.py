@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import sys
 import tempfile
 
 from rich.console import Console
@@ -70,7 +71,7 @@ def main() -> int:
     ap.add_argument("--kill", action="store_true",
                     help="kill -9 a Spark Python worker after the first checkpoint")
     args = ap.parse_args()
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=100)
     tmp = tempfile.mkdtemp(prefix="cutline-wordcount-")
     p, sink = build(args.records, f"file://{tmp}/checkpoints", f"{tmp}/out", args.mode,
                     rate=args.rate or None)
@@ -81,7 +82,7 @@ def main() -> int:
         kill = Kill(after_checkpoint=1, delay=0.5)
     console.print(f"[bold]cutline wordcount[/]: {args.records:,} sentences, mode {args.mode}, "
                   f"checkpoints every 1 s to {tmp}/checkpoints")
-    result = p.run(on_start=kill, progress=True)
+    result = p.run(on_start=kill, progress=console)
     if kill is not None and kill.killed:
         slot, pid, _ = kill.killed[0]
         console.print(f"killed Spark Python worker pid {pid} (slot {slot}) with SIGKILL; "

@@ -166,7 +166,7 @@ def run_threads(pipeline: Any, *, restore_from: str | None = None,
 
 def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None = None,
                  timeout: float | None = None, on_start: Any = None,
-                 engine: str = "spark", progress: bool = False) -> JobResult:
+                 engine: str = "spark", progress: Any = False) -> JobResult:
     """Run ``pipeline`` to the end (bounded sources) and return what happened.
 
     ``restore_from`` starts from a checkpoint or savepoint path; otherwise the job resumes
@@ -216,7 +216,8 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
 
     from ..report import Progress
 
-    display = Progress() if progress else None
+    display = (Progress(progress if not isinstance(progress, bool) else None)
+               if progress else None)
     try:
         with display or nullcontext():
             _wait(driver, stage_error, pipeline.name, t0, timeout, display)
