@@ -1,0 +1,732 @@
+"""The streaming runtime on Spark, measured side by side in one run.
+
+Run ``python bench/runtime.py`` (``--quick`` for a short run, still every case).  One
+embedded Spark session (``embedded_session(slots=2)``, i.e. ``local[2,8]``) serves every
+Spark case.  Cases:
+
+1. **Checkpoint overhead**: ``GeneratorSource -> map(parse) -> key_by -> count -> sink``,
+   rate unlimited, checkpoints "off" (``interval=1e9``: only the final checkpoint) against
+   "on" (``interval=1.0``).  Target: on >= 0.95x off.
+2. **Checkpoint duration**: p50 / p99 of the "on" runs' checkpoints (final one excluded)
+   relative to the 1 s interval.  The brief gives no target; we use p99 < 1.0x (a checkpoint
+   finishes before the next is due, so checkpoints never queue up).
+3. **Unaligned vs aligned under backpressure**: ``GeneratorSource -> key_by -> process``
+   where the keyed operator is slow (it sleeps 5 ms every 100 records: ~50 us/record, GIL
+   released), parallelism 2 behind a hash exchange, rate unlimited, interval 0.5 s.  Median
+   checkpoint duration (final excluded), unaligned / aligned.  Target: <= 0.1x.
+4. **Records/s per task**: case 1's "on" runs, records / processing time / 2 slots, against
+   a bare Python loop in this process doing the same work (generate, parse, dict count, build
+   the ``(key, n)`` output) over the same records.  Target: >= 0.5x.  The threads engine
+   (``engine="threads"``, no Spark, all subtasks on threads of this process) is a second,
+   reference row.
+5. **Recovery**: case 1's pipeline rate limited (10,000 records/s) into an exactly-once
+   ``CollectSink``, ``Kill(after_checkpoint=1, delay=0.5)`` against the same run without
+   failure: kill -> new attempt started, kill -> first checkpoint of the new attempt
+   completed ("caught up", as the brief defines it), total job duration of both, and the
+   committed output checked row for row against the failure-free result.  No target.
+
+**Throughput** is records / *processing time*; for Spark, processing time runs from the
+moment the driver started attempt 0 (every task registered and was told to start; a watcher
+thread polls the driver every 5 ms) to the completion of the final checkpoint (every record
+went through the sink and was committed).  It leaves out the Spark stage launch and the stage
+teardown after the final checkpoint, which are the same for every case.  End-to-end rates
+(records / ``JobResult.duration``) are printed next to it.  For the threads engine the
+window starts when the threads start (``JobResult.duration`` back from the return).
+
+Cases 1, 3 and 4 write to a sink that discards records (``NullSink`` below), so the "off"
+runs don't hold millions of output rows in memory until the one final commit.
+
+The machine may be shared and noisy: cases run in rounds, in an order that rotates each
+round, and medians are reported.  A ratio within the measured noise (half the spread of the
+per-round ratios) of its target is "undecided"; with one round (``--quick``) the noise is
+not measured.  Exit code is always 0: this is a benchmark, not a test.  Results also go to
+``bench/results/runtime.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+try:
+    import cutline  # noqa: F401
+except ImportError:  # running from a checkout without an installed package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from rich.console import Console
+from rich.table import Table
+
+from cutline import CheckpointConfig, Pipeline
+from cutline.connectors import CollectSink, GeneratorSource
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "results" / "runtime.json"
+
+SLOTS = 2
+PARALLELISM = 2
+OFF_INTERVAL = 1e9
+ON_INTERVAL = 1.0
+BP_INTERVAL = 0.5
+KEYS = 1000
+
+TARGET_OVERHEAD = 0.95  # on / off throughput, at least
+TARGET_DURATION = 1.0  # p99 checkpoint duration / interval, below (ours: the brief has none)
+TARGET_UNALIGNED = 0.1  # unaligned / aligned median checkpoint duration, at most
+TARGET_PER_TASK = 0.5  # per-task records/s / bare loop records/s, at least
+
+JOB_TIMEOUT = 300.0  # seconds; a hung job fails its run, not the benchmark
+
+# --------------------------------------------------------------------------- workload
+# Top-level functions and classes: Spark ships them (this module is __main__, pickled by
+# value), and the bare loop calls the very same ones.
+
+
+def make_record(i: int) -> str:
+    """A CSV-ish line: ``"u<key>,<i>"``, 1,000 keys spread over the index."""
+    return f"u{(i * 7919) % KEYS:03d},{i}"
+
+
+def parse(line: str) -> tuple[str, int]:
+    k, v = line.split(",")
+    return (k, int(v))
+
+
+def key_of(record: tuple[str, int]) -> str:
+    return record[0]
+
+
+SLOW_EVERY, SLOW_SLEEP = 100, 0.005  # 5 ms every 100 records: ~50 us a record
+
+
+def mod_key(i: int) -> int:
+    return i % KEYS
+
+
+_slow_calls = [0]  # per process (per Spark task's copy of this module's globals)
+
+
+def slow_count(ctx: Any, record: int):
+    """A keyed running count that is slow: sleeps 5 ms every 100 records (GIL released)."""
+    _slow_calls[0] += 1
+    if _slow_calls[0] % SLOW_EVERY == 0:
+        time.sleep(SLOW_SLEEP)
+    n = ctx.value_state("count", 0)
+    n.update(n.value + 1)
+    return ((record % KEYS, n.value),)
+
+
+class NullSink:
+    """Discards every record; commits nothing.  Keeps the sink out of the measurement."""
+
+    name = "null"
+
+    def create_writer(self) -> "NullWriter":
+        return NullWriter()
+
+
+class NullWriter:
+    def open(self, subtask: int, parallelism: int, job: str) -> None:
+        self.records = 0
+
+    def write(self, batch: list) -> None:
+        self.records += len(batch)
+
+    def pre_commit(self, checkpoint_id: int) -> dict:
+        return {"records": self.records}
+
+    def commit(self, handles: list) -> None:
+        pass
+
+    def abort(self, handles: list) -> None:
+        pass
+
+    def recover(self, handles: list) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def bare_loop(n: int) -> tuple[int, int]:
+    """What the map -> key_by -> count pipeline does, as one plain loop in one process."""
+    counts: dict[str, int] = {}
+    get = counts.get
+    out = None
+    for i in range(n):
+        record = parse(make_record(i))
+        k = key_of(record)
+        c = get(k, 0) + 1
+        counts[k] = c
+        out = (k, c)  # count() emits (key, n) for every record; the sink drops it
+    assert out is None or out[1] == counts[out[0]]
+    return sum(counts.values()), len(counts)
+
+
+def expected_rows(n: int) -> collections.Counter:
+    """What a failure-free run of the recovery pipeline commits: (key, 1..count)."""
+    totals = collections.Counter(make_record(i).split(",", 1)[0] for i in range(n))
+    return collections.Counter((k, c) for k, t in totals.items() for c in range(1, t + 1))
+
+
+# --------------------------------------------------------------------------- pipelines
+
+
+def throughput_pipeline(name: str, n: int, interval: float, storage: str,
+                        rate: float | None = None, sink: Any = None) -> Pipeline:
+    cfg = CheckpointConfig(interval=interval, storage=storage)
+    p = Pipeline(name, parallelism=PARALLELISM, checkpoint=cfg)
+    (p.source(GeneratorSource(count=n, fn=make_record, rate=rate), uid="lines")
+       .map(parse, uid="parse")
+       .key_by(key_of)
+       .count(uid="count")
+       .sink(sink if sink is not None else NullSink(), uid="out"))
+    return p
+
+
+def backpressure_pipeline(name: str, n: int, unaligned: bool, storage: str) -> Pipeline:
+    cfg = CheckpointConfig(interval=BP_INTERVAL, storage=storage, unaligned=unaligned)
+    p = Pipeline(name, parallelism=PARALLELISM, checkpoint=cfg)
+    (p.source(GeneratorSource(count=n), uid="ints")
+       .key_by(mod_key)
+       .process(slow_count, uid="slow")
+       .sink(NullSink(), uid="out"))
+    return p
+
+
+# --------------------------------------------------------------------------- running
+
+
+class Watcher:
+    """Polls the driver (every 5 ms) for when each attempt started, on the driver's clock."""
+
+    def __init__(self) -> None:
+        self.starts: dict[int, float] = {}
+
+    def __call__(self, driver: Any) -> None:
+        threading.Thread(target=self._run, args=(driver,), daemon=True).start()
+
+    def _run(self, driver: Any) -> None:
+        while not driver.done.is_set():
+            a = driver.attempt
+            if a.started and a.number not in self.starts:
+                self.starts[a.number] = time.monotonic()
+            time.sleep(0.005)
+
+
+class Workdir:
+    """A fresh directory per run: a job resumes from checkpoints left under its storage."""
+
+    def __enter__(self) -> Path:
+        self.path = Path(tempfile.mkdtemp(prefix="cutline-bench-"))
+        return self.path
+
+    def __exit__(self, *exc: Any) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _ckpt(c: Any) -> dict:
+    return {"id": c.id, "attempt": c.attempt, "started": c.started, "completed": c.completed,
+            "duration": c.duration, "alignment": c.alignment, "bytes": c.bytes,
+            "in_flight": c.in_flight, "final": c.final}
+
+
+def run_spark(pipeline: Pipeline, spark: Any, records: int, kill: Any = None) -> dict:
+    from cutline.spark.launcher import run_pipeline
+
+    watcher = Watcher()
+
+    def on_start(driver: Any) -> None:
+        watcher(driver)
+        if kill is not None:
+            kill(driver)
+
+    # Both clocks, back to back: CheckpointRecord times are time.monotonic(), Kill's are
+    # time.time().
+    m0 = time.monotonic()
+    w0 = time.time()
+    m1 = time.monotonic()
+    mono_at_wall0 = (m0 + m1) / 2
+    result = run_pipeline(pipeline, spark, on_start=on_start, timeout=JOB_TIMEOUT)
+    t_end = time.monotonic()
+    start = watcher.starts.get(0, t_end - result.duration)
+    return _summarise(result, records, start, t_end, watcher.starts, mono_at_wall0, w0)
+
+
+def run_threads_engine(pipeline: Pipeline, records: int) -> dict:
+    from cutline.spark.launcher import run_pipeline
+
+    result = run_pipeline(pipeline, engine="threads", timeout=JOB_TIMEOUT)
+    t_end = time.monotonic()
+    start = t_end - result.duration  # run_threads' own t0, just before the threads start
+    return _summarise(result, records, start, t_end, {0: start}, None, None)
+
+
+def _summarise(result: Any, records: int, start: float, t_end: float, starts: dict,
+               mono_at_wall0: float | None, wall0: float | None) -> dict:
+    finals = [c for c in result.checkpoints if c.final]
+    end = finals[-1].completed if finals else t_end
+    processing = end - start
+    return {
+        "records": records,
+        "duration": result.duration,
+        "processing": processing,
+        "startup": start - (t_end - result.duration),
+        "rate": records / processing,
+        "rate_end_to_end": records / result.duration,
+        "attempts": result.attempts,
+        "attempt_starts": {str(k): v for k, v in starts.items()},
+        "checkpoints": [_ckpt(c) for c in result.checkpoints],
+        "mono_at_wall0": mono_at_wall0,
+        "wall0": wall0,
+    }
+
+
+# --------------------------------------------------------------------------- cases
+
+
+def case_off(ctx: dict) -> dict:
+    with Workdir() as d:
+        p = throughput_pipeline("bench-off", ctx["records"], OFF_INTERVAL, f"file://{d}/ck")
+        return run_spark(p, ctx["spark"], ctx["records"])
+
+
+def case_on(ctx: dict) -> dict:
+    with Workdir() as d:
+        p = throughput_pipeline("bench-on", ctx["records"], ON_INTERVAL, f"file://{d}/ck")
+        return run_spark(p, ctx["spark"], ctx["records"])
+
+
+def case_bare(ctx: dict) -> dict:
+    n = ctx["records"]
+    t0 = time.perf_counter()
+    total, keys = bare_loop(n)
+    dt = time.perf_counter() - t0
+    if total != n or keys != KEYS:
+        raise AssertionError(f"bare loop counted {total} records over {keys} keys")
+    return {"records": n, "processing": dt, "rate": n / dt}
+
+
+def case_threads(ctx: dict) -> dict:
+    with Workdir() as d:
+        n = ctx["records_threads"]
+        p = throughput_pipeline("bench-threads", n, ON_INTERVAL, f"file://{d}/ck")
+        return run_threads_engine(p, n)
+
+
+def case_aligned(ctx: dict) -> dict:
+    with Workdir() as d:
+        p = backpressure_pipeline("bench-aligned", ctx["records_bp"], False, f"file://{d}/ck")
+        return run_spark(p, ctx["spark"], ctx["records_bp"])
+
+
+def case_unaligned(ctx: dict) -> dict:
+    with Workdir() as d:
+        p = backpressure_pipeline("bench-unaligned", ctx["records_bp"], True, f"file://{d}/ck")
+        return run_spark(p, ctx["spark"], ctx["records_bp"])
+
+
+def _recovery_run(ctx: dict, kill: bool) -> dict:
+    from cutline.spark.faults import Kill
+
+    n = ctx["records_recovery"]
+    with Workdir() as d:
+        sink = CollectSink(str(d / "out"))
+        p = throughput_pipeline("bench-kill" if kill else "bench-nofail", n, ON_INTERVAL,
+                                f"file://{d}/ck", rate=ctx["rate"], sink=sink)
+        killer = Kill(after_checkpoint=1, delay=0.5) if kill else None
+        out = run_spark(p, ctx["spark"], n, kill=killer)
+        rows = collections.Counter(sink.results())
+    out["output_exact"] = rows == ctx["expected_recovery"]
+    out["output_rows"] = sum(rows.values())
+    if killer is not None:
+        out["killed"] = [list(k) for k in killer.killed]
+        if killer.killed:
+            _slot, _pid, wall = killer.killed[0]
+            kill_mono = out["mono_at_wall0"] + (wall - out["wall0"])
+            out["kill_at"] = kill_mono - out["attempt_starts"].get("0", kill_mono)
+            restarted = [v for k, v in out["attempt_starts"].items() if int(k) >= 1]
+            out["kill_to_restart"] = min(restarted) - kill_mono if restarted else None
+            after = [c for c in out["checkpoints"] if c["attempt"] >= 1]
+            first = min(after, key=lambda c: c["completed"]) if after else None
+            out["kill_to_caught_up"] = first["completed"] - kill_mono if first else None
+            out["first_checkpoint_after"] = first
+    return out
+
+
+def case_nofail(ctx: dict) -> dict:
+    return _recovery_run(ctx, kill=False)
+
+
+def case_kill(ctx: dict) -> dict:
+    return _recovery_run(ctx, kill=True)
+
+
+OFF, ON, BARE, THREADS = "checkpoints off", "checkpoints on (1 s)", "bare loop", "threads engine"
+ALIGNED, UNALIGNED = "aligned (backpressure)", "unaligned (backpressure)"
+NOFAIL, KILLED = "rate-limited, no failure", "rate-limited, kill -9"
+
+GROUPS: list[list[tuple[str, Any]]] = [
+    [(OFF, case_off), (ON, case_on), (BARE, case_bare), (THREADS, case_threads)],
+    [(ALIGNED, case_aligned), (UNALIGNED, case_unaligned)],
+    [(NOFAIL, case_nofail), (KILLED, case_kill)],
+]
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def median(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def percentile(xs: list[float], p: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    k = (len(xs) - 1) * p / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def noise_of(per_round: list[float]) -> float | None:
+    """Half the spread of per-round ratios; None when there is one round (not measured)."""
+    per_round = [x for x in per_round if x is not None]
+    if len(per_round) < 2:
+        return None
+    return (max(per_round) - min(per_round)) / 2
+
+
+def verdict(value: float | None, target: float, at_least: bool, noise: float | None) -> str:
+    if value is None:
+        return "n/a"
+    if noise is not None and abs(value - target) <= noise:
+        return "undecided"
+    ok = value >= target if at_least else value <= target
+    return "PASS" if ok else "FAIL"
+
+
+STYLE = {"PASS": "green", "FAIL": "red", "undecided": "yellow", "n/a": "dim", "-": "dim"}
+
+
+def fmt(x: float | None, spec: str = ".3f", suffix: str = "") -> str:
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:,.0f} ms"
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="short run (smoke test), every case")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds (default 3, quick 1)")
+    ap.add_argument("--records", type=int, default=None,
+                    help="records per throughput run (default 3,000,000; quick 300,000)")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
+    args = ap.parse_args(argv)
+
+    console = Console() if sys.stdout.isatty() else Console(width=150)
+    quick = args.quick
+    rounds = args.rounds or (1 if quick else 3)
+    records = args.records or (300_000 if quick else 3_000_000)
+    ctx: dict[str, Any] = {
+        "records": records,
+        "records_threads": max(10_000, records // 3),
+        "records_bp": 60_000 if quick else 320_000,
+        "records_recovery": 30_000 if quick else 100_000,
+        "rate": 10_000.0,
+    }
+    ctx["expected_recovery"] = expected_rows(ctx["records_recovery"])
+
+    from cutline.spark.launcher import embedded_session
+
+    t_bench = time.monotonic()
+    console.print(f"[bold]cutline runtime benchmark[/]  {'quick, ' if quick else ''}{rounds} "
+                  f"round(s); {records:,} records per throughput run, "
+                  f"{ctx['records_bp']:,} under backpressure, {ctx['records_recovery']:,} at "
+                  f"{ctx['rate']:,.0f}/s for recovery; Python {platform.python_version()}")
+    spark = embedded_session(slots=SLOTS)
+    ctx["spark"] = spark
+    console.print(f"Spark {spark.version}, master {spark.sparkContext.master}", style="dim")
+
+    # Warm up: start the Python workers and import everything once, unmeasured.
+    with Workdir() as d:
+        run_spark(throughput_pipeline("bench-warmup", 20_000, ON_INTERVAL, f"file://{d}/ck"),
+                  spark, 20_000)
+    with Workdir() as d:
+        run_spark(backpressure_pipeline("bench-warmup-bp", 2_000, True, f"file://{d}/ck"),
+                  spark, 2_000)
+    bare_loop(50_000)
+
+    runs: dict[str, list[dict]] = {name: [] for g in GROUPS for name, _ in g}
+    errors: list[dict] = []
+    for r in range(rounds):
+        for group in GROUPS:
+            k = r % len(group)
+            for name, fn in group[k:] + group[:k]:  # rotate: no case always first
+                t0 = time.monotonic()
+                try:
+                    out = fn(ctx)
+                except Exception as exc:  # noqa: BLE001 - a benchmark reports and goes on
+                    errors.append({"case": name, "round": r + 1, "error": repr(exc),
+                                   "trace": traceback.format_exc()[-3000:]})
+                    console.print(f"  round {r + 1}: {name} FAILED: {exc}", style="red")
+                    runs[name].append(None)
+                    continue
+                out["round"] = r + 1
+                runs[name].append(out)
+                extra = f"{out['rate']:,.0f} records/s" if "rate" in out else ""
+                console.print(f"  round {r + 1}/{rounds}: {name:<26} "
+                              f"{time.monotonic() - t0:5.1f} s  {extra}", style="dim")
+
+    ok = {name: [x for x in v if x is not None] for name, v in runs.items()}
+
+    def paired(a: str, b: str, f) -> list[float]:
+        """Per-round f(run of a, run of b), rounds where both ran."""
+        return [f(x, y) for x, y in zip(runs[a], runs[b]) if x is not None and y is not None]
+
+    def med_of(name: str, key: str) -> float | None:
+        return median([x[key] for x in ok[name]])
+
+    # 1. Checkpoint overhead.
+    off_rate, on_rate = med_of(OFF, "rate"), med_of(ON, "rate")
+    r1_rounds = paired(ON, OFF, lambda on, off: on["rate"] / off["rate"])
+    r1 = on_rate / off_rate if on_rate and off_rate else None
+    n1 = noise_of(r1_rounds)
+    v1 = verdict(r1, TARGET_OVERHEAD, True, n1)
+
+    # 2. Checkpoint durations of the "on" runs (final checkpoints excluded).
+    on_durs = [c["duration"] for x in ok[ON] for c in x["checkpoints"] if not c["final"]]
+    on_finals = [c["duration"] for x in ok[ON] for c in x["checkpoints"] if c["final"]]
+    p50, p99 = percentile(on_durs, 50), percentile(on_durs, 99)
+    r2_p50 = p50 / ON_INTERVAL if p50 is not None else None
+    r2_p99 = p99 / ON_INTERVAL if p99 is not None else None
+    v2 = verdict(r2_p99, TARGET_DURATION, False, None)
+
+    # 3. Unaligned vs aligned under backpressure (final checkpoints excluded).
+    def bp(name: str, key: str) -> list[float]:
+        return [c[key] for x in ok[name] for c in x["checkpoints"] if not c["final"]]
+
+    al_med, un_med = median(bp(ALIGNED, "duration")), median(bp(UNALIGNED, "duration"))
+    r3 = un_med / al_med if al_med and un_med is not None else None
+
+    def round_median_ratio(un: dict, al: dict) -> float | None:
+        u = median([c["duration"] for c in un["checkpoints"] if not c["final"]])
+        a = median([c["duration"] for c in al["checkpoints"] if not c["final"]])
+        return u / a if u is not None and a else None
+
+    r3_rounds = [x for x in paired(UNALIGNED, ALIGNED, round_median_ratio) if x is not None]
+    n3 = noise_of(r3_rounds)
+    v3 = verdict(r3, TARGET_UNALIGNED, False, n3)
+    un_inflight = bp(UNALIGNED, "in_flight")
+    al_align = median(bp(ALIGNED, "alignment"))
+
+    # 4. Per-task records/s against the bare loop.
+    bare_rate = med_of(BARE, "rate")
+    spark_task = on_rate / SLOTS if on_rate else None
+    threads_task = med_of(THREADS, "rate") / SLOTS if ok[THREADS] else None
+    r4 = spark_task / bare_rate if spark_task and bare_rate else None
+    r4t = threads_task / bare_rate if threads_task and bare_rate else None
+    r4_rounds = paired(ON, BARE, lambda on, b: on["rate"] / SLOTS / b["rate"])
+    r4t_rounds = paired(THREADS, BARE, lambda t, b: t["rate"] / SLOTS / b["rate"])
+    n4, n4t = noise_of(r4_rounds), noise_of(r4t_rounds)
+    v4 = verdict(r4, TARGET_PER_TASK, True, n4)
+    v4t = verdict(r4t, TARGET_PER_TASK, True, n4t)
+
+    # 5. Recovery.
+    kills = [x for x in ok[KILLED] if x.get("killed")]
+    to_restart = median([x.get("kill_to_restart") for x in kills])
+    to_caught_up = median([x.get("kill_to_caught_up") for x in kills])
+    kill_at = median([x.get("kill_at") for x in kills])
+    dur_kill = med_of(KILLED, "duration")
+    dur_nofail = med_of(NOFAIL, "duration")
+    r5 = dur_kill / dur_nofail if dur_kill and dur_nofail else None
+    exact = all(x["output_exact"] for x in ok[KILLED] + ok[NOFAIL]) if ok[KILLED] else None
+    not_killed = len(ok[KILLED]) - len(kills)
+
+    # ------------------------------------------------------------------ tables
+    runs_t = Table(title=f"runs (median of {rounds} round(s); processing time = attempt 0 "
+                         "started -> final checkpoint completed)")
+    for col in ("case", "records", "processing", "records/s", "records/s per task",
+                "end-to-end records/s", "checkpoints", "attempts"):
+        runs_t.add_column(col, justify="left" if col == "case" else "right", no_wrap=True)
+    for name, v in ok.items():
+        if not v:
+            runs_t.add_row(name, *["-"] * 7)
+            continue
+        rate = median([x["rate"] for x in v])
+        e2e = median([x.get("rate_end_to_end") for x in v])
+        ncp = median([len(x.get("checkpoints", [])) for x in v]) if "checkpoints" in v[0] \
+            else None
+        runs_t.add_row(
+            name, f"{v[0]['records']:,}", f"{median([x['processing'] for x in v]):.2f} s",
+            f"{rate:,.0f}",
+            f"{rate / SLOTS:,.0f}" if name in (ON, OFF, THREADS) else
+            (f"{rate:,.0f} (1 process)" if name == BARE else "-"),
+            fmt(e2e, ",.0f"), fmt(ncp, ".0f"),
+            fmt(median([x.get("attempts") for x in v]), ".0f"))
+    console.print(runs_t)
+
+    cp_t = Table(title="checkpoints (final excluded; p99 of few samples is near the max)")
+    for col in ("runs", "interval", "n", "p50", "p99", "max", "median alignment",
+                "median in-flight records", "median size"):
+        cp_t.add_column(col, justify="left" if col == "runs" else "right", no_wrap=True)
+    for name, interval in ((ON, ON_INTERVAL), (ALIGNED, BP_INTERVAL), (UNALIGNED, BP_INTERVAL)):
+        d = bp(name, "duration")
+        cp_t.add_row(name, f"{interval:g} s", str(len(d)), ms(percentile(d, 50)),
+                     ms(percentile(d, 99)), ms(max(d) if d else None),
+                     ms(median(bp(name, "alignment"))), fmt(median(bp(name, "in_flight")), ",.0f"),
+                     fmt(median(bp(name, "bytes")), ",.0f", " B"))
+    console.print(cp_t)
+
+    if ok[KILLED]:
+        rec_t = Table(title=f"recovery: {ctx['records_recovery']:,} records at "
+                            f"{ctx['rate']:,.0f}/s, Kill(after_checkpoint=1, delay=0.5)")
+        for col in ("round", "killed at", "kill -> new attempt", "kill -> 1st checkpoint of "
+                    "new attempt", "attempts", "duration", "no-failure duration", "output"):
+            rec_t.add_column(col, justify="right", no_wrap=True)
+        for x, y in zip(runs[KILLED], runs[NOFAIL]):
+            if x is None:
+                continue
+            rec_t.add_row(str(x["round"]), fmt(x.get("kill_at"), ".2f", " s"),
+                          fmt(x.get("kill_to_restart"), ".2f", " s"),
+                          fmt(x.get("kill_to_caught_up"), ".2f", " s"), str(x["attempts"]),
+                          f"{x['duration']:.2f} s",
+                          fmt(y["duration"] if y else None, ".2f", " s"),
+                          "exact" if x["output_exact"] else "[red]DIFFERS[/]")
+        console.print(rec_t)
+
+    summary: list[dict] = [
+        {"case": "1. throughput, checkpoints on (1 s) / off",
+         "measured": f"{fmt(on_rate, ',.0f')} vs {fmt(off_rate, ',.0f')} records/s",
+         "ratio": r1, "target": f">= {TARGET_OVERHEAD}x", "noise": n1, "verdict": v1},
+        {"case": "2. checkpoint duration p50 / interval",
+         "measured": f"p50 {ms(p50)} of {ON_INTERVAL:g} s ({len(on_durs)} checkpoints)",
+         "ratio": r2_p50, "target": "- (reported)", "noise": None, "verdict": "-"},
+        {"case": "2. checkpoint duration p99 / interval",
+         "measured": f"p99 {ms(p99)} of {ON_INTERVAL:g} s",
+         "ratio": r2_p99, "target": f"< {TARGET_DURATION}x (ours)", "noise": None,
+         "verdict": v2},
+        {"case": "3. backpressure: unaligned / aligned duration",
+         "measured": f"{ms(un_med)} vs {ms(al_med)}; unaligned stores "
+                     f"{fmt(median(un_inflight), ',.0f')} in-flight records",
+         "ratio": r3, "target": f"<= {TARGET_UNALIGNED}x", "noise": n3, "verdict": v3},
+        {"case": "4. records/s per task, Spark / bare loop",
+         "measured": f"{fmt(spark_task, ',.0f')} vs {fmt(bare_rate, ',.0f')}",
+         "ratio": r4, "target": f">= {TARGET_PER_TASK}x", "noise": n4, "verdict": v4},
+        {"case": "4. records/s per task, threads engine / bare loop",
+         "measured": f"{fmt(threads_task, ',.0f')} vs {fmt(bare_rate, ',.0f')}",
+         "ratio": r4t, "target": f">= {TARGET_PER_TASK}x (reference)", "noise": n4t,
+         "verdict": v4t},
+        {"case": "5. recovery: duration with kill / without",
+         "measured": f"{fmt(dur_kill, '.2f', ' s')} vs {fmt(dur_nofail, '.2f', ' s')}; kill -> "
+                     f"new attempt {fmt(to_restart, '.2f', ' s')}, -> first checkpoint "
+                     f"{fmt(to_caught_up, '.2f', ' s')}; output "
+                     f"{'exact' if exact else 'n/a' if exact is None else 'DIFFERS'}",
+         "ratio": r5, "target": "- (reported)", "noise": None, "verdict": "-"},
+    ]
+    def noise_text(row: dict) -> str:
+        if row["noise"] is not None:
+            return f"±{row['noise']:.3f}"
+        if row["verdict"] in ("PASS", "FAIL", "undecided") and row["case"][0] in "134":
+            return "not measured" if rounds < 2 else "-"
+        return "-"
+
+    sum_t = Table(title="cutline runtime benchmark: summary")
+    for col in ("case", "measured", "ratio", "target", "noise", "verdict"):
+        sum_t.add_column(col, justify="right" if col in ("ratio", "noise") else "left",
+                         no_wrap=col != "measured")
+    for row in summary:
+        style = STYLE.get(row["verdict"], "")
+        sum_t.add_row(row["case"], row["measured"], fmt(row["ratio"], ".3f", "x"),
+                      row["target"], noise_text(row),
+                      f"[{style}]{row['verdict']}[/]" if style else row["verdict"])
+    console.print(sum_t)
+    if not_killed:
+        console.print(f"{not_killed} kill run(s) finished before the kill happened",
+                      style="yellow")
+    if errors:
+        console.print(f"{len(errors)} run(s) failed; see 'errors' in the JSON", style="red")
+    elapsed = time.monotonic() - t_bench
+    console.print(f"benchmark took {elapsed:.0f} s", style="dim")
+
+    result = {
+        "benchmark": "cutline runtime on embedded Spark: checkpoint overhead, durations, "
+                     "unaligned vs aligned, per-task rate, recovery",
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "spark": spark.version,
+        "master": spark.sparkContext.master,
+        "quick": quick,
+        "rounds": rounds,
+        "elapsed_s": elapsed,
+        "throughput_definition": "records / (final checkpoint completed - attempt 0 started), "
+                                 "both time.monotonic() in the driver; threads engine: from "
+                                 "the threads' start",
+        "config": {k: v for k, v in ctx.items() if k not in ("spark", "expected_recovery")}
+        | {"slots": SLOTS, "parallelism": PARALLELISM, "on_interval": ON_INTERVAL,
+           "off_interval": OFF_INTERVAL, "backpressure_interval": BP_INTERVAL,
+           "slow_operator": f"sleep {SLOW_SLEEP}s every {SLOW_EVERY} records"},
+        "summary": {
+            "checkpoint_overhead": {"on_rate": on_rate, "off_rate": off_rate, "ratio": r1,
+                                    "per_round": r1_rounds, "noise": n1,
+                                    "target": TARGET_OVERHEAD, "verdict": v1},
+            "checkpoint_duration": {"interval": ON_INTERVAL, "n": len(on_durs), "p50": p50,
+                                    "p99": p99, "p50_ratio": r2_p50, "p99_ratio": r2_p99,
+                                    "final_durations": on_finals,
+                                    "target_p99_ratio": TARGET_DURATION, "verdict": v2},
+            "unaligned_vs_aligned": {"aligned_median": al_med, "unaligned_median": un_med,
+                                     "ratio": r3, "per_round": r3_rounds, "noise": n3,
+                                     "aligned_alignment_median": al_align,
+                                     "unaligned_in_flight_median": median(un_inflight),
+                                     "unaligned_in_flight_max": max(un_inflight, default=None),
+                                     "target": TARGET_UNALIGNED, "verdict": v3},
+            "per_task_rate": {"bare_loop_rate": bare_rate, "spark_per_task": spark_task,
+                              "threads_per_task": threads_task, "ratio_spark": r4,
+                              "ratio_threads": r4t, "per_round_spark": r4_rounds,
+                              "per_round_threads": r4t_rounds, "noise_spark": n4,
+                              "noise_threads": n4t, "target": TARGET_PER_TASK,
+                              "verdict_spark": v4, "verdict_threads": v4t},
+            "recovery": {"kill_at_median": kill_at, "kill_to_restart_median": to_restart,
+                         "kill_to_caught_up_median": to_caught_up,
+                         "duration_killed_median": dur_kill,
+                         "duration_no_failure_median": dur_nofail, "ratio": r5,
+                         "output_exact": exact, "runs_without_kill": not_killed},
+        },
+        "runs": runs,
+        "errors": errors,
+    }
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        console.print(f"results written to {args.out}", style="dim")
+    except OSError as exc:  # a benchmark: report, don't fail
+        console.print(f"could not write {args.out}: {exc}", style="yellow")
+    try:
+        spark.stop()
+    except Exception:  # noqa: BLE001
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
