@@ -38,3 +38,17 @@ def test_kill_9_of_a_worker_recovers_exactly(spark, tmp_path, mode, timeout):
         assert got == want
     restored = [c for c in result.checkpoints if c.attempt >= 1]
     assert restored, "no checkpoint completed after the restart"
+
+
+@pytest.mark.parametrize("point, mode", [
+    ("alignment", "aligned"),          # killed while holding channels blocked
+    ("snapshot_write", "aligned"),     # state file written, ack never sent
+    ("snapshot_write", "unaligned"),   # with in-flight data in the state
+    ("before_commit", "aligned"),      # checkpoint complete, sink not yet committed (2PC)
+])
+def test_kill_at_protocol_points_recovers_exactly(spark, tmp_path, point, mode):
+    p, sink = wordcount(tmp_path, RECORDS, mode, rate=8_000, interval=0.3)
+    # slot 1 hosts the sink subtask count.1 / out.1 and the source subtask sentences.1
+    result = p.run(spark=spark, timeout=240, faults=((point, 1, 2),))
+    assert result.attempts >= 2, f"the fault at {point} never fired"
+    assert collections.Counter(sink.results()) == expected_rows(RECORDS)

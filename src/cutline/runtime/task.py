@@ -63,10 +63,21 @@ class JobSpec:
     batch_size: int = 1000
     flush_interval: float = 0.01
     host: str = "127.0.0.1"
+    # Fault injection (tests, chaos): (point, slot, checkpoint) -> SIGKILL this worker in
+    # the first attempt.  Points: "alignment", "snapshot_write", "before_commit".
+    faults: tuple[tuple[str, int, int], ...] = ()
 
 
 class _Stop(Exception):
     pass
+
+
+def _fault(sub: "Subtask", point: str, checkpoint: int) -> None:
+    """``kill -9`` this very process at ``point`` if a fault is planned there."""
+    for where, slot, n in sub.spec.faults:
+        if where == point and slot == sub.slot.slot and checkpoint >= n and sub.slot.attempt == 0:
+            log.warning("fault injection: SIGKILL at %s of checkpoint %d", point, checkpoint)
+            os.kill(os.getpid(), 9)
 
 
 class Subtask:
@@ -210,6 +221,8 @@ class Subtask:
             elif t is FinishSnapshot:
                 self._finish_snapshot(a.checkpoint_id)
             elif t is BlockChannel:
+                if self.spec.faults and self.handler.aligning is not None:
+                    _fault(self, "alignment", self.handler.aligning)
                 self.blocked.add(a.channel)
                 self.alignment_started.setdefault(a.channel, time.monotonic())
             elif t is UnblockChannel:
@@ -253,6 +266,8 @@ class Subtask:
             self.slot.send({"op": "decline", "task": self.task_id, "checkpoint": n,
                             "reason": f"writing state failed: {exc}"})
             return
+        if self.spec.faults:
+            _fault(self, "snapshot_write", n)
         stats = {"bytes": len(data), "in_flight": sum(len(v) for v in snap["channels"].values()),
                  "alignment": snap["alignment"],
                  "duration": time.monotonic() - snap["started"], "chain": self.chain.uid}
@@ -285,6 +300,8 @@ class Subtask:
                 self.pending.pop(msg["checkpoint"], None)
                 self.perform(self.handler.on_abort(msg["checkpoint"]))
             elif op == "complete":
+                if self.spec.faults and self.writer is not None:
+                    _fault(self, "before_commit", msg["checkpoint"])
                 self._commit_upto(msg["checkpoint"])
                 if msg.get("final"):
                     raise _Stop
@@ -425,6 +442,7 @@ class Slot:
         self.subtasks = [Subtask(spec, c, i, self) for c, i in spec.plan.tasks_in_slot(slot)]
         self.by_id = {s.task_id: s for s in self.subtasks}
         self.conn: FrameConnection | None = None
+        self.attempt = -1
 
     def send(self, msg: dict) -> None:
         if self.conn is None:
@@ -444,6 +462,7 @@ class Slot:
         start = self.conn.recv()
         if start.get("op") != "start":
             raise RuntimeError(f"coordinator did not start the job: {start}")
+        self.attempt = start.get("attempt", 0)
         addresses = {k: tuple(v) for k, v in start["addresses"].items() if v}
         restore, blobs = self._load_restore(start.get("restore"))
         for s in self.subtasks:

@@ -166,7 +166,8 @@ def run_threads(pipeline: Any, *, restore_from: str | None = None,
 
 def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None = None,
                  timeout: float | None = None, on_start: Any = None,
-                 engine: str = "spark", progress: Any = False) -> JobResult:
+                 engine: str = "spark", progress: Any = False,
+                 faults: tuple[tuple[str, int, int], ...] = ()) -> JobResult:
     """Run ``pipeline`` to the end (bounded sources) and return what happened.
 
     ``restore_from`` starts from a checkpoint or savepoint path; otherwise the job resumes
@@ -193,7 +194,7 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
                    coordinator=driver.address, mode=pipeline.checkpoint.protocol_mode.value,
                    aligned_timeout=pipeline.checkpoint.aligned_timeout,
                    storage_url=pipeline.checkpoint.storage,
-                   host="127.0.0.1" if local else "")
+                   host="127.0.0.1" if local else "", faults=tuple(faults))
     driver.start()
     stage_error: list[BaseException] = []
 
