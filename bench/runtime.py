@@ -382,6 +382,7 @@ GROUPS: list[list[tuple[str, Any]]] = [
     [(ALIGNED, case_aligned), (UNALIGNED, case_unaligned)],
     [(NOFAIL, case_nofail), (KILLED, case_kill)],
 ]
+GROUP_NAMES = {"throughput": 0, "backpressure": 1, "recovery": 2}
 
 
 # --------------------------------------------------------------------------- statistics
@@ -411,13 +412,21 @@ def noise_of(per_round: list[float]) -> float | None:
     return (max(per_round) - min(per_round)) / 2
 
 
-def verdict(value: float | None, target: float, at_least: bool, noise: float | None) -> str:
+def verdict(value: float | None, target: float, at_least: bool, noise: float | None,
+            paired: float | None = None) -> str:
+    """PASS / FAIL; "undecided" when ``value`` is within ``noise`` of the target, or when the
+    median of the per-round (paired) ratios lands on the other side of the target."""
     if value is None:
         return "n/a"
+
+    def ok(x: float) -> bool:
+        return x >= target if at_least else x <= target
+
     if noise is not None and abs(value - target) <= noise:
         return "undecided"
-    ok = value >= target if at_least else value <= target
-    return "PASS" if ok else "FAIL"
+    if paired is not None and ok(paired) != ok(value):
+        return "undecided"
+    return "PASS" if ok(value) else "FAIL"
 
 
 STYLE = {"PASS": "green", "FAIL": "red", "undecided": "yellow", "n/a": "dim", "-": "dim"}
@@ -434,19 +443,41 @@ def ms(x: float | None) -> str:
 # --------------------------------------------------------------------------- main
 
 
+def git_state() -> dict:
+    """Which code was measured: HEAD and any uncommitted changes under src/."""
+    import subprocess
+
+    root = HERE.parent
+
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True,
+                                  timeout=10).stdout.rstrip("\n")
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    dirty = [line[3:] for line in git("status", "--porcelain", "--", "src").splitlines()]
+    return {"commit": git("rev-parse", "HEAD") or None, "src_uncommitted": dirty}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="short run (smoke test), every case")
     ap.add_argument("--rounds", type=int, default=None, help="rounds (default 3, quick 1)")
     ap.add_argument("--records", type=int, default=None,
-                    help="records per throughput run (default 3,000,000; quick 300,000)")
+                    help="records per throughput run (default 3,000,000; quick 600,000)")
+    ap.add_argument("--only", choices=sorted(GROUP_NAMES), action="append", default=None,
+                    help="run only these case groups (repeatable): throughput = cases 1, 2 "
+                         "and 4, backpressure = case 3, recovery = case 5")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
     args = ap.parse_args(argv)
+    groups = [GROUPS[GROUP_NAMES[g]] for g in sorted(set(args.only), key=GROUP_NAMES.get)] \
+        if args.only else GROUPS
 
     console = Console() if sys.stdout.isatty() else Console(width=150)
     quick = args.quick
     rounds = args.rounds or (1 if quick else 3)
-    records = args.records or (300_000 if quick else 3_000_000)
+    records = args.records or (600_000 if quick else 3_000_000)
     ctx: dict[str, Any] = {
         "records": records,
         "records_threads": max(10_000, records // 3),
@@ -479,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict]] = {name: [] for g in GROUPS for name, _ in g}
     errors: list[dict] = []
     for r in range(rounds):
-        for group in GROUPS:
+        for group in groups:
             k = r % len(group)
             for name, fn in group[k:] + group[:k]:  # rotate: no case always first
                 t0 = time.monotonic()
@@ -510,8 +541,8 @@ def main(argv: list[str] | None = None) -> int:
     off_rate, on_rate = med_of(OFF, "rate"), med_of(ON, "rate")
     r1_rounds = paired(ON, OFF, lambda on, off: on["rate"] / off["rate"])
     r1 = on_rate / off_rate if on_rate and off_rate else None
-    n1 = noise_of(r1_rounds)
-    v1 = verdict(r1, TARGET_OVERHEAD, True, n1)
+    n1, p1 = noise_of(r1_rounds), median(r1_rounds)
+    v1 = verdict(r1, TARGET_OVERHEAD, True, n1, p1)
 
     # 2. Checkpoint durations of the "on" runs (final checkpoints excluded).
     on_durs = [c["duration"] for x in ok[ON] for c in x["checkpoints"] if not c["final"]]
@@ -534,8 +565,8 @@ def main(argv: list[str] | None = None) -> int:
         return u / a if u is not None and a else None
 
     r3_rounds = [x for x in paired(UNALIGNED, ALIGNED, round_median_ratio) if x is not None]
-    n3 = noise_of(r3_rounds)
-    v3 = verdict(r3, TARGET_UNALIGNED, False, n3)
+    n3, p3 = noise_of(r3_rounds), median(r3_rounds)
+    v3 = verdict(r3, TARGET_UNALIGNED, False, n3, p3)
     un_inflight = bp(UNALIGNED, "in_flight")
     al_align = median(bp(ALIGNED, "alignment"))
 
@@ -548,8 +579,9 @@ def main(argv: list[str] | None = None) -> int:
     r4_rounds = paired(ON, BARE, lambda on, b: on["rate"] / SLOTS / b["rate"])
     r4t_rounds = paired(THREADS, BARE, lambda t, b: t["rate"] / SLOTS / b["rate"])
     n4, n4t = noise_of(r4_rounds), noise_of(r4t_rounds)
-    v4 = verdict(r4, TARGET_PER_TASK, True, n4)
-    v4t = verdict(r4t, TARGET_PER_TASK, True, n4t)
+    p4, p4t = median(r4_rounds), median(r4t_rounds)
+    v4 = verdict(r4, TARGET_PER_TASK, True, n4, p4)
+    v4t = verdict(r4t, TARGET_PER_TASK, True, n4t, p4t)
 
     # 5. Recovery.
     kills = [x for x in ok[KILLED] if x.get("killed")]
@@ -600,15 +632,20 @@ def main(argv: list[str] | None = None) -> int:
     if ok[KILLED]:
         rec_t = Table(title=f"recovery: {ctx['records_recovery']:,} records at "
                             f"{ctx['rate']:,.0f}/s, Kill(after_checkpoint=1, delay=0.5)")
-        for col in ("round", "killed at", "kill -> new attempt", "kill -> 1st checkpoint of "
-                    "new attempt", "attempts", "duration", "no-failure duration", "output"):
+        for col in ("round", "killed at", "kill -> new attempt", "kill -> its 1st checkpoint",
+                    "restart -> 1st checkpoint", "attempts", "duration", "no failure",
+                    "output"):
             rec_t.add_column(col, justify="right", no_wrap=True)
         for x, y in zip(runs[KILLED], runs[NOFAIL]):
             if x is None:
                 continue
             rec_t.add_row(str(x["round"]), fmt(x.get("kill_at"), ".2f", " s"),
                           fmt(x.get("kill_to_restart"), ".2f", " s"),
-                          fmt(x.get("kill_to_caught_up"), ".2f", " s"), str(x["attempts"]),
+                          fmt(x.get("kill_to_caught_up"), ".2f", " s"),
+                          fmt(x["kill_to_caught_up"] - x["kill_to_restart"]
+                              if x.get("kill_to_caught_up") is not None
+                              and x.get("kill_to_restart") is not None else None, ".2f", " s"),
+                          str(x["attempts"]),
                           f"{x['duration']:.2f} s",
                           fmt(y["duration"] if y else None, ".2f", " s"),
                           "exact" if x["output_exact"] else "[red]DIFFERS[/]")
@@ -617,7 +654,8 @@ def main(argv: list[str] | None = None) -> int:
     summary: list[dict] = [
         {"case": "1. throughput, checkpoints on (1 s) / off",
          "measured": f"{fmt(on_rate, ',.0f')} vs {fmt(off_rate, ',.0f')} records/s",
-         "ratio": r1, "target": f">= {TARGET_OVERHEAD}x", "noise": n1, "verdict": v1},
+         "ratio": r1, "paired": p1, "target": f">= {TARGET_OVERHEAD}x", "noise": n1,
+         "verdict": v1},
         {"case": "2. checkpoint duration p50 / interval",
          "measured": f"p50 {ms(p50)} of {ON_INTERVAL:g} s ({len(on_durs)} checkpoints)",
          "ratio": r2_p50, "target": "- (reported)", "noise": None, "verdict": "-"},
@@ -628,13 +666,16 @@ def main(argv: list[str] | None = None) -> int:
         {"case": "3. backpressure: unaligned / aligned duration",
          "measured": f"{ms(un_med)} vs {ms(al_med)}; unaligned stores "
                      f"{fmt(median(un_inflight), ',.0f')} in-flight records",
-         "ratio": r3, "target": f"<= {TARGET_UNALIGNED}x", "noise": n3, "verdict": v3},
+         "ratio": r3, "paired": p3, "target": f"<= {TARGET_UNALIGNED}x", "noise": n3,
+         "verdict": v3},
         {"case": "4. records/s per task, Spark / bare loop",
          "measured": f"{fmt(spark_task, ',.0f')} vs {fmt(bare_rate, ',.0f')}",
-         "ratio": r4, "target": f">= {TARGET_PER_TASK}x", "noise": n4, "verdict": v4},
+         "ratio": r4, "paired": p4, "target": f">= {TARGET_PER_TASK}x", "noise": n4,
+         "verdict": v4},
         {"case": "4. records/s per task, threads engine / bare loop",
          "measured": f"{fmt(threads_task, ',.0f')} vs {fmt(bare_rate, ',.0f')}",
-         "ratio": r4t, "target": f">= {TARGET_PER_TASK}x (reference)", "noise": n4t,
+         "ratio": r4t, "paired": p4t, "target": f">= {TARGET_PER_TASK}x (reference)",
+         "noise": n4t,
          "verdict": v4t},
         {"case": "5. recovery: duration with kill / without",
          "measured": f"{fmt(dur_kill, '.2f', ' s')} vs {fmt(dur_nofail, '.2f', ' s')}; kill -> "
@@ -651,15 +692,20 @@ def main(argv: list[str] | None = None) -> int:
         return "-"
 
     sum_t = Table(title="cutline runtime benchmark: summary")
-    for col in ("case", "measured", "ratio", "target", "noise", "verdict"):
-        sum_t.add_column(col, justify="right" if col in ("ratio", "noise") else "left",
-                         no_wrap=col != "measured")
+    for col in ("case", "measured", "ratio", "paired", "target", "noise", "verdict"):
+        sum_t.add_column(col, justify="right" if col in ("ratio", "paired", "noise")
+                         else "left", no_wrap=col != "measured")
     for row in summary:
         style = STYLE.get(row["verdict"], "")
         sum_t.add_row(row["case"], row["measured"], fmt(row["ratio"], ".3f", "x"),
+                      fmt(row.get("paired"), ".3f", "x"),
                       row["target"], noise_text(row),
                       f"[{style}]{row['verdict']}[/]" if style else row["verdict"])
     console.print(sum_t)
+    console.print("ratio: of the medians over rounds; paired: median of the per-round ratios; "
+                  "noise: half the spread of the per-round ratios.  A verdict is undecided "
+                  "when the ratio is within the noise of its target, or when ratio and paired "
+                  "ratio fall on different sides of it.", style="dim")
     if not_killed:
         console.print(f"{not_killed} kill run(s) finished before the kill happened",
                       style="yellow")
@@ -676,8 +722,10 @@ def main(argv: list[str] | None = None) -> int:
         "machine": platform.machine(),
         "spark": spark.version,
         "master": spark.sparkContext.master,
+        "git": git_state(),
         "quick": quick,
         "rounds": rounds,
+        "groups": args.only or sorted(GROUP_NAMES, key=GROUP_NAMES.get),
         "elapsed_s": elapsed,
         "throughput_definition": "records / (final checkpoint completed - attempt 0 started), "
                                  "both time.monotonic() in the driver; threads engine: from "
@@ -688,14 +736,15 @@ def main(argv: list[str] | None = None) -> int:
            "slow_operator": f"sleep {SLOW_SLEEP}s every {SLOW_EVERY} records"},
         "summary": {
             "checkpoint_overhead": {"on_rate": on_rate, "off_rate": off_rate, "ratio": r1,
-                                    "per_round": r1_rounds, "noise": n1,
+                                    "per_round": r1_rounds, "paired": p1, "noise": n1,
                                     "target": TARGET_OVERHEAD, "verdict": v1},
             "checkpoint_duration": {"interval": ON_INTERVAL, "n": len(on_durs), "p50": p50,
                                     "p99": p99, "p50_ratio": r2_p50, "p99_ratio": r2_p99,
                                     "final_durations": on_finals,
                                     "target_p99_ratio": TARGET_DURATION, "verdict": v2},
             "unaligned_vs_aligned": {"aligned_median": al_med, "unaligned_median": un_med,
-                                     "ratio": r3, "per_round": r3_rounds, "noise": n3,
+                                     "ratio": r3, "per_round": r3_rounds, "paired": p3,
+                                     "noise": n3,
                                      "aligned_alignment_median": al_align,
                                      "unaligned_in_flight_median": median(un_inflight),
                                      "unaligned_in_flight_max": max(un_inflight, default=None),
@@ -703,7 +752,8 @@ def main(argv: list[str] | None = None) -> int:
             "per_task_rate": {"bare_loop_rate": bare_rate, "spark_per_task": spark_task,
                               "threads_per_task": threads_task, "ratio_spark": r4,
                               "ratio_threads": r4t, "per_round_spark": r4_rounds,
-                              "per_round_threads": r4t_rounds, "noise_spark": n4,
+                              "per_round_threads": r4t_rounds, "paired_spark": p4,
+                              "paired_threads": p4t, "noise_spark": n4,
                               "noise_threads": n4t, "target": TARGET_PER_TASK,
                               "verdict_spark": v4, "verdict_threads": v4t},
             "recovery": {"kill_at_median": kill_at, "kill_to_restart_median": to_restart,

@@ -111,6 +111,7 @@ class SnapshotHandler:
         self._recording_on: dict[Channel, list[int]] = {}
         self._seen: set[int] = set()
         self._floor = min_checkpoint_id
+        self._deliver_overtaken = True
         policy = POLICIES[self.mode]
         self._policy = policy(self)
 
@@ -174,8 +175,19 @@ class SnapshotHandler:
         return self._record_and_deliver(channel, records)
 
     def on_barrier(
-        self, channel: Channel, barrier: Barrier, overtaken: Batch = ()
+        self, channel: Channel, barrier: Barrier, overtaken: Batch = (), *,
+        deliver_overtaken: bool = True,
     ) -> list[Action]:
+        """A barrier on ``channel``.  With ``deliver_overtaken=False`` the driver left the
+        overtaken records in its queue (a copy was passed): they are recorded as channel
+        state now and delivered later, in order, as ordinary records."""
+        self._deliver_overtaken = deliver_overtaken
+        try:
+            return self._on_barrier(channel, barrier, overtaken)
+        finally:
+            self._deliver_overtaken = True
+
+    def _on_barrier(self, channel: Channel, barrier: Barrier, overtaken: Batch) -> list[Action]:
         if channel in self._blocked or channel not in self._open:
             self._bad_channel(channel, f"barrier {barrier.checkpoint_id}")
         if overtaken and not barrier.unaligned:
@@ -189,7 +201,7 @@ class SnapshotHandler:
                 raise ProtocolError(
                     f"second barrier of checkpoint {n} on channel {channel!r}"
                 )
-            return self._record_and_deliver(channel, overtaken) + self._channel_done(n, channel)
+            return self._overtaken(channel, overtaken) + self._channel_done(n, channel)
         return self._policy.barrier(channel, barrier, overtaken)
 
     def on_announce(self, channel: Channel, barrier: Barrier) -> list[Action]:
@@ -273,6 +285,14 @@ class SnapshotHandler:
         actions.append(Deliver(channel, records))
         return actions
 
+    def _overtaken(self, channel: Channel, records: Batch) -> list[Action]:
+        """Records an unaligned barrier overtook: channel state of every snapshot recording
+        ``channel``; delivered now, or later from the driver's queue."""
+        actions = self._record_and_deliver(channel, records)
+        if not self._deliver_overtaken and actions:
+            actions.pop()  # the Deliver: the records are still queued at the driver
+        return actions
+
     def _channel_done(self, n: int, channel: Channel) -> list[Action]:
         rec = self._recordings[n]
         del rec.pending[channel]
@@ -309,7 +329,7 @@ class SnapshotHandler:
 
     def _late(self, channel: Channel, overtaken: Batch) -> list[Action]:
         """A barrier of an aborted or superseded checkpoint: ignore it, keep the data."""
-        return [Deliver(channel, overtaken)] if overtaken else []
+        return [Deliver(channel, overtaken)] if overtaken and self._deliver_overtaken else []
 
     def _trigger_at_edge(self, n: int) -> list[Action]:
         """Aligned and at-least-once: only a task without open forward inputs initiates."""

@@ -70,7 +70,7 @@ class _Recording(_Policy):
             return h._late(channel, overtaken)
         unaligned = h.mode is Mode.UNALIGNED
         actions = h._take_snapshot(n, unaligned, h._open)
-        actions += h._record_and_deliver(channel, overtaken)
+        actions += h._overtaken(channel, overtaken)
         actions += h._channel_done(n, channel)
         return actions
 
@@ -151,7 +151,7 @@ class _Aligned(_Policy):
                 )
             # Upstream already gave up aligning: so do we, at once.
             actions += self._switch()
-            actions += h._record_and_deliver(channel, overtaken)
+            actions += h._overtaken(channel, overtaken)
             actions += h._channel_done(n, channel)
             return actions
         self.received[channel] = None

@@ -234,6 +234,24 @@ class InputGate(_Closing):
             out, self._announced = self._announced, []
         return out
 
+    def copy_through_barrier(self, channel_id: str, checkpoint_id: int) -> list | None:
+        """Like :meth:`take_through_barrier`, but only the barrier leaves the queue: the
+        records ahead of it are returned as a copy and stay queued, to be processed in
+        order (Flink copies overtaken buffers into the snapshot the same way)."""
+        with self._cond:
+            st = self._ch[channel_id]
+            for pos, (kind, payload, _) in enumerate(st.queue):
+                if kind != "records":
+                    break
+            else:
+                return None
+            if kind != "barrier" or payload.checkpoint_id != checkpoint_id:
+                return None
+            records = [r for i in range(pos) for r in st.queue[i][1]]
+            del st.queue[pos]
+            self._forget_announcement(channel_id, payload)
+        return records
+
     def take_through_barrier(self, channel_id: str, checkpoint_id: int) -> list | None:
         with self._cond:
             st = self._ch[channel_id]

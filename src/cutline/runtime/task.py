@@ -133,7 +133,8 @@ class Subtask:
                                                   self.spec.secret)
                 self.buffers[ch] = []
 
-    def open(self, restore: dict | None, restore_blobs: dict[str, list[bytes]]) -> None:
+    def open(self, restore: dict | None, restore_blobs: dict[str, list[bytes]],
+             sent_state: dict[str, bytes] | None = None) -> None:
         if self.reader is not None:
             self.reader.open(self.index, self.chain.parallelism)
         if self.writer is not None:
@@ -149,8 +150,16 @@ class Subtask:
             self.reader.restore(restore["source"])
         if self.writer is not None:
             self.writer.recover(list(restore.get("sink") or []))
+        if self.gate is None:
+            return
+        # Channel order: what the receiver recorded, then what the sender still held in
+        # its output buffers when its unaligned barrier overtook them.  inject() puts a
+        # batch at the front, so the later part goes in first.
+        for ch, blob in (sent_state or {}).items():
+            if ch in self.inputs:
+                self.gate.inject(ch, pickle.loads(blob))
         for ch, blob in (restore.get("channels") or {}).items():
-            if self.gate is not None and ch in self.inputs:
+            if ch in self.inputs:
                 self.gate.inject(ch, pickle.loads(blob))
 
     # ------------------------------------------------------------------ data path
@@ -215,7 +224,16 @@ class Subtask:
             elif t is TakeSnapshot:
                 self._take_snapshot(a.checkpoint_id)
             elif t is EmitBarrier:
-                self.flush_all()
+                if a.barrier.unaligned:
+                    # Output-side overtaking: the barrier leaves now, ahead of buffered
+                    # output; that output belongs to this snapshot as output channel
+                    # state (re-sent first on restore) and is sent after the barrier.
+                    snap = self.pending.get(a.barrier.checkpoint_id)
+                    if snap is not None:
+                        snap["out_channels"] = {ch: list(buf) for ch, buf in
+                                                self.buffers.items() if buf}
+                else:
+                    self.flush_all()
                 for c in self.channels.values():
                     c.send_barrier(a.barrier)
             elif t is FinishSnapshot:
@@ -230,10 +248,13 @@ class Subtask:
             elif t is ScheduleTimeout:
                 heapq.heappush(self.timers, (time.monotonic() + a.delay, a.checkpoint_id))
             elif t is PrioritizeBarrier:
-                overtaken = self.gate.take_through_barrier(a.channel, a.checkpoint_id)
+                # Copy, don't take: the overtaken records become channel state now and are
+                # processed later in queue order, so the task is free for the next barrier.
+                overtaken = self.gate.copy_through_barrier(a.channel, a.checkpoint_id)
                 if overtaken is not None:
                     self.perform(self.handler.on_barrier(
-                        a.channel, Barrier(a.checkpoint_id, unaligned=True), overtaken))
+                        a.channel, Barrier(a.checkpoint_id, unaligned=True), overtaken,
+                        deliver_overtaken=False))
             elif t is DeclineSnapshot:
                 self.pending.pop(a.checkpoint_id, None)
                 self.slot.send({"op": "decline", "task": self.task_id,
@@ -257,8 +278,11 @@ class Subtask:
         if snap is None:
             return
         channels = {ch: pickle.dumps(recs, protocol=5) for ch, recs in snap["channels"].items()}
+        out_channels = {ch: pickle.dumps(recs, protocol=5)
+                        for ch, recs in (snap.get("out_channels") or {}).items()}
         state = {"task": self.task_id, "chain": self.chain.uid, "ops": snap["ops"],
-                 "source": snap.get("source"), "sink": snap.get("sink"), "channels": channels}
+                 "source": snap.get("source"), "sink": snap.get("sink"), "channels": channels,
+                 "out_channels": out_channels}
         data = msgpack.packb(state, use_bin_type=True)
         try:
             info = self.slot.storage.write_task_state(n, self.task_id, data)
@@ -268,7 +292,9 @@ class Subtask:
             return
         if self.spec.faults:
             _fault(self, "snapshot_write", n)
-        stats = {"bytes": len(data), "in_flight": sum(len(v) for v in snap["channels"].values()),
+        in_flight = sum(len(v) for v in snap["channels"].values()) + sum(
+            len(v) for v in (snap.get("out_channels") or {}).values())
+        stats = {"bytes": len(data), "in_flight": in_flight,
                  "alignment": snap["alignment"],
                  "duration": time.monotonic() - snap["started"], "chain": self.chain.uid}
         stats.update({k: info[k] for k in ("path", "size", "sha256") if k in info})
@@ -467,9 +493,12 @@ class Slot:
         restore, blobs = self._load_restore(start.get("restore"))
         for s in self.subtasks:
             s.connect_outputs(addresses)
+        sent = {}
+        for state in (restore or {}).values():
+            sent.update(state.get("out_channels") or {})
         for s in self.subtasks:
             s.open(restore.get(s.task_id) if restore is not None else None,
-                   blobs.get(s.chain.uid, {}))
+                   blobs.get(s.chain.uid, {}), sent)
         threads = [threading.Thread(target=s.run, name=s.task_id, daemon=True)
                    for s in self.subtasks]
         reader = threading.Thread(target=self._read_control, name="control", daemon=True)

@@ -109,15 +109,22 @@ class JobDriver:
     # ------------------------------------------------------------------ network
 
     def start(self) -> None:
-        threading.Thread(target=self._accept_loop, name="cutline-accept", daemon=True).start()
-        threading.Thread(target=self._main_loop, name="cutline-driver", daemon=True).start()
+        self._server.settimeout(0.2)  # close() does not wake accept(): poll _stopping
+        self._threads = [
+            threading.Thread(target=self._accept_loop, name="cutline-accept", daemon=True),
+            threading.Thread(target=self._main_loop, name="cutline-driver", daemon=True)]
+        for t in self._threads:
+            t.start()
 
     def _accept_loop(self) -> None:
         while not self._stopping:
             try:
                 sock, peer = self._server.accept()
+            except TimeoutError:
+                continue
             except OSError:
                 return
+            sock.settimeout(None)
             threading.Thread(target=self._serve, args=(sock, peer), daemon=True).start()
 
     def _serve(self, sock: socket.socket, peer: Any) -> None:
@@ -293,6 +300,9 @@ class JobDriver:
             except OSError:
                 pass
         self._server.close()
+        for t in getattr(self, "_threads", ()):
+            if t is not threading.current_thread():
+                t.join(timeout=2)
 
     def source_records(self) -> int:
         """Records read by the sources in the current attempt."""
