@@ -118,6 +118,7 @@ class Subtask:
         self.records_in = 0
         self.error: BaseException | None = None
         self.last_metrics = 0.0
+        self._in_wait = False
 
     # ------------------------------------------------------------------ wiring
 
@@ -177,38 +178,63 @@ class Subtask:
         if self.writer is not None:
             self.writer.write(batch)
             return
-        size = self.spec.batch_size
         for edge, chans, dst_p in self.outputs:
             if edge.partitioning == HASH:
                 key_fn, maxp = edge.key_fn, self.spec.plan.max_parallelism
                 for r in batch:
                     ch = chans[subtask_for_key_group(key_group(key_fn(r), maxp), dst_p, maxp)]
-                    buf = self.buffers[ch]
-                    buf.append(r)
-                    if len(buf) >= size:
-                        self._flush(ch)
+                    self.buffers[ch].append(r)
             elif edge.partitioning == "broadcast":
                 for ch in chans:
                     self.buffers[ch].extend(batch)
-                    if len(self.buffers[ch]) >= size:
-                        self._flush(ch)
             else:  # forward (one channel) or rebalance (round robin per batch)
                 ch = chans[self.rr % len(chans)]
                 self.rr += 1
                 self.buffers[ch].extend(batch)
-                if len(self.buffers[ch]) >= size:
-                    self._flush(ch)
 
-    def _flush(self, ch: str) -> None:
-        buf = self.buffers[ch]
-        if buf:
-            self.buffers[ch] = []
-            self.channels[ch].send_records(buf)
+    def _flush(self, ch: str, interruptible: bool = False) -> None:
+        """Send the buffer of ``ch``.  At a safe point (between input batches) a send that
+        waits for credit is interruptible: triggers, announcements and timers are handled
+        between 10 ms waits, so backpressure does not hold a barrier back.  The records
+        stay in the buffer until sent: an unaligned barrier emitted meanwhile records them
+        as output channel state and goes first."""
+        out = self.channels[ch]
+        if not interruptible or self._in_wait:
+            buf = self.buffers[ch]
+            if buf:
+                self.buffers[ch] = []
+                out.send_records(buf)
+            return
+        while self.buffers[ch]:
+            try:
+                out.send_records(self.buffers[ch], timeout=0.01)
+                self.buffers[ch] = []
+            except TimeoutError:
+                self._in_wait = True
+                try:
+                    self._while_blocked()
+                finally:
+                    self._in_wait = False
 
-    def flush_all(self) -> None:
+    def _while_blocked(self) -> None:
+        self._control()
+        if self.timers:
+            self._timers()
+        if self.gate is not None:
+            for ch, barrier in self.gate.announcements():
+                self.perform(self.handler.on_announce(ch, barrier))
+
+    def flush_all(self, interruptible: bool = False) -> None:
         for ch in self.buffers:
-            self._flush(ch)
+            self._flush(ch, interruptible)
         self.last_flush = time.monotonic()
+
+    def flush_full(self) -> None:
+        """At a safe point: send the buffers that reached the batch size."""
+        size = self.spec.batch_size
+        for ch, buf in self.buffers.items():
+            if len(buf) >= size:
+                self._flush(ch, interruptible=True)
 
     # ------------------------------------------------------------------ protocol actions
 
@@ -406,10 +432,11 @@ class Subtask:
             elif batch:
                 self.records_in += len(batch)
                 self._emit(self._chain(batch))
+                self.flush_full()
                 if time.monotonic() - self.last_flush > self.spec.flush_interval:
-                    self.flush_all()
+                    self.flush_all(interruptible=True)
             else:
-                self.flush_all()
+                self.flush_all(interruptible=True)
                 self._control(block=0.005)
 
     def _run_operator(self) -> None:
@@ -427,7 +454,7 @@ class Subtask:
             item = gate.poll(self.blocked, timeout=self.spec.flush_interval)
             self._metrics()
             if item is None:
-                self.flush_all()
+                self.flush_all(interruptible=True)
                 continue
             ch, kind, payload = item
             if kind == "records":
@@ -438,8 +465,10 @@ class Subtask:
                 self.perform(h.on_close(ch))
                 if not h.open_inputs:
                     self._end_output()
+                    continue
+            self.flush_full()
             if time.monotonic() - self.last_flush > self.spec.flush_interval:
-                self.flush_all()
+                self.flush_all(interruptible=True)
 
     def close(self) -> None:
         for c in self.channels.values():
