@@ -70,6 +70,8 @@ def test_key_groups_partition_every_key_exactly_once():
         for i, r in enumerate(ranges):
             assert all(subtask_for_key_group(g, parallelism, 128) == i for g in r)
     assert key_group("word", 128) == key_group("word", 128)
+    # keys equal in Python land in one group (a dict cache keyed by them stays correct)
+    assert key_group(1, 128) == key_group(1.0, 128) == key_group(True, 128)
 
 
 @pytest.mark.parametrize("build, message", [

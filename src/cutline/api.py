@@ -281,11 +281,10 @@ class KeyedStream:
 
     def count(self, *, uid: str | None = None, parallelism: int | None = None) -> Stream:
         """Running count per key: emits ``(key, count)``."""
-        key_fn = self.key_fn
-
         def counting(ctx, record):
             n = ctx.value_state("count", 0)
-            n.update(n.value + 1)
-            return ((key_fn(record), n.value),)
+            value = n.value + 1
+            n.update(value)
+            return ((ctx.key, value),)
 
         return self._keyed("process", counting, uid, parallelism)

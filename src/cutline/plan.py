@@ -27,10 +27,13 @@ __all__ = ["stable_hash", "key_group", "key_group_range", "subtask_for_key_group
 
 def stable_hash(key: Any) -> int:
     """A hash of ``key`` that is the same in every process (``hash()`` of str is not)."""
+    # Equal keys hash equally, as in a dict: 1, 1.0 and True are one key.
+    if isinstance(key, bool):
+        key = int(key)
+    elif isinstance(key, float) and key.is_integer():
+        key = int(key)
     if key is None:
         h = 0
-    elif isinstance(key, bool):
-        h = int(key) + 1
     elif isinstance(key, int):
         h = key & 0xFFFFFFFFFFFFFFFF
     elif isinstance(key, str):

@@ -112,9 +112,10 @@ class Reduce(Keyed):
         try:
             for record in batch:
                 k = key_fn(record)
-                cur = st.get("reduce", k, self._NONE)
+                table, slot = st.table(k), ("reduce", k)
+                cur = table.get(slot, self._NONE)
                 new = record if cur is self._NONE else fn(cur, record)
-                st.put("reduce", k, new)
+                table[slot] = new
                 out.append(new)
         except Exception as exc:
             raise UserFunctionError(self.uid, "reduce", record, exc) from exc
@@ -124,28 +125,25 @@ class Reduce(Keyed):
 class KeyedContext:
     """What a ``process`` function sees: the current key and its state."""
 
-    __slots__ = ("key", "_backend")
+    __slots__ = ("key", "_backend", "_table")
 
     def __init__(self, backend: MemoryStateBackend) -> None:
         self._backend = backend
         self.key: Any = None
+        self._table: dict = {}
+
+    def _set_key(self, key: Any) -> None:
+        self.key = key
+        self._table = self._backend.table(key)  # one key-group lookup per record
 
     def value_state(self, name: str, default: Any = None) -> ValueState:
-        return ValueState(self._backend, name, self.key, default)
+        return ValueState(self._table, name, self.key, default)
 
     def list_state(self, name: str) -> list:
-        lst = self._backend.get("l:" + name, self.key)
-        if lst is None:
-            lst = []
-            self._backend.put("l:" + name, self.key, lst)
-        return lst
+        return self._table.setdefault(("l:" + name, self.key), [])
 
     def map_state(self, name: str) -> dict:
-        d = self._backend.get("m:" + name, self.key)
-        if d is None:
-            d = {}
-            self._backend.put("m:" + name, self.key, d)
-        return d
+        return self._table.setdefault(("m:" + name, self.key), {})
 
 
 class Process(Keyed):
@@ -158,7 +156,7 @@ class Process(Keyed):
         record = None
         try:
             for record in batch:
-                ctx.key = key_fn(record)
+                ctx._set_key(key_fn(record))
                 result = fn(ctx, record)
                 if result is not None:
                     out.extend(result)

@@ -119,6 +119,7 @@ class Subtask:
         self.error: BaseException | None = None
         self.last_metrics = 0.0
         self._in_wait = False
+        self.route_cache: dict[int, dict] = {}
 
     # ------------------------------------------------------------------ wiring
 
@@ -181,9 +182,21 @@ class Subtask:
         for edge, chans, dst_p in self.outputs:
             if edge.partitioning == HASH:
                 key_fn, maxp = edge.key_fn, self.spec.plan.max_parallelism
+                cache = self.route_cache.setdefault(id(edge), {})
+                if len(cache) > 100_000:
+                    cache.clear()  # bounded: many distinct keys just recompute
+                buffers = self.buffers
                 for r in batch:
-                    ch = chans[subtask_for_key_group(key_group(key_fn(r), maxp), dst_p, maxp)]
-                    self.buffers[ch].append(r)
+                    k = key_fn(r)
+                    try:
+                        ch = cache[k]
+                    except (KeyError, TypeError):
+                        ch = chans[subtask_for_key_group(key_group(k, maxp), dst_p, maxp)]
+                        try:
+                            cache[k] = ch
+                        except TypeError:  # unhashable key: no caching
+                            pass
+                    buffers[ch].append(r)
             elif edge.partitioning == "broadcast":
                 for ch in chans:
                     self.buffers[ch].extend(batch)

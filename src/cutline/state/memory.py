@@ -21,6 +21,10 @@ class MemoryStateBackend:
         self.max_parallelism = max_parallelism
         self._groups: dict[int, dict[tuple[str, Any], Any]] = {}
 
+    def table(self, key: Any) -> dict:
+        """The key-group table that holds ``key``'s state."""
+        return self._table(key)
+
     def _table(self, key: Any) -> dict:
         g = key_group(key, self.max_parallelism)
         table = self._groups.get(g)
@@ -56,19 +60,22 @@ class MemoryStateBackend:
 
 
 class ValueState:
-    """One value per key: ``.value``, ``.update(v)``, ``.clear()``."""
+    """One value per key: ``.value``, ``.update(v)``, ``.clear()``.
 
-    __slots__ = ("_backend", "_name", "_key", "_default")
+    Holds the key's key-group table, resolved once per record by the operator.
+    """
 
-    def __init__(self, backend: MemoryStateBackend, name: str, key: Any, default: Any) -> None:
-        self._backend, self._name, self._key, self._default = backend, name, key, default
+    __slots__ = ("_table", "_slot", "_default")
+
+    def __init__(self, table: dict, name: str, key: Any, default: Any) -> None:
+        self._table, self._slot, self._default = table, (name, key), default
 
     @property
     def value(self) -> Any:
-        return self._backend.get(self._name, self._key, self._default)
+        return self._table.get(self._slot, self._default)
 
     def update(self, value: Any) -> None:
-        self._backend.put(self._name, self._key, value)
+        self._table[self._slot] = value
 
     def clear(self) -> None:
-        self._backend.delete(self._name, self._key)
+        self._table.pop(self._slot, None)
