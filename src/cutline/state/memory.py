@@ -20,10 +20,21 @@ class MemoryStateBackend:
         self.key_groups = key_groups
         self.max_parallelism = max_parallelism
         self._groups: dict[int, dict[tuple[str, Any], Any]] = {}
+        self._recent: dict[Any, dict] = {}  # key -> its group's table: skips re-hashing
 
     def table(self, key: Any) -> dict:
-        """The key-group table that holds ``key``'s state."""
-        return self._table(key)
+        """The key-group table that holds ``key``'s state (recent keys cached)."""
+        cache = self._recent
+        try:
+            return cache[key]
+        except KeyError:
+            pass
+        except TypeError:  # unhashable key
+            return self._table(key)
+        if len(cache) >= 65_536:
+            cache.clear()
+        t = cache[key] = self._table(key)
+        return t
 
     def _table(self, key: Any) -> dict:
         g = key_group(key, self.max_parallelism)
@@ -53,6 +64,7 @@ class MemoryStateBackend:
 
     def restore(self, blobs: Iterable[bytes]) -> None:
         """Load the key groups this subtask owns from any number of snapshots (rescaling)."""
+        self._recent.clear()
         for blob in blobs:
             for g, table in pickle.loads(blob).items():
                 if g in self.key_groups:
