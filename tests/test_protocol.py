@@ -204,3 +204,19 @@ def test_aligned_timeout_stale_timer_after_alignment_completes():
     h.on_barrier("b", B(1))
     assert h.on_timeout(1) == []
     assert h.idle
+
+
+def test_overtaken_records_left_in_the_drivers_queue_are_recorded_once_and_delivered_later():
+    h = SnapshotHandler(["a", "b"], "unaligned")
+    # the driver copied the records ahead of the barrier and left them queued
+    acts = h.on_barrier("a", B(1, True), overtaken=(1, 2), deliver_overtaken=False)
+    assert acts == snap(1, True) + [RecordChannelState(1, "a", (1, 2))]  # no Deliver
+    # later they arrive in queue order as ordinary records: delivered, not recorded for 1
+    assert h.on_records("a", (1, 2)) == [Deliver("a", (1, 2))]
+    assert h.on_barrier("b", B(1, True)) == [FinishSnapshot(1)]
+    # a newer snapshot recording channel 'a' records what is still queued ahead of its barrier
+    h2 = SnapshotHandler(["a", "b"], "unaligned")
+    h2.on_barrier("b", B(5, True))
+    acts = h2.on_barrier("a", B(5, True), overtaken=(7,), deliver_overtaken=False)
+    assert acts == [RecordChannelState(5, "a", (7,)), FinishSnapshot(5)]
+    assert h2.on_records("a", (7,)) == [Deliver("a", (7,))]
