@@ -115,7 +115,7 @@ def test_cancelled_run_resumes_exactly_in_a_new_run(tmp_path):
     assert kept, "retain_on_cancel keeps the checkpoints"
     p2, sink2 = wordcount(tmp_path, 40_000, "aligned", rate=None, interval=0.3)
     result = p2.run(engine="threads", timeout=60)
-    assert result.restored_from is None  # resumed from the latest, not an explicit path
+    assert result.restored_from.endswith(f"chk-{max(kept)}")  # the latest one kept
     assert result.checkpoints[0].id > max(kept)
     assert collections.Counter(sink2.results()) == expected_rows(40_000)
 
@@ -146,3 +146,12 @@ def test_restore_from_a_missing_path_is_a_clear_error(tmp_path):
     p, _ = wordcount(tmp_path, 10, "aligned")
     with pytest.raises(Exception, match="nope"):
         p.run(engine="threads", timeout=30, restore_from=str(tmp_path / "nope"))
+
+
+def test_restore_from_wins_over_newer_checkpoints_in_storage(tmp_path):
+    p, _ = wordcount(tmp_path, 20_000, "aligned", rate=20_000, interval=0.2)
+    first = p.run(engine="threads", timeout=60)
+    older = first.checkpoints[-2].path  # retained: 3, so not the newest
+    p2, _ = wordcount(tmp_path, 20_000, "aligned")
+    second = p2.run(engine="threads", timeout=60, restore_from=older)
+    assert second.restored_from == older

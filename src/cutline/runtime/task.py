@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgpack
@@ -72,6 +72,15 @@ class _Stop(Exception):
     pass
 
 
+def _address_towards(peer: tuple[str, int]) -> str:
+    """This host's address on the interface that routes to ``peer`` (no packet is sent)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(peer)
+        return s.getsockname()[0]
+
+
 def _fault(sub: "Subtask", point: str, checkpoint: int) -> None:
     """``kill -9`` this very process at ``point`` if a fault is planned there."""
     for where, slot, n in sub.spec.faults:
@@ -112,7 +121,7 @@ class Subtask:
         self.timers: list[tuple[float, int]] = []
         self.pending: dict[int, dict[str, Any]] = {}
         self.uncommitted: dict[int, dict] = {}
-        self.final: int | None = None
+        self.outputs_closed = False
         self.last_flush = time.monotonic()
         self.alignment_started: dict[int, float] = {}
         self.records_in = 0
@@ -136,7 +145,7 @@ class Subtask:
                 self.buffers[ch] = []
 
     def open(self, restore: dict | None, restore_blobs: dict[str, list[bytes]],
-             sent_state: dict[str, bytes] | None = None) -> None:
+             sent_state: dict[str, list[bytes]] | None = None) -> None:
         if self.reader is not None:
             self.reader.open(self.index, self.chain.parallelism)
         if self.writer is not None:
@@ -157,12 +166,10 @@ class Subtask:
         # Channel order: what the receiver recorded, then what the sender still held in
         # its output buffers when its unaligned barrier overtook them.  inject() puts a
         # batch at the front, so the later part goes in first.
-        for ch, blob in (sent_state or {}).items():
-            if ch in self.inputs:
-                self.gate.inject(ch, pickle.loads(blob))
-        for ch, blob in (restore.get("channels") or {}).items():
-            if ch in self.inputs:
-                self.gate.inject(ch, pickle.loads(blob))
+        for part in (sent_state or {}, restore.get("channels") or {}):
+            for ch, blobs in part.items():
+                if ch in self.inputs:
+                    self.gate.inject(ch, [r for blob in blobs for r in pickle.loads(blob)])
 
     # ------------------------------------------------------------------ data path
 
@@ -258,8 +265,11 @@ class Subtask:
                 self.records_in += len(a.records)
                 self._emit(self._chain(list(a.records)))
             elif t is RecordChannelState:
-                self.pending[a.checkpoint_id]["channels"].setdefault(a.channel, []).extend(
-                    a.records)
+                # bytes now: a later in-place change of a record must not alter the snapshot
+                snap = self.pending[a.checkpoint_id]
+                snap["channels"].setdefault(a.channel, []).append(
+                    pickle.dumps(a.records, protocol=5))
+                snap["in_flight"] += len(a.records)
             elif t is TakeSnapshot:
                 self._take_snapshot(a.checkpoint_id)
             elif t is EmitBarrier:
@@ -269,12 +279,14 @@ class Subtask:
                     # state (re-sent first on restore) and is sent after the barrier.
                     snap = self.pending.get(a.barrier.checkpoint_id)
                     if snap is not None:
-                        snap["out_channels"] = {ch: list(buf) for ch, buf in
-                                                self.buffers.items() if buf}
+                        snap["out_channels"] = {ch: [pickle.dumps(buf, protocol=5)]
+                                                for ch, buf in self.buffers.items() if buf}
+                        snap["in_flight"] += sum(len(b) for b in self.buffers.values())
                 else:
                     self.flush_all()
-                for c in self.channels.values():
-                    c.send_barrier(a.barrier)
+                if not self.outputs_closed:  # a drained task's outputs carry EOF already
+                    for c in self.channels.values():
+                        c.send_barrier(a.barrier)
             elif t is FinishSnapshot:
                 self._finish_snapshot(a.checkpoint_id)
             elif t is BlockChannel:
@@ -304,6 +316,7 @@ class Subtask:
         aligned_for = now - min(self.alignment_started.values()) if self.alignment_started else 0.0
         self.alignment_started.clear()
         snap: dict[str, Any] = {"started": now, "alignment": aligned_for, "channels": {},
+                                "in_flight": 0,
                                 "ops": {op.uid: op.snapshot() for op in self.ops if op.keyed}}
         if self.reader is not None:
             snap["source"] = self.reader.snapshot()
@@ -316,12 +329,9 @@ class Subtask:
         snap = self.pending.pop(n, None)
         if snap is None:
             return
-        channels = {ch: pickle.dumps(recs, protocol=5) for ch, recs in snap["channels"].items()}
-        out_channels = {ch: pickle.dumps(recs, protocol=5)
-                        for ch, recs in (snap.get("out_channels") or {}).items()}
         state = {"task": self.task_id, "chain": self.chain.uid, "ops": snap["ops"],
-                 "source": snap.get("source"), "sink": snap.get("sink"), "channels": channels,
-                 "out_channels": out_channels}
+                 "source": snap.get("source"), "sink": snap.get("sink"),
+                 "channels": snap["channels"], "out_channels": snap.get("out_channels") or {}}
         data = msgpack.packb(state, use_bin_type=True)
         try:
             info = self.slot.storage.write_task_state(n, self.task_id, data)
@@ -331,9 +341,7 @@ class Subtask:
             return
         if self.spec.faults:
             _fault(self, "snapshot_write", n)
-        in_flight = sum(len(v) for v in snap["channels"].values()) + sum(
-            len(v) for v in (snap.get("out_channels") or {}).values())
-        stats = {"bytes": len(data), "in_flight": in_flight,
+        stats = {"bytes": len(data), "in_flight": snap["in_flight"],
                  "alignment": snap["alignment"],
                  "duration": time.monotonic() - snap["started"], "chain": self.chain.uid}
         stats.update({k: info[k] for k in ("path", "size", "sha256") if k in info})
@@ -356,11 +364,7 @@ class Subtask:
         while True:
             op = msg["op"]
             if op == "trigger":
-                if msg.get("final"):
-                    self.final = msg["checkpoint"]
                 self.perform(self.handler.on_trigger(msg["checkpoint"]))
-                if self.final is not None and self.reader is not None:
-                    self._end_output()
             elif op == "abort":
                 self.pending.pop(msg["checkpoint"], None)
                 self.perform(self.handler.on_abort(msg["checkpoint"]))
@@ -391,10 +395,15 @@ class Subtask:
             self.perform(self.handler.on_timeout(n))
 
     def _end_output(self) -> None:
+        """Input exhausted: flush, send EOF downstream, tell the driver this task drained.
+
+        The final checkpoint of a bounded job is triggered at every task directly once all
+        drained, so it covers every record (no barrier can leave data behind it)."""
         self.flush_all()
         for c in self.channels.values():
             c.send_eof()
         self.outputs_closed = True
+        self.slot.send({"op": "drained", "task": self.task_id})
 
     # ------------------------------------------------------------------ main loops
 
@@ -425,23 +434,16 @@ class Subtask:
         self.slot.send({"op": "finished", "task": self.task_id})
 
     def _run_source(self) -> None:
-        ended = False
-        self.outputs_closed = False
         size = self.spec.batch_size
         while True:
             self._control()
             if self.outputs_closed:
                 self._control(block=0.5)
                 continue
-            if ended:
-                self._control(block=0.05)
-                continue
             batch = self.reader.read_batch(size)
             self._metrics()
             if batch is None:
-                ended = True
-                self.flush_all()
-                self.slot.send({"op": "source_ended", "task": self.task_id})
+                self._end_output()
             elif batch:
                 self.records_in += len(batch)
                 self._emit(self._chain(batch))
@@ -454,7 +456,6 @@ class Subtask:
 
     def _run_operator(self) -> None:
         gate, h = self.gate, self.handler
-        self.outputs_closed = False
         while True:
             self._control()
             if self.timers:
@@ -505,6 +506,8 @@ class Slot:
     def __init__(self, spec: JobSpec, slot: int) -> None:
         from ..storage.checkpoints import CheckpointStorage
 
+        if not spec.host:  # cluster: listen on this executor's address towards the driver
+            spec = replace(spec, host=_address_towards(spec.coordinator))
         self.spec, self.slot = spec, slot
         self.storage = CheckpointStorage(spec.storage_url, spec.job)
         self.subtasks = [Subtask(spec, c, i, self) for c, i in spec.plan.tasks_in_slot(slot)]

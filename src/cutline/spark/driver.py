@@ -77,6 +77,7 @@ class JobDriver:
         self.secret = secrets.token_bytes(32)
         self.tasks = [c.task_id(i) for c, i in plan.tasks()]
         self.sources = {c.task_id(i) for c, i in plan.tasks() if c.is_source}
+        self._slot_of = {c.task_id(i): i for c, i in plan.tasks()}  # slot k hosts subtask k
         self.policy = CheckpointPolicy(
             interval=config.interval, timeout=config.timeout, min_pause=config.min_pause,
             max_concurrent=config.max_concurrent,
@@ -100,7 +101,7 @@ class JobDriver:
         self._stopping = False
         self._triggered: dict[int, float] = {}
         self._final: int | None = None
-        self._ended: set[str] = set()
+        self._drained: set[str] = set()
         self._finished: set[str] = set()
         self.coordinator: CheckpointCoordinator | None = None
         self.metrics: dict[str, tuple[int, bool]] = {}  # task -> (records in, is source)
@@ -177,10 +178,15 @@ class JobDriver:
         elif op == "decline":
             self._run(self.coordinator.on_decline(msg["task"], msg["checkpoint"],
                                                   msg.get("reason", ""), now))
-        elif op == "source_ended":
-            self._ended.add(msg["task"])
-            if self._ended >= self.sources and self._final is None:
-                self._run(self.coordinator.trigger_now(now), final=True)
+        elif op == "drained":
+            task = msg["task"]
+            self._drained.add(task)
+            # Checkpoints in flight whose barriers can no longer reach it: trigger directly.
+            for n in list(self.coordinator.pending):
+                pending = self.coordinator.pending.get(n)
+                if pending is not None and task in pending.missing:
+                    self._send_to_task(task, {"op": "trigger", "checkpoint": n, "task": task})
+            self._maybe_final(now)
         elif op == "metrics":
             self.metrics[msg["task"]] = (msg.get("records", 0), bool(msg.get("source")))
         elif op == "finished":
@@ -218,15 +224,22 @@ class JobDriver:
         self.source_records_before += self.source_records()
         self.metrics.clear()
         self.attempt = _Attempt(self.attempt.number + 1)
-        self._ended.clear()
+        self._drained.clear()
         self._finished.clear()
         self._final = None
         self._triggered.clear()
 
     def _start_attempt(self) -> None:
-        latest = self.storage.latest()
-        path = latest.path if latest is not None else self.restore_path
+        if self.checkpoints:  # a restart: the newest checkpoint this run completed
+            path = self.checkpoints[-1].path
+        elif self.restore_path is not None:  # the user's choice wins over older leftovers
+            path = self.restore_path
+        else:
+            latest = self.storage.latest()
+            path = latest.path if latest is not None else None
         self.next_id = max(self.next_id, self.storage.next_id())
+        if self.attempt.number == 0 and path is not None:
+            self.restored_from = path
         self.coordinator = CheckpointCoordinator(self.policy, set(self.tasks),
                                                  first_id=self.next_id)
         self.attempt.started = True
@@ -239,32 +252,40 @@ class JobDriver:
 
     # ------------------------------------------------------------------ commands
 
+    def _maybe_final(self, now: float) -> None:
+        """Every task drained: the final checkpoint, triggered at every task directly."""
+        if self._final is None and self._drained >= set(self.tasks):
+            self._run(self.coordinator.trigger_now(now), final=True)
+
     def _run(self, commands: list, final: bool = False) -> None:
         for cmd in commands:
             if isinstance(cmd, Trigger):
                 n = cmd.checkpoint_id
                 self.next_id = max(self.next_id, n + 1)
                 self._triggered[n] = time.monotonic()
-                if final:
-                    self._final = n
-                for task in self.sources:
-                    slot_msg = {"op": "trigger", "checkpoint": n, "task": task,
-                                "final": n == self._final}
-                    self._send_to_task(task, slot_msg)
+                if final and self._final is None:
+                    self._final = n  # only the checkpoint trigger_now started
+                # sources inject the barrier; drained tasks snapshot directly
+                for task in sorted(self.sources | self._drained):
+                    self._send_to_task(task, {"op": "trigger", "checkpoint": n, "task": task})
             elif isinstance(cmd, Complete):
                 self._complete(cmd)
             elif isinstance(cmd, Abort):
                 self._broadcast({"op": "abort", "checkpoint": cmd.checkpoint_id})
+                if cmd.checkpoint_id == self._final:  # the job still needs a last one
+                    self._final = None
+                    self._maybe_final(time.monotonic())
             elif isinstance(cmd, FailJob):
                 self.error = cmd.reason
                 self.done.set()
 
     def _send_to_task(self, task: str, msg: dict) -> None:
-        for slot, conn in self.attempt.conns.items():
-            chain_tasks = [c.task_id(slot) for c, _ in self.plan.tasks_in_slot(slot)]
-            if task in chain_tasks:
+        conn = self.attempt.conns.get(self._slot_of[task])
+        if conn is not None:
+            try:
                 conn.send(msg)
-                return
+            except OSError:
+                pass
 
     def _complete(self, cmd: Complete) -> None:
         n = cmd.checkpoint_id
