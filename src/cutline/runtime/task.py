@@ -485,6 +485,9 @@ class Subtask:
                 self.flush_all(interruptible=True)
 
     def close(self) -> None:
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
         for c in self.channels.values():
             try:
                 c.close()
@@ -526,6 +529,15 @@ class Slot:
 
     def run(self) -> dict:
         """Register, wait for the start signal, run every subtask to the end."""
+        try:
+            return self._run()
+        finally:  # whatever happened, leave no listener, channel or connection behind
+            for s in self.subtasks:
+                s.close()
+            if self.conn is not None:
+                self.conn.close()
+
+    def _run(self) -> dict:
         self.conn = connect(self.spec.coordinator, self.spec.secret)
         self.send({"op": "register", "slot": self.slot, "pid": os.getpid(),
                    "tasks": {s.task_id: list(s.address) if s.address else None

@@ -169,6 +169,12 @@ class JobDriver:
         if op == "register":
             self._register(conn, msg)
             return
+        if op == "_stage_ended":  # Spark returned: every task is gone, finished or not
+            if not self.done.is_set():
+                self.error = ("the Spark stage ended before every task finished "
+                              f"(finished: {sorted(self._finished)})")
+                self.done.set()
+            return
         if conn not in self.attempt.conns.values():
             return  # a message from a previous attempt
         now = time.monotonic()

@@ -223,6 +223,9 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
         with display or nullcontext():
             _wait(driver, stage_error, pipeline.name, t0, timeout, display)
         if driver.error:
+            if stage_error:  # Spark's own reason says more than "the stage ended"
+                raise JobFailed(f"job {pipeline.name!r} failed: Spark gave up on the stage: "
+                                f"{_first_line(stage_error[0])}")
             raise JobFailed(f"job {pipeline.name!r} failed: {driver.error}")
         runner.join(timeout=60)
     except (KeyboardInterrupt, JobCancelled):
