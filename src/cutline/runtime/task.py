@@ -110,7 +110,6 @@ class Subtask:
             nodes = nodes[1:]
         if nodes and nodes[-1].kind == "sink":
             self.writer = nodes[-1].fn.create_writer()
-            self.sink_uid = nodes[-1].uid
             nodes = nodes[:-1]
         self.ops = [build_operator(n, index, chain.parallelism, plan.max_parallelism)
                     for n in nodes]

@@ -66,7 +66,6 @@ class _Attempt:
     pids: dict[int, int] = field(default_factory=dict)
     addresses: dict[str, Any] = field(default_factory=dict)
     started: bool = False
-    failed: bool = False
 
 
 class JobDriver:
@@ -209,7 +208,6 @@ class JobDriver:
             if self.attempt.started and not self.done.is_set():
                 log.warning("attempt %d lost a task; waiting for Spark to restart the stage",
                             self.attempt.number)
-                self.attempt.failed = True
 
     def _register(self, conn: FrameConnection, msg: dict) -> None:
         slot = msg["slot"]
