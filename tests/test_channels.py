@@ -467,3 +467,32 @@ def test_unpicklable_batch_costs_no_credit():
             assert drain(gate) == [("a", "records", [{"ok": (1, 2.0, "x", None, b"y")}]),
                                    ("a", "eof", None)]
 
+
+
+def test_retrying_a_timed_out_send_reuses_the_encoded_batch(monkeypatch):
+    import cutline.runtime.channels as ch_mod
+
+    calls = []
+    real = ch_mod.encode_records
+    monkeypatch.setattr(ch_mod, "encode_records", lambda b: calls.append(len(b)) or real(b))
+    with InputGate("t", ["a"], SECRET, credits=1) as gate:
+        out = OutputChannel("a", gate.address, SECRET)
+        try:
+            wait_until(lambda: out.credits == 1, what="first credit")
+            out.send_records([1])
+            batch = [2, 3]
+            for _ in range(3):  # no credit: every retry times out
+                with pytest.raises(TimeoutError):
+                    out.send_records(batch, timeout=0.02)
+            assert calls == [1, 2]  # encoded once for all the retries
+            assert gate.poll(set(), timeout=T)[2] == [1]  # frees a credit
+            out.send_records(batch, timeout=T)
+            assert calls == [1, 2]
+            assert gate.poll(set(), timeout=T)[2] == [2, 3]
+            batch.append(4)  # a changed batch is encoded afresh
+            wait_until(lambda: out.credits == 1, what="credit")
+            out.send_records(batch, timeout=T)
+            assert calls == [1, 2, 3]
+        finally:
+            out.send_eof()
+            out.close()

@@ -440,6 +440,7 @@ class OutputChannel(_Closing):
         self._cond = threading.Condition()
         self._send_lock = threading.Lock()
         self._credits = 0
+        self._encoded: tuple | None = None  # (batch, len, bytes) of a send that timed out
         self._error: str | None = None
         self._closed = self._eof_sent = False
         deadline = time.monotonic() + connect_timeout
@@ -510,16 +511,25 @@ class OutputChannel(_Closing):
                                "send after " + ("close" if self._closed else "EOF"))
 
     def send_records(self, batch: list, timeout: float | None = None) -> None:
-        payload = encode_records(batch)  # before taking credit: unpicklable data costs none
+        # Encode before taking credit (unpicklable data costs none).  A caller retrying the
+        # same, unchanged batch after a TimeoutError reuses the bytes: no re-pickling while
+        # backpressure lasts.
+        retry = self._encoded
+        if retry is not None and retry[0] is batch and retry[1] == len(batch):
+            payload = retry[2]
+        else:
+            payload = encode_records(batch)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._check()
             while self._credits == 0:
                 if not _wait(self._cond, deadline):
+                    self._encoded = (batch, len(batch), payload)
                     raise TimeoutError(f"channel {self.channel_id!r}: no credit from the "
                                        f"receiver for {timeout}s (backpressure)")
                 self._check()  # woken by a broken connection or close()?
             self._credits -= 1
+            self._encoded = None
         self._send(RECORDS, payload)
 
     def send_barrier(self, barrier: Barrier) -> None:
