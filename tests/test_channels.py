@@ -496,3 +496,34 @@ def test_retrying_a_timed_out_send_reuses_the_encoded_batch(monkeypatch):
         finally:
             out.send_eof()
             out.close()
+
+
+def test_local_channel_keeps_fifo_credits_and_eof_without_a_socket():
+    with InputGate("t", ["a"], SECRET, credits=2) as gate:
+        out = gate.attach_local("a")
+        gate.wait_connected(T)
+        out.send_records([1])
+        out.send_records([2])
+        with pytest.raises(TimeoutError):  # credits=2: the third batch waits
+            out.send_records([3], timeout=0.02)
+        out.send_barrier(Barrier(1))  # behind queued records: announced
+        assert gate.announcements() == [("a", Barrier(1))]
+        assert gate.poll(set(), timeout=T)[2] == [1]
+        out.send_records([3], timeout=T)
+        out.send_eof()
+        got = [gate.poll(set(), timeout=T)[1:] for _ in range(4)]
+        assert got == [("records", [2]), ("barrier", Barrier(1)), ("records", [3]),
+                       ("eof", None)]
+        with pytest.raises(ChannelError, match="send after EOF"):
+            out.send_records([4])
+        out.close()
+
+
+def test_local_channel_closed_without_eof_breaks_the_receiver():
+    with InputGate("t", ["a"], SECRET) as gate:
+        out = gate.attach_local("a")
+        out.send_records([1])
+        out.close()
+        with pytest.raises(ChannelError, match="before EOF"):
+            for _ in range(3):
+                gate.poll(set(), timeout=T)

@@ -132,7 +132,7 @@ def _tune(sock: socket.socket) -> None:
 class _Input:
     """One input channel of a gate; guarded by the gate's condition."""
 
-    __slots__ = ("queue", "batches", "owed", "sock", "send_lock", "eof")
+    __slots__ = ("queue", "batches", "owed", "sock", "send_lock", "eof", "local")
 
     def __init__(self) -> None:
         self.queue: collections.deque = collections.deque()  # (kind, payload, credits)
@@ -141,6 +141,7 @@ class _Input:
         self.sock: socket.socket | None = None
         self.send_lock = threading.Lock()
         self.eof = False  # EOF frame received
+        self.local: LocalChannel | None = None  # a sender in this process (no socket)
 
 
 class InputGate(_Closing):
@@ -176,7 +177,8 @@ class InputGate(_Closing):
         with self._cond:
             while True:
                 self._raise_if_broken()
-                missing = [c for c in self._order if self._ch[c].sock is None]
+                missing = [c for c in self._order
+                           if self._ch[c].sock is None and self._ch[c].local is None]
                 if not missing:
                     return
                 if not _wait(self._cond, deadline):
@@ -317,6 +319,9 @@ class InputGate(_Closing):
 
     def _grant(self, cid: str, n: int) -> None:
         st = self._ch[cid]
+        if st.local is not None:
+            st.local._add_credits(n)
+            return
         try:
             with st.send_lock:
                 _send_frame(st.sock, CREDIT, _COUNT.pack(n))
@@ -401,6 +406,27 @@ class InputGate(_Closing):
                 pass
         return None
 
+    def _enqueue(self, st: _Input, cid: str, item: tuple) -> None:
+        with self._cond:
+            if item[0] == "barrier" and st.batches:
+                self._announced.append((cid, item[1]))
+            st.queue.append(item)
+            st.batches += item[0] == "records"
+            st.eof = item[0] == "eof"
+            self._cond.notify_all()
+
+    def attach_local(self, channel_id: str) -> "LocalChannel":
+        """The sender of ``channel_id`` lives in this process: connect it without a socket."""
+        with self._cond:
+            self._raise_if_broken()
+            st = self._ch.get(channel_id)
+            if st is None or st.sock is not None or st.local is not None:
+                raise ChannelError(channel_id, "unknown or already connected channel")
+            st.local = LocalChannel(channel_id, self, st)
+            self._cond.notify_all()
+        st.local._add_credits(self.credits)
+        return st.local
+
     def _read_loop(self, sock: socket.socket, cid: str) -> None:
         st = self._ch[cid]
         try:
@@ -415,13 +441,7 @@ class InputGate(_Closing):
                     item = ("eof", None, 0)
                 else:
                     raise ValueError(f"unexpected frame type {kind}")
-                with self._cond:
-                    if kind == BARRIER and st.batches:
-                        self._announced.append((cid, item[1]))
-                    st.queue.append(item)
-                    st.batches += kind == RECORDS
-                    st.eof = kind == EOF
-                    self._cond.notify_all()
+                self._enqueue(st, cid, item)
             sock.recv(1)  # after EOF: wait for the sender's close, then close ours
         except EOFError as exc:
             self._fail(cid, f"{exc} by the sender before EOF")
@@ -564,3 +584,66 @@ class OutputChannel(_Closing):
         _shutdown(self._sock, socket.SHUT_WR if graceful else socket.SHUT_RDWR)
         self._reader.join(5.0 if graceful else 1.0)
         self._sock.close()
+
+
+class LocalChannel:
+    """An output channel to a gate in the same process (subtasks of one Spark task).
+
+    Batches are handed over by reference: no socket, no pickling.  FIFO order, credits
+    (backpressure), barriers, announcements and EOF behave exactly as over TCP; closing
+    without EOF breaks the channel for the receiver, as a lost connection would.
+    """
+
+    def __init__(self, channel_id: str, gate: InputGate, st: _Input) -> None:
+        self.channel_id, self._gate, self._st = channel_id, gate, st
+        self._cond = threading.Condition()
+        self._credits = 0
+        self._closed = self._eof_sent = False
+
+    @property
+    def credits(self) -> int:
+        return self._credits
+
+    def _add_credits(self, n: int) -> None:
+        with self._cond:
+            self._credits += n
+            self._cond.notify_all()
+
+    def _check(self) -> None:
+        if self._gate._closed:
+            raise ChannelError(self.channel_id, "receiver closed")
+        if self._closed or self._eof_sent:
+            raise ChannelError(self.channel_id,
+                               "send after " + ("close" if self._closed else "EOF"))
+
+    def send_records(self, batch: list, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._check()
+            while self._credits == 0:
+                if not _wait(self._cond, deadline if deadline is not None else
+                             time.monotonic() + 0.5):
+                    if deadline is not None:
+                        raise TimeoutError(f"channel {self.channel_id!r}: no credit from "
+                                           f"the receiver for {timeout}s (backpressure)")
+                self._check()  # the receiver may have gone away meanwhile
+            self._credits -= 1
+        self._gate._enqueue(self._st, self.channel_id, ("records", batch, 1))
+
+    def send_barrier(self, barrier: Barrier) -> None:
+        self._check()
+        self._gate._enqueue(self._st, self.channel_id, ("barrier", barrier, 0))
+
+    def send_eof(self) -> None:
+        self._check()
+        self._eof_sent = True
+        self._gate._enqueue(self._st, self.channel_id, ("eof", None, 0))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not self._eof_sent:
+            self._gate._fail(self.channel_id, "connection closed by the sender before EOF")
+        with self._cond:
+            self._cond.notify_all()

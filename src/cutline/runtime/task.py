@@ -139,8 +139,12 @@ class Subtask:
         for _, chans, _ in self.outputs:
             for ch in chans:
                 dst_task = ch.split("->", 1)[1]
-                self.channels[ch] = OutputChannel(ch, tuple(addresses[dst_task]),
-                                                  self.spec.secret)
+                local = self.slot.by_id.get(dst_task)
+                if local is not None:  # same process: hand batches over, no socket/pickle
+                    self.channels[ch] = local.gate.attach_local(ch)
+                else:
+                    self.channels[ch] = OutputChannel(ch, tuple(addresses[dst_task]),
+                                                      self.spec.secret)
                 self.buffers[ch] = []
 
     def open(self, restore: dict | None, restore_blobs: dict[str, list[bytes]],
