@@ -85,7 +85,7 @@ class Node:
 
     id: int
     uid: str
-    kind: str  # source | map | flat_map | filter | reduce | process | union | sink
+    kind: str  # source | map | flat_map | filter | reduce | process | count | union | sink
     fn: Any = None
     parallelism: int | None = None
     inputs: list[int] = field(default_factory=list)
@@ -94,7 +94,7 @@ class Node:
 
     @property
     def keyed(self) -> bool:
-        return self.kind in ("reduce", "process")
+        return self.kind in ("reduce", "process", "count")
 
 
 def _check_callable(name: str, fn: Any) -> None:
@@ -280,11 +280,5 @@ class KeyedStream:
         return self._keyed("process", fn, uid, parallelism)
 
     def count(self, *, uid: str | None = None, parallelism: int | None = None) -> Stream:
-        """Running count per key: emits ``(key, count)``."""
-        def counting(ctx, record):
-            n = ctx.value_state("count", 0)
-            value = n.value + 1
-            n.update(value)
-            return ((ctx.key, value),)
-
-        return self._keyed("process", counting, uid, parallelism)
+        """Running count per key: emits ``(key, count)`` for every record."""
+        return self._keyed("count", None, uid, parallelism)

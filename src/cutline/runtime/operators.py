@@ -122,6 +122,24 @@ class Reduce(Keyed):
         return out
 
 
+class Count(Keyed):
+    """``KeyedStream.count()``: a running count per key, one table lookup per record."""
+
+    def process(self, batch: list) -> list:
+        key_fn, st, out = self.node.key_fn, self.state, []
+        record = None
+        try:
+            for record in batch:
+                k = key_fn(record)
+                table, slot = st.table(k), ("count", k)
+                n = table.get(slot, 0) + 1
+                table[slot] = n
+                out.append((k, n))
+        except Exception as exc:
+            raise UserFunctionError(self.uid, "count", record, exc) from exc
+        return out
+
+
 class KeyedContext:
     """What a ``process`` function sees: the current key and its state."""
 
@@ -178,4 +196,6 @@ def build_operator(node: Node, subtask: int, parallelism: int, max_parallelism: 
         return Reduce(node, subtask, parallelism, max_parallelism)
     if node.kind == "process":
         return Process(node, subtask, parallelism, max_parallelism)
+    if node.kind == "count":
+        return Count(node, subtask, parallelism, max_parallelism)
     raise ValueError(f"no operator for node kind {node.kind!r}")
