@@ -180,3 +180,66 @@ def clean_staging(fs: Any, dirs: list[str], keep: set[str]) -> list[str]:
 
 def _norm(path: str) -> str:
     return "/" + path.strip("/") if path.startswith("/") else path.strip("/")
+
+
+class StagedWriter:
+    """Two-phase commit over staged files, shared by the file-based sinks.
+
+    A subclass writes staged files under ``self._dir`` and returns their paths (relative
+    to the sink root) in its ``pre_commit`` handle; it names where a committed file goes
+    (:meth:`_destination`) and what to forget on restore (:meth:`_reset`).
+    """
+
+    _sink: Any
+
+    def __init__(self, sink: Any) -> None:
+        self._sink = sink
+        self._dir: str | None = None
+
+    def open(self, subtask: int, parallelism: int, job: str) -> None:
+        if not 0 <= subtask < parallelism:
+            raise ValueError(f"subtask {subtask} out of range for parallelism {parallelism}")
+        if not job or "/" in job:
+            raise ValueError(f"job name must be non-empty and contain no '/', got {job!r}")
+        self._subtask, self._parallelism, self._job = subtask, parallelism, job
+        self._fs, self._root = get_fs(self._sink.path)
+        self._job_staging = join(self._root, "_staging", job)
+        self._dir = join(self._job_staging, str(subtask))
+        self._fs.makedirs(self._dir, exist_ok=True)
+        self._reset()
+
+    def _rel(self, full: str) -> str:
+        return full[len(self._root):].lstrip("/")
+
+    def _destination(self, handle: dict, n: int) -> str:
+        raise NotImplementedError
+
+    def _reset(self) -> None:
+        raise NotImplementedError
+
+    def _commit(self, handles: list[dict], strict: bool) -> None:
+        for h in handles:
+            for n, rel in enumerate(h["files"]):
+                dest = self._destination(h, n)
+                self._fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
+                commit_file(self._fs, join(self._root, rel), dest, strict=strict)
+
+    def commit(self, handles: list[dict]) -> None:
+        self._commit(handles, strict=True)
+
+    def abort(self, handles: list[dict]) -> None:
+        for h in handles:
+            for rel in h["files"]:
+                if rel.startswith("_staging/"):  # never touch committed output
+                    rm_quiet(self._fs, join(self._root, rel))
+
+    def recover(self, handles: list[dict]) -> None:
+        self._commit(handles, strict=False)
+        keep = {join(self._root, rel) for h in handles for rel in h["files"]}
+        dirs = owned_staging_dirs(self._fs, self._job_staging, self._subtask, self._parallelism)
+        clean_staging(self._fs, dirs, keep)
+        self._reset()
+
+    def close(self) -> None:
+        # Uncommitted buffered records are dropped on purpose: they are replayed after restore.
+        self._reset()

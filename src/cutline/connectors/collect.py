@@ -7,7 +7,7 @@ import re
 import sys
 import tempfile
 
-from .base import clean_staging, commit_file, get_fs, join, owned_staging_dirs, rm_quiet
+from .base import StagedWriter, get_fs, join
 
 _PART = re.compile(r"^part-(\d+)-(\d+)\.pkl$")
 
@@ -68,19 +68,8 @@ class CollectSink:
         return f"CollectSink({self.path!r})"
 
 
-class CollectWriter:
-    def __init__(self, sink: CollectSink):
-        self._sink = sink
-        self._dir = None
-
-    def open(self, subtask: int, parallelism: int, job: str) -> None:
-        if not job or "/" in job:
-            raise ValueError(f"job name must be non-empty and contain no '/', got {job!r}")
-        self._subtask, self._parallelism, self._job = subtask, parallelism, job
-        self._fs, self._root = get_fs(self._sink.path)
-        self._job_staging = join(self._root, "_staging", job)
-        self._dir = join(self._job_staging, str(subtask))
-        self._fs.makedirs(self._dir, exist_ok=True)
+class CollectWriter(StagedWriter):
+    def _reset(self) -> None:
         self._buf: list = []
 
     def write(self, batch: list) -> None:
@@ -96,37 +85,14 @@ class CollectWriter:
                        "records": self._buf}
             with self._fs.open(path, "wb") as f:
                 pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
-            files.append(path[len(self._root):].lstrip("/"))
+            files.append(self._rel(path))
             self._buf = []
         return {"files": files, "checkpoint_id": cid, "subtask": self._subtask, "job": self._job}
 
-    def _commit(self, handles: list[dict], strict: bool) -> None:
-        for h in handles:
-            job = h.get("job", self._job)
-            cdir = join(self._root, "committed", job)
-            for rel in h["files"]:
-                self._fs.makedirs(cdir, exist_ok=True)
-                dest = join(cdir, f"part-{h['subtask']}-{h['checkpoint_id']}.pkl")
-                commit_file(self._fs, join(self._root, rel), dest, strict=strict)
-
-    def commit(self, handles: list[dict]) -> None:
-        self._commit(handles, strict=True)
-
-    def abort(self, handles: list[dict]) -> None:
-        for h in handles:
-            for rel in h["files"]:
-                if rel.startswith("_staging/"):
-                    rm_quiet(self._fs, join(self._root, rel))
-
-    def recover(self, handles: list[dict]) -> None:
-        self._commit(handles, strict=False)
-        keep = {join(self._root, rel) for h in handles for rel in h["files"]}
-        dirs = owned_staging_dirs(self._fs, self._job_staging, self._subtask, self._parallelism)
-        clean_staging(self._fs, dirs, keep)
-        self._buf = []
-
-    def close(self) -> None:
-        self._buf = []
+    def _destination(self, handle: dict, n: int) -> str:
+        job = handle.get("job", self._job)
+        return join(self._root, "committed", job,
+                    f"part-{handle['subtask']}-{handle['checkpoint_id']}.pkl")
 
 
 class PrintSink:

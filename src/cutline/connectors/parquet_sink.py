@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .base import clean_staging, commit_file, get_fs, join, owned_staging_dirs, rm_quiet
+from .base import StagedWriter, get_fs, join
 
 _PART = re.compile(r"^part-(\d+)-(\d+)-(\d+)\.parquet$")
 
@@ -79,26 +79,10 @@ class ParquetSink:
         return f"ParquetSink({self.path!r})"
 
 
-class ParquetWriter:
-    def __init__(self, sink: ParquetSink):
-        self._sink = sink
-        self._dir = None
-
-    def open(self, subtask: int, parallelism: int, job: str) -> None:
-        if not 0 <= subtask < parallelism:
-            raise ValueError(f"subtask {subtask} out of range for parallelism {parallelism}")
-        if not job or "/" in job:
-            raise ValueError(f"job name must be non-empty and contain no '/', got {job!r}")
-        self._subtask, self._parallelism, self._job = subtask, parallelism, job
-        self._fs, self._root = get_fs(self._sink.path)
-        self._job_staging = join(self._root, "_staging", job)
-        self._dir = join(self._job_staging, str(subtask))
-        self._fs.makedirs(self._dir, exist_ok=True)
+class ParquetWriter(StagedWriter):
+    def _reset(self) -> None:
         self._buf: list[dict] = []
-        self._rolled: list[str] = []   # staging files of the open transaction (already written)
-
-    def _rel(self, full: str) -> str:
-        return full[len(self._root):].lstrip("/")
+        self._rolled: list[str] = []  # staging files of the open transaction (already written)
 
     def write(self, batch: list) -> None:
         if self._dir is None:
@@ -127,28 +111,6 @@ class ParquetWriter:
         return {"files": files, "checkpoint_id": cid, "subtask": self._subtask,
                 "job": self._job}
 
-    def _commit(self, handles: list[dict], strict: bool) -> None:
-        for h in handles:
-            for n, rel in enumerate(h["files"]):
-                dest = join(self._root, f"part-{h['subtask']}-{h['checkpoint_id']}-{n}.parquet")
-                commit_file(self._fs, join(self._root, rel), dest, strict=strict)
+    def _destination(self, handle: dict, n: int) -> str:
+        return join(self._root, f"part-{handle['subtask']}-{handle['checkpoint_id']}-{n}.parquet")
 
-    def commit(self, handles: list[dict]) -> None:
-        self._commit(handles, strict=True)
-
-    def abort(self, handles: list[dict]) -> None:
-        for h in handles:
-            for rel in h["files"]:
-                if rel.startswith("_staging/"):  # never touch committed output
-                    rm_quiet(self._fs, join(self._root, rel))
-
-    def recover(self, handles: list[dict]) -> None:
-        self._commit(handles, strict=False)
-        keep = {join(self._root, rel) for h in handles for rel in h["files"]}
-        dirs = owned_staging_dirs(self._fs, self._job_staging, self._subtask, self._parallelism)
-        clean_staging(self._fs, dirs, keep)
-        self._buf, self._rolled = [], []
-
-    def close(self) -> None:
-        # Uncommitted buffered records are dropped on purpose: they are replayed after restore.
-        self._buf, self._rolled = [], []
