@@ -93,7 +93,7 @@ class GeneratorReader:
         want = max_records if remaining is None else min(max_records, remaining)
         n = self._allowance(max(0, want))
         fn, p, i = self._src.fn, self._parallelism, self._next
-        out = [fn(i + k * p) for k in range(n)]
+        out = list(map(fn, range(i, i + n * p, p)))
         self._next = i + n * p
         return out
 

@@ -389,7 +389,7 @@ class Subtask:
         if now - self.last_metrics >= 0.5:
             self.last_metrics = now
             self.slot.send({"op": "metrics", "task": self.task_id, "records": self.records_in,
-                            "source": self.reader is not None})
+                            "source": self.reader is not None, "cpu": self.slot.cpu()})
 
     def _timers(self) -> None:
         now = time.monotonic()
@@ -434,7 +434,7 @@ class Subtask:
             return
         finally:
             self.close()
-        self.slot.send({"op": "finished", "task": self.task_id})
+        self.slot.send({"op": "finished", "task": self.task_id, "cpu": self.slot.cpu()})
 
     def _run_source(self) -> None:
         size = self.spec.batch_size
@@ -520,6 +520,11 @@ class Slot:
         self.by_id = {s.task_id: s for s in self.subtasks}
         self.conn: FrameConnection | None = None
         self.attempt = -1
+        self._cpu0 = time.process_time()  # Spark reuses worker processes: count from here
+
+    def cpu(self) -> float:
+        """CPU seconds this process (every thread of it) spent since the slot began."""
+        return time.process_time() - self._cpu0
 
     def send(self, msg: dict) -> None:
         if self.conn is None:

@@ -65,6 +65,8 @@ class _Attempt:
     conns: dict[int, FrameConnection] = field(default_factory=dict)
     pids: dict[int, int] = field(default_factory=dict)
     addresses: dict[str, Any] = field(default_factory=dict)
+    slot_tasks: dict[int, set] = field(default_factory=dict)
+    cpu: dict[int, float] = field(default_factory=dict)
     started: bool = False
 
 
@@ -194,7 +196,9 @@ class JobDriver:
             self._maybe_final(now)
         elif op == "metrics":
             self.metrics[msg["task"]] = (msg.get("records", 0), bool(msg.get("source")))
+            self._note_cpu(conn, msg)
         elif op == "finished":
+            self._note_cpu(conn, msg)
             self._finished.add(msg["task"])
             if self._finished >= set(self.tasks):
                 self.done.set()
@@ -205,9 +209,23 @@ class JobDriver:
             else:
                 log.warning("task %s failed: %s", msg.get("task"), msg.get("error"))
         elif op == "_disconnected":
+            slot = next((s for s, c in self.attempt.conns.items() if c is conn), None)
+            done_tasks = self.attempt.slot_tasks.get(slot)
+            if done_tasks and done_tasks <= self._finished:
+                return  # a slot whose tasks all finished closes its connection
             if self.attempt.started and not self.done.is_set():
                 log.warning("attempt %d lost a task; waiting for Spark to restart the stage",
                             self.attempt.number)
+
+    def _note_cpu(self, conn: FrameConnection, msg: dict) -> None:
+        slot = next((s for s, c in self.attempt.conns.items() if c is conn), None)
+        if slot is not None and "cpu" in msg:
+            self.attempt.cpu[slot] = max(self.attempt.cpu.get(slot, 0.0), float(msg["cpu"]))
+
+    @property
+    def cpu_seconds(self) -> dict[int, float]:
+        """CPU seconds each slot's process spent in the current attempt (all its threads)."""
+        return dict(self.attempt.cpu)
 
     def _register(self, conn: FrameConnection, msg: dict) -> None:
         slot = msg["slot"]
@@ -216,6 +234,7 @@ class JobDriver:
         self.attempt.conns[slot] = conn
         self.attempt.pids[slot] = msg.get("pid")
         self.attempt.addresses.update(msg.get("tasks") or {})
+        self.attempt.slot_tasks[slot] = set(msg.get("tasks") or {})
         if len(self.attempt.conns) == self.plan.slots:
             self._start_attempt()
 

@@ -67,6 +67,8 @@ class JobResult:
     restored_from: str | None
     plan: str
     task_pids: dict[int, int] = field(default_factory=dict)
+    # CPU seconds per slot (one Spark task's Python process, every thread) in the last attempt
+    cpu_seconds: dict[int, float] = field(default_factory=dict)
 
     @property
     def latest_checkpoint(self) -> CheckpointRecord | None:
@@ -237,7 +239,7 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
         driver.stop()
     return JobResult(pipeline.name, driver.checkpoints, driver.attempts,
                      time.monotonic() - t0, driver.restored_from, plan.describe(),
-                     driver.task_pids)
+                     driver.task_pids, driver.cpu_seconds)
 
 
 def _wait(driver: JobDriver, stage_error: list, name: str, t0: float,
