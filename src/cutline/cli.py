@@ -213,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
                     choices=["chandy_lamport", "aligned", "unaligned", "at_least_once"])
     ex.add_argument("--topology", default="complete", choices=["complete", "ring", "dag"])
     ex.add_argument("--quiet", action="store_true")
+    from . import cli_checkpoints
+
+    cli_checkpoints.add_parser(sub)
     return parser
 
 
@@ -224,6 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return SCENARIOS[args.scenario][1](args)
         if args.command == "explore":
             return _explore(args)
+        if args.command == "checkpoints":
+            from . import cli_checkpoints
+
+            return cli_checkpoints.run(args)
     except (UsageError, ValueError) as exc:
         print(f"cutline: error: {exc}", file=sys.stderr)
         return 2

@@ -79,6 +79,7 @@ class FileReader:
         self._done: set[str] = set()
         self._cur: str | None = None
         self._off = self._line = 0
+        self._started: dict[str, tuple[int, int]] = {}  # after a rescale: file -> position
         self._handle: Any = None
         self._header: list[str] | None = None
         self._list()
@@ -89,7 +90,27 @@ class FileReader:
 
     def snapshot(self) -> dict:
         return {"file": self._cur, "offset": self._off, "line": self._line,
-                "done": sorted(self._done)}
+                "done": sorted(self._done),
+                "started": {f: list(pos) for f, pos in sorted(self._started.items())}}
+
+    def rescale(self, states: list[dict]) -> None:
+        """A rescaled restore: files finished by any old reader stay finished; this reader
+        takes the files the new assignment gives it, resuming those an old reader had
+        started at their positions."""
+        self._close_handle()
+        self._list()
+        done: set[str] = set()
+        started: dict[str, tuple[int, int]] = {}
+        for st in states:
+            done.update(st.get("done") or ())
+            for f, pos in (st.get("started") or {}).items():
+                started[f] = (int(pos[0]), int(pos[1]))
+            if st.get("file") is not None:
+                started[st["file"]] = (int(st.get("offset") or 0), int(st.get("line") or 0))
+        self._done = done
+        self._started = {f: pos for f, pos in started.items()
+                         if f in self._known and f not in done}
+        self._cur, self._off, self._line = None, 0, 0
 
     def restore(self, state: dict) -> None:
         self._close_handle()
@@ -104,6 +125,8 @@ class FileReader:
         self._cur = cur
         self._off = int(state.get("offset") or 0) if cur is not None else 0
         self._line = int(state.get("line") or 0) if cur is not None else 0
+        self._started = {f: (int(p[0]), int(p[1]))
+                         for f, p in (state.get("started") or {}).items()}
 
     # ------------------------------------------------------------------ listing
     def _list(self) -> None:
@@ -120,6 +143,9 @@ class FileReader:
                 self._known[n] = full
 
     def _pick(self) -> str | None:
+        started = [n for n in self._started if n not in self._done]
+        if started:  # files an old reader had begun (rescaled restore) go first
+            return min(started)
         pending = [n for n in self._known if n not in self._done]
         return min(pending) if pending else None
 
@@ -144,7 +170,8 @@ class FileReader:
                             continue
                     time.sleep(max(0.0, min(self._src.step, self._next_poll - now)))
                     return []
-                self._cur, self._off, self._line = nxt, 0, 0
+                self._off, self._line = self._started.pop(nxt, (0, 0))
+                self._cur = nxt
             if self._handle is None:
                 self._open_current()
             if self._read(max_records - len(out), out):  # end of this file

@@ -11,7 +11,8 @@ def _identity(i: int) -> int:
 
 
 class GeneratorSource:
-    """Subtask ``s`` of ``p`` emits ``fn(i)`` for ``i % p == s``, ``i < count``, in order.
+    """Subtask ``s`` of ``p`` emits ``fn(i)`` for ``i % p == s``, ``i < count``, in order
+    (after a rescaled restore, its share of the old subtasks' remaining indices).
 
     ``count=None`` is unbounded. ``rate`` caps the total records/s over all subtasks (each
     subtask gets ``rate / p``; ``read_batch`` sleeps in steps of at most ``step`` seconds and
@@ -42,15 +43,22 @@ class GeneratorSource:
 
 
 class GeneratorReader:
+    """Reads *splits*: ``[next, stride]`` is the arithmetic sequence ``next, next + stride, ...``
+    below ``count``.  A fresh subtask ``s`` of ``p`` reads the one split ``[s, p]``.  On a
+    rescaled restore the old splits are cut in two until there are enough for every reader
+    and shared out (Flink's source splits), so no index is lost or read twice."""
+
     def __init__(self, source: GeneratorSource):
         self._src = source
         self._subtask = self._parallelism = None
-        self._next = 0
+        self._splits: list[list[int]] = []
+        self._k = 0  # the split read next (round robin over batches)
 
     def open(self, subtask: int, parallelism: int) -> None:
         if not 0 <= subtask < parallelism:
             raise ValueError(f"subtask {subtask} out of range for parallelism {parallelism}")
-        self._subtask, self._parallelism, self._next = subtask, parallelism, subtask
+        self._subtask, self._parallelism = subtask, parallelism
+        self._splits = [[subtask, parallelism]]
         rate = self._src.rate
         self._per_sec = None if rate is None else rate / parallelism
         # Token bucket: starts empty, refills at _per_sec, holds at most ~0.1 s worth (>= 1)
@@ -58,13 +66,17 @@ class GeneratorReader:
         self._tokens, self._last = 0.0, time.monotonic()
         self._cap = None if rate is None else max(1.0, self._per_sec * 0.1)
 
-    def _remaining(self) -> int | None:
+    def _left(self, split: list[int]) -> int | None:
         count = self._src.count
         if count is None:
             return None
-        if self._next >= count:
-            return 0
-        return (count - 1 - self._next) // self._parallelism + 1
+        nxt, stride = split
+        return 0 if nxt >= count else (count - 1 - nxt) // stride + 1
+
+    def _remaining(self) -> int | None:
+        if self._src.count is None:
+            return None if self._splits else 0
+        return sum(self._left(sp) for sp in self._splits)
 
     def _allowance(self, want: int) -> int:
         """How many records may be emitted now (sleeping up to ``step`` to let one come due)."""
@@ -87,28 +99,55 @@ class GeneratorReader:
     def read_batch(self, max_records: int) -> list | None:
         if self._parallelism is None:
             raise RuntimeError("GeneratorReader.read_batch() before open()")
-        remaining = self._remaining()
-        if remaining == 0:
+        while self._splits and self._left(self._splits[self._k % len(self._splits)]) == 0:
+            del self._splits[self._k % len(self._splits)]
+        if not self._splits:
             return None
-        want = max_records if remaining is None else min(max_records, remaining)
+        self._k %= len(self._splits)
+        split = self._splits[self._k]
+        left = self._left(split)
+        want = max_records if left is None else min(max_records, left)
         n = self._allowance(max(0, want))
-        fn, p, i = self._src.fn, self._parallelism, self._next
-        out = list(map(fn, range(i, i + n * p, p)))
-        self._next = i + n * p
+        i, stride = split
+        out = list(map(self._src.fn, range(i, i + n * stride, stride)))
+        split[0] = i + n * stride
+        if len(self._splits) > 1:
+            self._k += 1
         return out
 
     def snapshot(self) -> dict:
-        return {"next": self._next, "subtask": self._subtask, "parallelism": self._parallelism}
+        return {"splits": [list(sp) for sp in self._splits], "subtask": self._subtask,
+                "parallelism": self._parallelism}
+
+    @staticmethod
+    def _splits_of(state: dict) -> list[list[int]]:
+        if "splits" in state:
+            return [[int(n), int(s)] for n, s in state["splits"]]
+        return [[int(state["next"]), int(state["parallelism"])]]  # before splits existed
 
     def restore(self, state: dict) -> None:
-        nxt = int(state["next"])
-        p = state.get("parallelism", self._parallelism)
-        if p != self._parallelism or nxt % self._parallelism != self._subtask:
+        if state.get("subtask", self._subtask) != self._subtask or \
+                state.get("parallelism", self._parallelism) != self._parallelism:
             raise ValueError(
-                f"generator position {state} was taken by another subtask/parallelism; "
-                f"this reader is subtask {self._subtask} of {self._parallelism} "
-                "(the generator source cannot be rescaled)")
-        self._next = nxt
+                f"generator position {state} was taken by another subtask/parallelism; this "
+                f"reader is subtask {self._subtask} of {self._parallelism}")
+        self._splits, self._k = self._splits_of(state), 0
+
+    def rescale(self, states: list[dict]) -> None:
+        """Take this reader's share of every old reader's splits (a rescaled restore)."""
+        splits = sorted(sp for st in states for sp in self._splits_of(st)
+                        if self._left(sp) != 0)
+        p = self._parallelism
+        while len(splits) < p:  # cut splits in two (evens, odds) so every reader gets work
+            cut = []
+            for nxt, stride in splits:
+                halves = [[nxt, 2 * stride], [nxt + stride, 2 * stride]]
+                cut += [h for h in halves if self._left(h) != 0]
+            if len(cut) == len(splits):
+                break  # nothing left to cut
+            splits = sorted(cut)
+        self._splits = [sp for i, sp in enumerate(splits) if i % p == self._subtask]
+        self._k = 0
 
     def close(self) -> None:
         pass

@@ -43,6 +43,7 @@ from .channels import InputGate, OutputChannel
 from .control import FrameConnection, connect
 from ..connectors.base import RecordError
 from .operators import UserFunctionError, build_operator
+from .restore import RestoreView, read_states
 
 log = logging.getLogger("cutline.task")
 
@@ -147,32 +148,40 @@ class Subtask:
                                                       self.spec.secret)
                 self.buffers[ch] = []
 
-    def open(self, restore: dict | None, restore_blobs: dict[str, list[bytes]],
-             sent_state: dict[str, list[bytes]] | None = None) -> None:
+    def open(self, view: RestoreView | None) -> None:
+        """Open the source and sink, and restore what ``view`` (a checkpoint) holds for this
+        subtask: matched by operator uid, rescaled when the parallelism changed."""
+        chain, index = self.chain, self.index
         if self.reader is not None:
-            self.reader.open(self.index, self.chain.parallelism)
+            self.reader.open(index, chain.parallelism)
         if self.writer is not None:
-            self.writer.open(self.index, self.chain.parallelism, self.spec.job)
-        if restore is None:
+            self.writer.open(index, chain.parallelism, self.spec.job)
+        if view is None:
             if self.writer is not None:
                 self.writer.recover([])  # drop staging left by an earlier run of the job
             return
         for op in self.ops:
             if op.keyed:
-                op.restore(restore_blobs.get(op.uid, []))
-        if self.reader is not None and restore.get("source") is not None:
-            self.reader.restore(restore["source"])
+                op.restore(view.keyed_blobs(chain, index, op.uid))
+        own = view.own(chain, index)
+        if self.reader is not None:
+            if own is not None and own.get("source") is not None:
+                self.reader.restore(own["source"])
+            elif view.source_states(chain.head.uid):
+                rescale = getattr(self.reader, "rescale", None)
+                if rescale is None:
+                    raise RuntimeError(
+                        f"source {chain.head.uid!r} cannot be rescaled (its reader has no "
+                        f"rescale()): restore it at its old parallelism "
+                        f"{view.old_parallelism.get(chain.uid)}")
+                rescale(view.source_states(chain.head.uid))
         if self.writer is not None:
-            self.writer.recover(list(restore.get("sink") or []))
+            self.writer.recover(view.sink_handles(chain, index, chain.nodes[-1].uid))
         if self.gate is None:
             return
-        # Channel order: what the receiver recorded, then what the sender still held in
-        # its output buffers when its unaligned barrier overtook them.  inject() puts a
-        # batch at the front, so the later part goes in first.
-        for part in (sent_state or {}, restore.get("channels") or {}):
-            for ch, blobs in part.items():
-                if ch in self.inputs:
-                    self.gate.inject(ch, [r for blob in blobs for r in pickle.loads(blob)])
+        # inject() puts a batch at the front of its channel: one batch per channel.
+        for ch, records in view.channel_records(chain, index, self.inputs):
+            self.gate.inject(ch, records)
 
     # ------------------------------------------------------------------ data path
 
@@ -332,7 +341,11 @@ class Subtask:
         snap = self.pending.pop(n, None)
         if snap is None:
             return
-        state = {"task": self.task_id, "chain": self.chain.uid, "ops": snap["ops"],
+        state = {"task": self.task_id, "chain": self.chain.uid, "index": self.index,
+                 "parallelism": self.chain.parallelism,
+                 "source_uid": self.chain.head.uid if self.reader is not None else None,
+                 "sink_uid": self.chain.nodes[-1].uid if self.writer is not None else None,
+                 "ops": snap["ops"],
                  "source": snap.get("source"), "sink": snap.get("sink"),
                  "channels": snap["channels"], "out_channels": snap.get("out_channels") or {}}
         data = msgpack.packb(state, use_bin_type=True)
@@ -555,15 +568,11 @@ class Slot:
             raise RuntimeError(f"coordinator did not start the job: {start}")
         self.attempt = start.get("attempt", 0)
         addresses = {k: tuple(v) for k, v in start["addresses"].items() if v}
-        restore, blobs = self._load_restore(start.get("restore"))
+        view = self._load_restore(start.get("restore"))
         for s in self.subtasks:
             s.connect_outputs(addresses)
-        sent = {}
-        for state in (restore or {}).values():
-            sent.update(state.get("out_channels") or {})
         for s in self.subtasks:
-            s.open(restore.get(s.task_id) if restore is not None else None,
-                   blobs.get(s.chain.uid, {}), sent)
+            s.open(view)
         threads = [threading.Thread(target=s.run, name=s.task_id, daemon=True)
                    for s in self.subtasks]
         reader = threading.Thread(target=self._read_control, name="control", daemon=True)
@@ -578,18 +587,10 @@ class Slot:
         return {"slot": self.slot, "attempt": start.get("attempt"),
                 "records": sum(s.records_in for s in self.subtasks)}
 
-    def _load_restore(self, path: str | None):
+    def _load_restore(self, path: str | None) -> RestoreView | None:
         if not path:
-            return None, {}
-        handle = self.storage.open(path)
-        states, blobs = {}, {}
-        for task_id in handle.tasks:
-            state = msgpack.unpackb(handle.read_task_state(task_id), raw=False,
-                                    strict_map_key=False)
-            states[task_id] = state
-            for uid, blob in (state.get("ops") or {}).items():
-                blobs.setdefault(state["chain"], {}).setdefault(uid, []).append(blob)
-        return states, blobs
+            return None
+        return RestoreView(read_states(self.storage.open(path)), self.spec.plan)
 
     def _read_control(self) -> None:
         try:

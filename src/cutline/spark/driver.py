@@ -31,6 +31,7 @@ from ..protocol.coordinator import (
     Trigger,
 )
 from ..runtime.control import FrameConnection, HandshakeError, accept
+from ..runtime.restore import check_compatible, plan_summary, read_states
 from ..storage.checkpoints import CheckpointStorage
 
 log = logging.getLogger("cutline.driver")
@@ -320,6 +321,7 @@ class JobDriver:
                       for t, s in stats.items()},
             "chains": {c.uid: c.parallelism for c in self.plan.chains},
             "max_parallelism": self.plan.max_parallelism, "time": time.time(),
+            "plan": plan_summary(self.plan),
         }
         try:
             path = self.storage.commit(n, metadata, savepoint=cmd.savepoint, states=stats)
@@ -334,6 +336,25 @@ class JobDriver:
             self.attempt.number, max(float(s.get("alignment") or 0) for s in stats.values())))
         self._broadcast({"op": "complete", "checkpoint": n, "final": final})
         self.storage.retain(self.config.retained)
+
+    def check_restore(self, allow_non_restored_state: bool = False) -> str | None:
+        """Before the run: the checkpoint attempt 0 will restore (``restore_from``, else the
+        latest under the job's storage) must fit the pipeline; raises
+        :class:`~cutline.runtime.restore.IncompatibleCheckpointError` naming what changed."""
+        try:
+            if self.restore_path is not None:
+                handle = self.storage.open(self.restore_path)
+            else:
+                handle = self.storage.latest()
+            if handle is None:
+                return None
+            for warning in check_compatible(handle.metadata, read_states(handle), self.plan,
+                                            handle.path, allow_non_restored_state):
+                log.warning("%s", warning)
+            return handle.path
+        except BaseException:
+            self._server.close()  # the run does not start: leave no listener behind
+            raise
 
     def stop(self) -> None:
         self._stopping = True

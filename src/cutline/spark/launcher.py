@@ -120,7 +120,8 @@ def _slot_main(spec: JobSpec):
 
 
 def run_threads(pipeline: Any, *, restore_from: str | None = None,
-                timeout: float | None = None) -> JobResult:
+                timeout: float | None = None,
+                allow_non_restored_state: bool = False) -> JobResult:
     """Run every slot on a thread of this process (no Spark): for tests and debugging.
 
     The same driver, tasks, channels and storage as on Spark; no fault tolerance beyond
@@ -128,6 +129,7 @@ def run_threads(pipeline: Any, *, restore_from: str | None = None,
     """
     plan = make_plan(pipeline)
     driver = JobDriver(plan, pipeline.checkpoint, pipeline.name, restore_from)
+    driver.check_restore(allow_non_restored_state)
     spec = JobSpec(plan=plan, job=pipeline.name, secret=driver.secret,
                    coordinator=driver.address, mode=pipeline.checkpoint.protocol_mode.value,
                    aligned_timeout=pipeline.checkpoint.aligned_timeout,
@@ -169,15 +171,22 @@ def run_threads(pipeline: Any, *, restore_from: str | None = None,
 def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None = None,
                  timeout: float | None = None, on_start: Any = None,
                  engine: str = "spark", progress: Any = False,
-                 faults: tuple[tuple[str, int, int], ...] = ()) -> JobResult:
+                 faults: tuple[tuple[str, int, int], ...] = (),
+                 allow_non_restored_state: bool = False) -> JobResult:
     """Run ``pipeline`` to the end (bounded sources) and return what happened.
 
     ``restore_from`` starts from a checkpoint or savepoint path; otherwise the job resumes
     from the latest completed checkpoint under its storage, if any.  ``on_start(driver)``
     is called once the driver is up (tests use it to inject faults).
+
+    State is matched to operators by uid; a pipeline whose parallelism changed is rescaled
+    (keyed state by key groups, source positions and sink transactions redistributed).  A
+    checkpoint holding state of an operator the pipeline no longer has fails the run before
+    it starts, unless ``allow_non_restored_state=True`` drops that state.
     """
     if engine == "threads":
-        return run_threads(pipeline, restore_from=restore_from, timeout=timeout)
+        return run_threads(pipeline, restore_from=restore_from, timeout=timeout,
+                           allow_non_restored_state=allow_non_restored_state)
     if engine != "spark":
         raise ValueError(f"engine must be 'spark' or 'threads', got {engine!r}")
     plan = make_plan(pipeline)
@@ -192,6 +201,7 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
     local = sc.master.startswith("local")
     host = "127.0.0.1" if local else spark.conf.get("spark.driver.host")
     driver = JobDriver(plan, pipeline.checkpoint, pipeline.name, restore_from, host=host)
+    driver.check_restore(allow_non_restored_state)
     spec = JobSpec(plan=plan, job=pipeline.name, secret=driver.secret,
                    coordinator=driver.address, mode=pipeline.checkpoint.protocol_mode.value,
                    aligned_timeout=pipeline.checkpoint.aligned_timeout,

@@ -412,3 +412,14 @@ class CheckpointStorage:
                 self.fs.rm_file(f"{dirs[i]}/{METADATA}")
             self.fs.rm(dirs[i], recursive=True)
         return doomed
+
+
+def open_checkpoint(path: str) -> CheckpointHandle:
+    """A completed checkpoint or savepoint by path or URL, read-only (no job storage needed:
+    tools that inspect or read a checkpoint use this)."""
+    fs, root = url_to_fs(path)
+    root = fs._strip_protocol(root).rstrip("/")
+    reader = CheckpointStorage.__new__(CheckpointStorage)  # no probe write: read-only use
+    reader.url, reader.job, reader.fs = path, "", fs
+    reader.root = reader.dir = root.rsplit("/", 1)[0]
+    return reader._load(root, root.rsplit("/", 1)[-1], fs)

@@ -1,0 +1,103 @@
+"""Read keyed state out of a completed checkpoint or savepoint (no job running).
+
+``keyed_rows(handle, uid)`` yields one ``{"key": k, <state name>: value, ...}`` per key of
+operator ``uid``; :func:`summary` counts operators, bytes and keys for ``cutline checkpoints
+show``.  ``cutline.state.read`` turns the rows into a Spark DataFrame (``cutline.spark``).
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+from ..runtime.restore import read_states
+
+__all__ = ["keyed_rows", "keyed_entries", "operators_with_state", "summary"]
+
+
+def keyed_entries(blob: Any) -> Iterator[tuple[int, str, Any, Any]]:
+    """``(key group, state name, key, value)`` of one subtask's snapshot of a keyed operator."""
+    decode = getattr(blob, "decode_entries", None)
+    if decode is not None:  # a backend that knows its own format
+        yield from decode()
+        return
+    if not isinstance(blob, (bytes, bytearray, memoryview)):
+        raise ValueError(f"cannot read keyed state snapshot of type {type(blob).__name__}")
+    for group, table in pickle.loads(blob).items():  # MemoryStateBackend: {g: {(n, k): v}}
+        for (name, key), value in table.items():
+            yield int(group), name, key, value
+
+
+def _blobs(states: dict[str, dict], uid: str) -> list[tuple[str, Any]]:
+    return [(task, st["ops"][uid]) for task, st in sorted(states.items())
+            if uid in (st.get("ops") or {})]
+
+
+def operators_with_state(states: dict[str, dict]) -> list[str]:
+    return sorted({uid for st in states.values() for uid in st.get("ops") or {}})
+
+
+def keyed_rows(handle: Any, uid: str, states: dict[str, dict] | None = None
+               ) -> Iterator[dict]:
+    """One row per key of operator ``uid``: ``{"key", "key_group", <state name>: value}``."""
+    states = read_states(handle) if states is None else states
+    blobs = _blobs(states, uid)
+    if not blobs:
+        have = operators_with_state(states)
+        raise KeyError(f"checkpoint {handle.path} holds no keyed state of operator {uid!r}; "
+                       f"operators with keyed state: {have or 'none'}")
+    for _, blob in blobs:
+        rows: dict[Any, dict] = {}
+        for group, name, key, value in keyed_entries(blob):
+            try:
+                row = rows.setdefault(key, {"key": key, "key_group": group})
+            except TypeError:  # unhashable key
+                row = {"key": key, "key_group": group}
+                yield row
+            row[_column(name)] = value
+        yield from rows.values()
+
+
+def _column(name: str) -> str:
+    """The user's state name: list and map state are stored as ``l:<name>`` / ``m:<name>``."""
+    return name[2:] if name[:2] in ("l:", "m:") else name
+
+
+def summary(handle: Any) -> dict:
+    """Operators, tasks, bytes and key counts of a checkpoint (for the CLI)."""
+    states = read_states(handle)
+    plan = (handle.metadata.get("plan") or {}).get("operators") or {}
+    per_op: dict[str, dict] = defaultdict(lambda: {"tasks": 0, "keys": 0, "bytes": 0})
+    for task, st in states.items():
+        for uid, blob in (st.get("ops") or {}).items():
+            op = per_op[uid]
+            op["tasks"] += 1
+            op["bytes"] += len(blob) if isinstance(blob, (bytes, bytearray)) else 0
+            op["keys"] += len({k for _, _, k, _ in keyed_entries(blob)
+                               if k.__hash__ is not None})
+        if st.get("source") is not None:
+            per_op[st.get("source_uid") or st.get("chain")]["source"] = True
+        if st.get("sink"):
+            per_op[st.get("sink_uid") or st.get("chain")]["pending_transactions"] = \
+                per_op[st.get("sink_uid") or st.get("chain")].get(
+                    "pending_transactions", 0) + len(st["sink"])
+        in_flight = sum(len(b) for part in ("channels", "out_channels")
+                        for blobs in (st.get(part) or {}).values() for b in blobs)
+        if in_flight:
+            per_op[st.get("chain") or task]["in_flight_bytes"] = per_op[
+                st.get("chain") or task].get("in_flight_bytes", 0) + in_flight
+    operators = []
+    for uid in sorted(set(plan) | set(per_op)):
+        info = dict(per_op.get(uid, {}))
+        info.setdefault("tasks", 0)
+        info.setdefault("keys", 0)
+        info.setdefault("bytes", 0)
+        operators.append({"uid": uid, "kind": plan.get(uid, {}).get("kind"),
+                          "parallelism": plan.get(uid, {}).get("parallelism"), **info})
+    return {"path": handle.path, "id": handle.id, "savepoint": handle.is_savepoint,
+            "job": handle.job, "mode": handle.metadata.get("mode"),
+            "tasks": len(states),
+            "state_bytes": sum(int(i.get("size") or 0) for i in handle.states.values()),
+            "operators": operators}

@@ -1,0 +1,175 @@
+"""Restoring a checkpoint into a changed pipeline: rescaling, and operators matched by uid.
+
+A run is cancelled mid-way (its checkpoints kept), then a new run at another parallelism
+resumes from them.  Its committed output, with the first run's, must be exactly what a
+failure-free run produces: state moves by key groups, source positions and sink
+transactions are handed out again, in-flight records are re-routed.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import pytest
+
+from cutline import CheckpointConfig, Pipeline
+from cutline.connectors import CollectSink, FileSource, GeneratorSource
+from cutline.runtime.restore import IncompatibleCheckpointError
+from cutline.spark.launcher import JobCancelled
+from cutline.storage.checkpoints import CheckpointStorage
+
+from pipelines import expected_rows, wordcount, write_events
+
+N = 30_000
+
+
+def _cancel_midway(p, timeout=1.2, **kw):
+    with pytest.raises(JobCancelled):
+        p.run(engine="threads", timeout=timeout, **kw)
+    kept = CheckpointStorage(p.checkpoint.storage, p.name).completed()
+    assert kept, "the cancelled run kept checkpoints to resume from"
+    return kept
+
+
+@pytest.mark.parametrize("mode", ["aligned", "unaligned"])
+@pytest.mark.parametrize("scales", [(2, 1), (1, 3), (2, 3, 1)])
+def test_rescaled_restore_is_exact(tmp_path, mode, scales):
+    *steps, last = scales
+    for p_ in steps:  # each step runs a while at its parallelism, then is cancelled
+        p, _ = wordcount(tmp_path, N, mode, rate=12_000, parallelism=p_, interval=0.2)
+        _cancel_midway(p, timeout=0.9)
+    p, sink = wordcount(tmp_path, N, mode, parallelism=last, interval=0.2)
+    result = p.run(engine="threads", timeout=120)
+    assert result.restored_from is not None
+    assert collections.Counter(sink.results()) == expected_rows(N)
+
+
+def test_rescaled_generator_positions_cover_every_index_once(tmp_path):
+    """Scale 1 -> 4: the one old split is cut so that all four readers get work."""
+    p, _ = wordcount(tmp_path, N, "aligned", rate=10_000, parallelism=1, interval=0.2)
+    _cancel_midway(p, timeout=0.8)
+    p, sink = wordcount(tmp_path, N, "aligned", parallelism=4, interval=0.2)
+    result = p.run(engine="threads", timeout=120)
+    assert collections.Counter(sink.results()) == expected_rows(N)
+    assert result.checkpoints and result.checkpoints[-1].final
+
+
+def _files_pipeline(tmp, parallelism, rate_limited):
+    def slow(e):
+        if rate_limited:
+            import time
+            time.sleep(0.0003)
+        return e
+
+    cfg = CheckpointConfig(interval=0.2, storage=f"file://{tmp}/ck")
+    p = Pipeline("files", parallelism=parallelism, checkpoint=cfg)
+    sink = CollectSink(str(tmp / "out"))
+    (p.source(FileSource(str(tmp / "in"), format="jsonl"), uid="events")
+       .map(slow, uid="slow")
+       .key_by(lambda e: e["user"])
+       .count(uid="per-user")
+       .sink(sink, uid="out"))
+    return p, sink
+
+
+@pytest.mark.parametrize("scales", [(3, 1), (1, 2)])
+def test_rescaled_file_source_resumes_files_at_their_positions(tmp_path, scales):
+    events = write_events(tmp_path / "in", files=5, per_file=1500)
+    p, _ = _files_pipeline(tmp_path, scales[0], rate_limited=True)
+    _cancel_midway(p, timeout=1.0)
+    p, sink = _files_pipeline(tmp_path, scales[1], rate_limited=False)
+    p.run(engine="threads", timeout=120)
+    totals = collections.Counter(e["user"] for e in events)
+    want = collections.Counter((u, k) for u, n in totals.items() for k in range(1, n + 1))
+    assert collections.Counter(sink.results()) == want
+
+
+# ---------------------------------------------------------------- operators matched by uid
+
+
+def _finished_checkpoint(tmp_path):
+    p, _ = wordcount(tmp_path, 2_000, "aligned", interval=0.2)
+    p.run(engine="threads", timeout=60)
+    return CheckpointStorage(p.checkpoint.storage, p.name).latest().path
+
+
+def _variant(tmp_path, *, count_uid="count", kind="count", maxp=128, extra=False):
+    cfg = CheckpointConfig(interval=0.2, storage=f"file://{tmp_path}/checkpoints")
+    p = Pipeline("wordcount", parallelism=2, checkpoint=cfg, max_parallelism=maxp)
+    s = p.source(GeneratorSource(count=2_000, fn=lambda i: f"w{i % 7}"), uid="sentences")
+    s = s.flat_map(str.split, uid="split")
+    if extra:
+        s = s.map(str.upper, uid="upper")
+    k = s.key_by(lambda w: w)
+    s = k.count(uid=count_uid) if kind == "count" else k.reduce(lambda a, b: a, uid=count_uid)
+    s.sink(CollectSink(str(tmp_path / "out2")), uid="out")
+    return p
+
+
+def test_a_renamed_stateful_operator_is_refused_with_its_uid(tmp_path):
+    path = _finished_checkpoint(tmp_path)
+    p = _variant(tmp_path, count_uid="counter")
+    with pytest.raises(IncompatibleCheckpointError,
+                       match=r"keyed state of operator 'count'.*allow_non_restored_state"):
+        p.run(engine="threads", timeout=60, restore_from=path)
+
+
+def test_dropping_unmatched_state_when_the_user_allows_it(tmp_path):
+    path = _finished_checkpoint(tmp_path)
+    p = _variant(tmp_path, count_uid="counter")
+    result = p.run(engine="threads", timeout=60, restore_from=path,
+                   allow_non_restored_state=True)
+    assert result.restored_from == path
+
+
+def test_an_operator_whose_kind_changed_is_refused(tmp_path):
+    path = _finished_checkpoint(tmp_path)
+    p = _variant(tmp_path, kind="reduce")
+    with pytest.raises(IncompatibleCheckpointError, match="'count' was a count .* is a reduce"):
+        p.run(engine="threads", timeout=60, restore_from=path,
+              allow_non_restored_state=True)
+
+
+def test_a_changed_max_parallelism_is_refused(tmp_path):
+    path = _finished_checkpoint(tmp_path)
+    p = _variant(tmp_path, maxp=64)
+    with pytest.raises(IncompatibleCheckpointError, match="max_parallelism changed from 128 to 64"):
+        p.run(engine="threads", timeout=60, restore_from=path)
+
+
+def test_an_added_stateless_operator_restores(tmp_path):
+    path = _finished_checkpoint(tmp_path)
+    p = _variant(tmp_path, extra=True)
+    result = p.run(engine="threads", timeout=60, restore_from=path)
+    assert result.restored_from == path
+
+
+def test_the_check_reads_the_latest_checkpoint_when_none_is_given(tmp_path):
+    _finished_checkpoint(tmp_path)
+    p = _variant(tmp_path, count_uid="renamed")
+    with pytest.raises(IncompatibleCheckpointError, match="operator 'count'"):
+        p.run(engine="threads", timeout=60)
+    meta = CheckpointStorage(p.checkpoint.storage, p.name).latest().metadata
+    assert json.dumps(meta["plan"]["operators"]["count"]) == json.dumps(
+        {"kind": "count", "chain": "count", "parallelism": 2})
+
+
+@pytest.mark.slow
+def test_rescale_2_to_1_to_2_on_spark_with_a_kill(spark, tmp_path):
+    """On real Spark: parallelism 2, cancelled; resumed at 1, cancelled; resumed at 2 with a
+    worker killed by ``kill -9`` on the way.  The output is exactly the failure-free one."""
+    from cutline.spark.faults import Kill
+
+    n = 40_000
+    for par in (2, 1):
+        p, _ = wordcount(tmp_path, n, "unaligned", rate=6_000, parallelism=par, interval=0.3)
+        with pytest.raises(JobCancelled):
+            p.run(spark=spark, timeout=2.5)
+        assert CheckpointStorage(p.checkpoint.storage, p.name).completed()
+    p, sink = wordcount(tmp_path, n, "unaligned", rate=15_000, parallelism=2, interval=0.3)
+    kill = Kill(after_checkpoint=1, delay=0.2)
+    result = p.run(spark=spark, timeout=240, on_start=kill)
+    assert kill.killed, "the worker was never killed"
+    assert result.attempts >= 2
+    assert collections.Counter(sink.results()) == expected_rows(n)
