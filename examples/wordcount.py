@@ -34,7 +34,8 @@ def build(records: int, storage: str, out_dir: str, mode: str = "aligned",
           interval: float = 1.0) -> tuple[Pipeline, CollectSink]:
     cfg = CheckpointConfig(interval=interval, storage=storage,
                            mode="at_least_once" if mode == "at_least_once" else "exactly_once",
-                           unaligned=mode == "unaligned")
+                           unaligned=mode == "unaligned",
+                           aligned_timeout=0.05 if mode == "aligned_timeout" else None)
     p = Pipeline("wordcount", parallelism=parallelism, checkpoint=cfg)
     sink = CollectSink(out_dir)
     (p.source(GeneratorSource(count=records, fn=sentence, rate=rate), uid="sentences")
@@ -62,12 +63,22 @@ def final_counts(rows) -> dict[str, int]:
     return counts
 
 
+def chaos_job(workdir: str, mode: str = "aligned", records: int | None = None):
+    """For ``cutline chaos examples/wordcount.py``: the pipeline (rate-limited, checkpoints
+    every 0.5 s), a function reading its committed output, and what a failure-free run
+    commits."""
+    records = records or 200_000
+    p, sink = build(records, f"file://{workdir}/checkpoints", f"{workdir}/out", mode,
+                    rate=8_000, interval=0.5)
+    return p, sink.results, expected_rows(records)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=80_000)
     ap.add_argument("--rate", type=float, default=10_000, help="records/s (0: unlimited)")
     ap.add_argument("--mode", default="aligned",
-                    choices=["aligned", "unaligned", "at_least_once"])
+                    choices=["aligned", "unaligned", "aligned_timeout", "at_least_once"])
     ap.add_argument("--kill", action="store_true",
                     help="kill -9 a Spark Python worker after the first checkpoint")
     args = ap.parse_args()

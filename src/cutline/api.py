@@ -8,7 +8,7 @@ that names the argument.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -34,6 +34,13 @@ class CheckpointConfig:
     retained: int = 3
     retain_on_cancel: bool = True
     storage: str = "file:///tmp/cutline-checkpoints"
+    # fsspec options for ``storage`` (s3fs: endpoint_url, key, secret, client_kwargs, ...).
+    # Not shown in repr: they may hold credentials.
+    storage_options: Mapping[str, Any] | None = field(default=None, repr=False, hash=False)
+    # Where keyed state lives: "memory" (dicts, the fastest) or "rocksdb" (embedded RocksDB
+    # on local disk: state larger than memory, incremental checkpoints uploaded in the
+    # background).
+    state_backend: str = "memory"
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> None:
@@ -65,6 +72,22 @@ class CheckpointConfig:
             bad("tolerable_failures", "must be a whole number >= 0")
         if not isinstance(self.storage, str) or not self.storage:
             bad("storage", "must be a storage URL such as file:///path or s3://bucket/path")
+        if self.state_backend not in ("memory", "rocksdb"):
+            bad("state_backend", "must be 'memory' or 'rocksdb'")
+        if self.state_backend == "rocksdb":
+            import importlib.util
+
+            if importlib.util.find_spec("rocksdict") is None:
+                bad("state_backend", "needs the rocksdict package for 'rocksdb' "
+                    "(pip install rocksdict)")
+        if self.storage_options is not None:
+            opts = self.storage_options
+            if not isinstance(opts, Mapping) or not all(isinstance(k, str) for k in opts):
+                raise ValueError("CheckpointConfig.storage_options must be a dict of fsspec "
+                                 "options with string keys (e.g. {'endpoint_url': ..., 'key': "
+                                 "..., 'secret': ...} for s3://), got "
+                                 f"{type(opts).__name__}")
+            object.__setattr__(self, "storage_options", dict(opts))
 
     @property
     def protocol_mode(self) -> Mode:
@@ -91,6 +114,8 @@ class Node:
     inputs: list[int] = field(default_factory=list)
     partitioning: str = FORWARD  # how records reach this node from its inputs
     key_fn: Callable[[Any], Any] | None = None  # hash partitioning / keyed operators
+    on_error: str = "fail"  # map / flat_map / filter: "fail" or "dead_letter"
+    dead_letter: Any = None  # the pipeline's dead-letter sink, when on_error="dead_letter"
 
     @property
     def keyed(self) -> bool:
@@ -100,6 +125,9 @@ class Node:
 def _check_callable(name: str, fn: Any) -> None:
     if not callable(fn):
         raise TypeError(f"{name}() needs a function, got {type(fn).__name__}: {fn!r}")
+
+
+ON_ERROR = ("fail", "dead_letter")
 
 
 def _check_parallelism(p: Any, what: str = "parallelism") -> None:
@@ -114,10 +142,18 @@ class Pipeline:
     >>> (p.source(GeneratorSource(count=1000))             # doctest: +SKIP
     ...   .map(str).key_by(len).reduce(lambda a, b: a + b).sink(CollectSink()))
     >>> p.run()                                             # doctest: +SKIP
+
+    ``dead_letter``: a sink for bad records.  When a ``map`` / ``flat_map`` / ``filter``
+    function raises on a record, the job fails naming the operator, the record and where it
+    came from; with a dead-letter sink the record goes there instead (with the operator uid,
+    error type, message and traceback) and the job keeps running.  Dead letters are written
+    exactly once, through the sink's two-phase commit like any output.  Operators opt out
+    with ``on_error="fail"``.
     """
 
     def __init__(self, name: str, parallelism: int = 2,
-                 checkpoint: CheckpointConfig | None = None, max_parallelism: int = 128):
+                 checkpoint: CheckpointConfig | None = None, max_parallelism: int = 128,
+                 dead_letter: Any = None):
         if not isinstance(name, str) or not _UID.match(name):
             raise ValueError(f"pipeline name must be 1-64 letters, digits, '.', '_' or '-', "
                              f"got {name!r}")
@@ -128,6 +164,10 @@ class Pipeline:
                              f"({parallelism}): state is split into max_parallelism key groups")
         if checkpoint is not None and not isinstance(checkpoint, CheckpointConfig):
             raise TypeError(f"checkpoint must be a CheckpointConfig, got {checkpoint!r}")
+        if dead_letter is not None and not hasattr(dead_letter, "create_writer"):
+            raise TypeError(f"dead_letter must be a cutline sink (e.g. CollectSink, "
+                            f"ParquetSink), got {dead_letter!r}")
+        self.dead_letter = dead_letter
         self.name = name
         self.parallelism = parallelism
         self.max_parallelism = max_parallelism
@@ -168,6 +208,13 @@ class Pipeline:
 
         return run_pipeline(self, spark=spark, **kwargs)
 
+    def start(self, spark: Any = None, **kwargs: Any) -> Any:
+        """Start the job in the background; returns a ``RunningJob`` with ``savepoint()``,
+        ``stop_with_savepoint()``, ``cancel()`` and ``result()``."""
+        from .spark.launcher import RunningJob
+
+        return RunningJob(self, spark, **kwargs)
+
     def with_checkpoint(self, **changes: Any) -> "Pipeline":
         """Change checkpoint settings (validated) and return the pipeline."""
         self.checkpoint = replace(self.checkpoint, **changes)
@@ -181,6 +228,20 @@ class Pipeline:
         dangling = [n.uid for n in self.nodes if n.kind != "sink" and n.id not in consumed]
         if dangling:
             raise ValueError(f"operators {dangling} lead nowhere: end every branch in a sink")
+        dl = self.dead_letter
+        for n in self.nodes:
+            if n.on_error == "dead_letter":
+                if dl is None:
+                    raise ValueError(f"operator {n.uid!r} sends bad records to the dead-letter "
+                                     "sink, but the pipeline has none: "
+                                     "Pipeline(..., dead_letter=sink)")
+                n.dead_letter = dl
+        path = getattr(dl, "path", None)
+        same = [n.uid for n in sinks if dl is not None and (
+            n.fn is dl or (path is not None and getattr(n.fn, "path", None) == path))]
+        if same:
+            raise ValueError(f"the dead-letter sink writes where sink {same[0]!r} writes "
+                             f"({path or dl!r}): give dead letters their own sink and path")
 
 
 class Stream:
@@ -191,30 +252,54 @@ class Stream:
         self.node = node
 
     def _then(self, kind: str, fn: Any, *, uid: str | None, parallelism: int | None,
-              partitioning: str | None = None, key_fn: Callable | None = None) -> "Stream":
+              partitioning: str | None = None, key_fn: Callable | None = None,
+              on_error: str | None = None) -> "Stream":
         part = partitioning or (FORWARD if parallelism in (None, self._parallelism())
                                 else REBALANCE)
+        if kind in ("map", "flat_map", "filter"):
+            on_error = self._on_error(kind, on_error)
         node = self.pipeline._add(kind, fn, [self.node.id], uid=uid, parallelism=parallelism,
                                   partitioning=part, key_fn=key_fn)
+        if on_error is not None:
+            node.on_error = on_error
         return Stream(self.pipeline, node)
+
+    def _on_error(self, kind: str, on_error: str | None) -> str:
+        """``None``: the pipeline's default (dead letters if it has a dead-letter sink)."""
+        if on_error is None:
+            return "dead_letter" if self.pipeline.dead_letter is not None else "fail"
+        if on_error not in ON_ERROR:
+            raise ValueError(f"{kind}(on_error=...) must be 'fail' or 'dead_letter', "
+                             f"got {on_error!r}")
+        if on_error == "dead_letter" and self.pipeline.dead_letter is None:
+            raise ValueError(f"{kind}(on_error='dead_letter') needs a dead-letter sink: "
+                             "Pipeline(..., dead_letter=sink)")
+        return on_error
 
     def _parallelism(self) -> int:
         return self.node.parallelism or self.pipeline.parallelism
 
     def map(self, fn: Callable[[Any], Any], *, uid: str | None = None,
-            parallelism: int | None = None) -> "Stream":
+            parallelism: int | None = None, on_error: str | None = None) -> "Stream":
+        """``fn(record)`` for every record.  ``on_error``: what a record ``fn`` raises on
+        does: ``"fail"`` the job (naming operator, record and position) or go to the
+        pipeline's ``"dead_letter"`` sink; by default the latter if the pipeline has one."""
         _check_callable("map", fn)
-        return self._then("map", fn, uid=uid, parallelism=parallelism)
+        return self._then("map", fn, uid=uid, parallelism=parallelism, on_error=on_error)
 
     def flat_map(self, fn: Callable[[Any], Iterable[Any]], *, uid: str | None = None,
-                 parallelism: int | None = None) -> "Stream":
+                 parallelism: int | None = None, on_error: str | None = None) -> "Stream":
+        """Every item of ``fn(record)``; a record ``fn`` raises on yields nothing (see
+        ``map`` for ``on_error``)."""
         _check_callable("flat_map", fn)
-        return self._then("flat_map", fn, uid=uid, parallelism=parallelism)
+        return self._then("flat_map", fn, uid=uid, parallelism=parallelism,
+                          on_error=on_error)
 
     def filter(self, fn: Callable[[Any], bool], *, uid: str | None = None,
-               parallelism: int | None = None) -> "Stream":
+               parallelism: int | None = None, on_error: str | None = None) -> "Stream":
+        """Records for which ``fn(record)`` is true (see ``map`` for ``on_error``)."""
         _check_callable("filter", fn)
-        return self._then("filter", fn, uid=uid, parallelism=parallelism)
+        return self._then("filter", fn, uid=uid, parallelism=parallelism, on_error=on_error)
 
     def rebalance(self) -> "Stream":
         """Spread records round-robin over the next operator's subtasks."""
@@ -246,9 +331,11 @@ class _Repartitioned(Stream):
         super().__init__(stream.pipeline, stream.node)
         self._partitioning = partitioning
 
-    def _then(self, kind, fn, *, uid, parallelism, partitioning=None, key_fn=None):
+    def _then(self, kind, fn, *, uid, parallelism, partitioning=None, key_fn=None,
+              on_error=None):
         return super()._then(kind, fn, uid=uid, parallelism=parallelism,
-                             partitioning=partitioning or self._partitioning, key_fn=key_fn)
+                             partitioning=partitioning or self._partitioning, key_fn=key_fn,
+                             on_error=on_error)
 
 
 class KeyedStream:

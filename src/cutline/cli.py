@@ -157,6 +157,41 @@ def _alignment(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _inconsistent(args: argparse.Namespace) -> int:
+    from .sim.scenarios import inconsistent
+
+    result = inconsistent.run(seed=args.seed)
+    if args.diagram is not None:
+        out, total, orphans = inconsistent.diagram(args.diagram)
+        if args.format != "json":
+            console.print(f"diagram written to [bold]{out}[/bold]: the naive cut counts "
+                          f"{total} of 300 tokens")
+    if args.format == "json":
+        print(json.dumps(result.as_dict()))
+        return 0
+    t = Table(title=f"tokens: a monitor reads the {result.processes} processes one "
+                    f"by one, without markers (Chandy-Lamport, same run: "
+                    f"{', '.join(map(str, result.snapshot_totals))})")
+    for col in ("read", "from", "to", "naive total", "counted twice (orphans)",
+                "counted nowhere (in flight)"):
+        t.add_column(col, justify="right")
+    for k, r in enumerate(result.token_reads, 1):
+        ok = r.value == result.expected_total
+        t.add_row(str(k), f"{r.started:.1f}", f"{r.finished:.1f}",
+                  f"[{'green' if ok else 'red'}]{r.value}[/]", str(r.orphans),
+                  str(r.unrecorded))
+    console.print(t)
+    early = result.naive_early
+    console.print(
+        f"termination, {result.termination_runs} seeded runs: the naive monitor (every process "
+        f"read passive, messages sent = received) declared termination early in "
+        f"[{'red' if early else 'green'}]{len(early)}[/] run(s)"
+        + (" (" + "; ".join(f"seed {s}: at t={a:.1f}, work ended at t={b:.1f}"
+                            for s, a, b in early[:3]) + ")" if early else "")
+        + f"; Chandy-Lamport snapshots: {result.snapshot_early}")
+    return 0 if result.snapshot_early == 0 else 1
+
+
 SCENARIOS = {
     "lecture": ("the classic three-process Chandy-Lamport lecture example", _lecture),
     "tokens": ("tokens on a strongly connected graph: every snapshot conserves them", _tokens),
@@ -164,6 +199,8 @@ SCENARIOS = {
                     _termination),
     "alignment": ("one pipeline under each checkpoint mode, with a failure and a restore",
                   _alignment),
+    "inconsistent": ("states read without markers: wrong totals and false termination",
+                     _inconsistent),
 }
 
 
@@ -213,9 +250,33 @@ def build_parser() -> argparse.ArgumentParser:
                     choices=["chandy_lamport", "aligned", "unaligned", "at_least_once"])
     ex.add_argument("--topology", default="complete", choices=["complete", "ring", "dag"])
     ex.add_argument("--quiet", action="store_true")
-    from . import cli_checkpoints
+    from . import cli_jobs
 
-    cli_checkpoints.add_parser(sub)
+    cli_jobs.add_parser(sub)
+
+    run = sub.add_parser(
+        "run", help="run a process-graph program (examples/bank.py ...) with snapshots",
+        description="Run a process-graph program: a Python file with a build() function "
+                    "returning a cutline.graph.ProcessGraph. Options after the file go to "
+                    "the program: `cutline run examples/bank.py --help` lists them "
+                    "(--engine, --snapshot-interval, --restore PATH, --kill, --diagram, "
+                    "--view, and the program's own).")
+    run.add_argument("program", metavar="FILE.py")
+    run.add_argument("args", nargs=argparse.REMAINDER, metavar="...",
+                     help="options of the run and of the program")
+
+    snaps = sub.add_parser(
+        "snapshots", help="list or show the stored snapshots of process-graph runs",
+        description="list PATH: the completed snapshots under a job directory "
+                    "(<storage>/<job>). show PATH: one snapshot (a chk-N directory, or a "
+                    "job directory for its newest): process states, messages in transit, "
+                    "checks.")
+    snaps.add_argument("action", choices=["list", "show"])
+    snaps.add_argument("path", metavar="PATH")
+    snaps.add_argument("--format", choices=["table", "json"], default="table")
+    snaps.add_argument("--view", type=_diagram_path, metavar="FILE.png|svg",
+                       help="show: also draw the snapshot (processes, channels, in transit)")
+    snaps.add_argument("--all", action="store_true", help="show: list empty channels too")
     return parser
 
 
@@ -227,11 +288,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             return SCENARIOS[args.scenario][1](args)
         if args.command == "explore":
             return _explore(args)
-        if args.command == "checkpoints":
-            from . import cli_checkpoints
+        if args.command in ("checkpoints", "savepoint", "chaos"):
+            from . import cli_jobs
 
-            return cli_checkpoints.run(args)
-    except (UsageError, ValueError) as exc:
+            return cli_jobs.run(args)
+        if args.command == "run":
+            from .graph.cli import load_program, run_main
+
+            build = load_program(args.program)
+            return run_main(build, args.args, prog=f"cutline run {args.program}")
+        if args.command == "snapshots":
+            from .graph.cli import snapshots_main
+
+            return snapshots_main(args)
+    except (UsageError, ValueError, FileNotFoundError) as exc:
         print(f"cutline: error: {exc}", file=sys.stderr)
         return 2
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover

@@ -112,6 +112,7 @@ class PhysicalPlan:
     edges: list[Edge]
     max_parallelism: int
     slots: int = field(init=False)
+    state_backend: str = "memory"  # where keyed operators keep state (CheckpointConfig)
 
     def __post_init__(self) -> None:
         self.slots = max(c.parallelism for c in self.chains)
@@ -189,4 +190,5 @@ def plan(pipeline: Pipeline) -> PhysicalPlan:
                 part = "rebalance"
             edges.append(Edge(chain_of[i].id, chain_of[n.id].id, part,
                               n.key_fn if part == HASH else None))
-    return PhysicalPlan(pipeline.name, chains, edges, pipeline.max_parallelism)
+    return PhysicalPlan(pipeline.name, chains, edges, pipeline.max_parallelism,
+                        state_backend=pipeline.checkpoint.state_backend)

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..sim.trace import Snapshot
 
-__all__ = ["GlobalState", "total", "conserves", "terminated"]
+__all__ = ["GlobalState", "total", "conserves", "terminated", "deadlock", "deadlocked"]
 
 
 @dataclass(frozen=True)
@@ -57,3 +57,32 @@ def conserves(
 def terminated(is_passive: Callable[[Any], bool]) -> Callable[[GlobalState], bool]:
     """Stable predicate: every process passive and every channel empty."""
     return lambda gs: all(map(is_passive, gs.processes.values())) and not gs.in_transit()
+
+
+def deadlock(gs: GlobalState, waits_for: Callable[[Any], Any]) -> list[str]:
+    """Processes that can never proceed, on the wait-for graph of a global state (AND model).
+
+    ``waits_for(state)`` names the processes a process is blocked on (all of them must
+    answer; empty: not blocked).  An edge ``p -> q`` is dropped while a message from ``q``
+    to ``p`` is in transit (it may be the answer), so a message in transit never reads as a
+    deadlock.  Graph reduction: a process whose awaited processes can all proceed can
+    proceed; what is left waits, directly or not, on a cycle.  Stable on a consistent cut.
+    """
+    waits = {}
+    for p, state in gs.processes.items():
+        targets = {q for q in (waits_for(state) or ()) if q in gs.processes}
+        waits[p] = {q for q in targets if not gs.channels.get(f"{q}->{p}")}
+    stuck = {p for p, w in waits.items() if w}
+    changed = True
+    while changed:
+        changed = False
+        for p in sorted(stuck):
+            if not waits[p] & stuck:
+                stuck.discard(p)
+                changed = True
+    return sorted(stuck)
+
+
+def deadlocked(waits_for: Callable[[Any], Any]) -> Callable[[GlobalState], bool]:
+    """Stable predicate: some processes wait on each other in a cycle (see :func:`deadlock`)."""
+    return lambda gs: bool(deadlock(gs, waits_for))

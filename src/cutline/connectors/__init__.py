@@ -8,11 +8,13 @@ from .base import (
     CommitError, RecordError, Sink, SinkWriter, Source, SourceReader,
 )
 from .collect import CollectSink, PrintSink
+from .delta import DeltaSink
 from .files import FileSource
 from .generator import GeneratorSource
 from .parquet_sink import ParquetSink
+from .upsert import UpsertSink
 
 __all__ = [
-    "CollectSink", "CommitError", "FileSource", "GeneratorSource", "ParquetSink", "PrintSink",
-    "RecordError", "Sink", "SinkWriter", "Source", "SourceReader",
+    "CollectSink", "CommitError", "DeltaSink", "FileSource", "GeneratorSource", "ParquetSink",
+    "PrintSink", "RecordError", "Sink", "SinkWriter", "Source", "SourceReader", "UpsertSink",
 ]

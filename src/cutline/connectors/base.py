@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol, runtime_checkable
 
-import fsspec
+from ..storage.fs import url_to_fs
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +93,10 @@ class CommitError(RuntimeError):
 
 # --------------------------------------------------------------------------- file helpers
 
-def get_fs(path: str) -> tuple[Any, str]:
-    """``(fsspec filesystem, path without protocol)`` for a local path or any fsspec URL."""
-    fs, root = fsspec.core.url_to_fs(str(path))
+def get_fs(path: str, storage_options: dict | None = None) -> tuple[Any, str]:
+    """``(fsspec filesystem, path without protocol)`` for a local path or any fsspec URL,
+    opened with ``storage_options`` (s3fs: ``endpoint_url``, ``key``, ``secret`` ...)."""
+    fs, root = url_to_fs(str(path), storage_options)
     return fs, root.rstrip("/") or "/"
 
 
@@ -202,7 +203,8 @@ class StagedWriter:
         if not job or "/" in job:
             raise ValueError(f"job name must be non-empty and contain no '/', got {job!r}")
         self._subtask, self._parallelism, self._job = subtask, parallelism, job
-        self._fs, self._root = get_fs(self._sink.path)
+        self._fs, self._root = get_fs(self._sink.path,
+                                      getattr(self._sink, "storage_options", None))
         self._job_staging = join(self._root, "_staging", job)
         self._dir = join(self._job_staging, str(subtask))
         self._fs.makedirs(self._dir, exist_ok=True)

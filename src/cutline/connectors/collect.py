@@ -7,6 +7,7 @@ import re
 import sys
 import tempfile
 
+from ..storage.fs import check_storage_options
 from .base import StagedWriter, get_fs, join
 
 _PART = re.compile(r"^part-(\d+)-(\d+)\.pkl$")
@@ -23,15 +24,17 @@ class CollectSink:
     fsspec URL) that the driver and all executors share.
     """
 
-    def __init__(self, path: str | None = None, name: str = "collect"):
+    def __init__(self, path: str | None = None, name: str = "collect", *,
+                 storage_options: dict | None = None):
         self.path = str(path) if path is not None else tempfile.mkdtemp(prefix="cutline-collect-")
         self.name = name
+        self.storage_options = check_storage_options(storage_options)
 
     def create_writer(self) -> "CollectWriter":
         return CollectWriter(self)
 
     def _parts(self, job: str | None = None) -> list[tuple[tuple, str]]:
-        fs, root = get_fs(self.path)
+        fs, root = get_fs(self.path, self.storage_options)
         base = join(root, "committed")
         if not fs.exists(base):
             return []
@@ -50,7 +53,7 @@ class CollectSink:
 
     def results(self, job: str | None = None) -> list:
         """All committed records ordered by (subtask, checkpoint id, sequence); one job or all."""
-        fs, _ = get_fs(self.path)
+        fs, _ = get_fs(self.path, self.storage_options)
         out: list = []
         for _, f in self._parts(job):
             with fs.open(f, "rb") as fh:
@@ -59,7 +62,7 @@ class CollectSink:
 
     def clear(self) -> None:
         """Delete everything collected so far (committed and staged)."""
-        fs, root = get_fs(self.path)
+        fs, root = get_fs(self.path, self.storage_options)
         for sub in ("committed", "_staging"):
             if fs.exists(join(root, sub)):
                 fs.rm(join(root, sub), recursive=True)

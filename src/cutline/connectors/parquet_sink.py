@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..storage.fs import check_storage_options
 from .base import StagedWriter, get_fs, join
 
 _PART = re.compile(r"^part-(\d+)-(\d+)-(\d+)\.parquet$")
@@ -36,6 +37,8 @@ class ParquetSink:
     ``Table.from_pylist`` would keep only the first record's keys). Records are buffered in memory
     and written at ``pre_commit``; more than ``roll_records`` records in one checkpoint are rolled
     into extra staging files (``n`` = 0, 1, ...). A pre-commit with nothing written: no file.
+    ``storage_options``: fsspec options for ``path`` (for ``s3://``: ``endpoint_url``, ``key``,
+    ``secret``, ...); they travel to the executors with the sink.
 
     Commit renames; an existing destination whose source is gone is "already committed". A
     destination that exists while its source does too (and the sizes differ) raises
@@ -44,9 +47,10 @@ class ParquetSink:
     """
 
     def __init__(self, path: str, name: str | None = None, *, roll_records: int = 100_000,
-                 compression: str = "snappy"):
+                 compression: str = "snappy", storage_options: dict | None = None):
         if roll_records < 1:
             raise ValueError(f"roll_records must be >= 1, got {roll_records}")
+        self.storage_options = check_storage_options(storage_options)
         self.path, self.roll_records, self.compression = str(path), roll_records, compression
         self.name = name or f"parquet:{self.path}"
 
@@ -55,7 +59,7 @@ class ParquetSink:
 
     def committed_files(self) -> list[str]:
         """Committed part files, ordered by (subtask, checkpoint id, n)."""
-        fs, root = get_fs(self.path)
+        fs, root = get_fs(self.path, self.storage_options)
         if not fs.exists(root):
             return []
         parts = []
@@ -68,7 +72,7 @@ class ParquetSink:
     def read_records(self) -> list[dict]:
         """All committed records (a convenience for tests and notebooks)."""
         import pyarrow.parquet as pq
-        fs, _ = get_fs(self.path)
+        fs, _ = get_fs(self.path, self.storage_options)
         out: list[dict] = []
         for f in self.committed_files():
             with fs.open(f, "rb") as fh:
@@ -84,15 +88,18 @@ class ParquetWriter(StagedWriter):
         self._buf: list[dict] = []
         self._rolled: list[str] = []  # staging files of the open transaction (already written)
 
+    def _write_file(self, path: str, records: list[dict]) -> None:
+        _write_parquet(self._fs, path, records, self._sink.compression)
+
     def write(self, batch: list) -> None:
         if self._dir is None:
-            raise RuntimeError("ParquetWriter.write() before open()")
+            raise RuntimeError(f"{type(self).__name__}.write() before open()")
         buf = self._buf
         for r in batch:
             buf.append(r if isinstance(r, dict) else {"value": r})
             if len(buf) >= self._sink.roll_records:
                 path = join(self._dir, f"open-{len(self._rolled)}.parquet")
-                _write_parquet(self._fs, path, buf, self._sink.compression)
+                self._write_file(path, buf)
                 self._rolled.append(path)
                 buf = self._buf = []
 
@@ -105,7 +112,7 @@ class ParquetWriter(StagedWriter):
             files.append(self._rel(dest))
         if self._buf:
             dest = join(self._dir, f"chk-{cid}-{len(files)}.parquet")
-            _write_parquet(self._fs, dest, self._buf, self._sink.compression)
+            self._write_file(dest, self._buf)
             files.append(self._rel(dest))
         self._buf, self._rolled = [], []
         return {"files": files, "checkpoint_id": cid, "subtask": self._subtask,

@@ -41,7 +41,9 @@ from ..protocol import (
 )
 from .channels import InputGate, OutputChannel
 from .control import FrameConnection, connect
-from ..connectors.base import RecordError
+from ..connectors.base import CommitError, RecordError
+from .background import SnapshotUploads
+from .deadletter import DeadLetters
 from .operators import UserFunctionError, build_operator
 from .restore import RestoreView, read_states
 
@@ -65,12 +67,28 @@ class JobSpec:
     flush_interval: float = 0.01
     host: str = "127.0.0.1"
     # Fault injection (tests, chaos): (point, slot, checkpoint) -> SIGKILL this worker in
-    # the first attempt.  Points: "alignment", "snapshot_write", "before_commit".
+    # the first attempt.  Points: "alignment", "snapshot_write", "before_commit",
+    # "after_commit" (sinks committed, the restart re-commits the same checkpoint).
     faults: tuple[tuple[str, int, int], ...] = ()
+    # fsspec options for storage_url (CheckpointConfig.storage_options)
+    storage_options: dict | None = None
 
 
 class _Stop(Exception):
     pass
+
+
+def _position(pos: Any) -> str:
+    """A source position, short: file and line for files, else the position itself."""
+    if isinstance(pos, dict) and pos.get("file") is not None:
+        where = f"file {pos['file']!r}"
+        if pos.get("line") is not None:
+            where += f" line {pos['line']}"
+        if pos.get("offset") is not None:
+            where += f" (offset {pos['offset']})"
+        return where
+    text = repr(pos)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _address_towards(peer: tuple[str, int]) -> str:
@@ -112,8 +130,13 @@ class Subtask:
         if nodes and nodes[-1].kind == "sink":
             self.writer = nodes[-1].fn.create_writer()
             nodes = nodes[:-1]
-        self.ops = [build_operator(n, index, chain.parallelism, plan.max_parallelism)
+        self.ops = [build_operator(n, index, chain.parallelism, plan.max_parallelism,
+                                   state_backend=plan.state_backend, storage=slot.storage)
                     for n in nodes]
+        self.uploads: SnapshotUploads | None = None  # asynchronous parts of snapshots
+        self._origin: str | None = None  # input channel of the batch in the chain
+        self.dead_letters = DeadLetters.for_subtask(plan, chain, index, self.ops, spec.job,
+                                                    self.task_id, self._where)
         self.handler = SnapshotHandler(self.inputs, spec.mode,
                                        aligned_timeout=spec.aligned_timeout)
         self.control: queue.Queue = queue.Queue()
@@ -156,6 +179,8 @@ class Subtask:
             self.reader.open(index, chain.parallelism)
         if self.writer is not None:
             self.writer.open(index, chain.parallelism, self.spec.job)
+        if self.dead_letters is not None:
+            self.dead_letters.open(DeadLetters.restored_handles(view, chain, index))
         if view is None:
             if self.writer is not None:
                 self.writer.recover([])  # drop staging left by an earlier run of the job
@@ -186,11 +211,24 @@ class Subtask:
     # ------------------------------------------------------------------ data path
 
     def _chain(self, batch: list) -> list:
-        for op in self.ops:
-            if not batch:
-                return batch
-            batch = op.process(batch)
+        try:
+            for op in self.ops:
+                if not batch:
+                    return batch
+                batch = op.process(batch)
+        except UserFunctionError as exc:
+            exc.locate(self._where())
+            raise
         return batch
+
+    def _where(self) -> str:
+        """Where the batch in the chain came from: for errors and dead letters."""
+        if self._origin is not None:
+            return f"input channel {self._origin!r} of task {self.task_id}"
+        if self.reader is not None:
+            return (f"source {self.chain.head.uid!r} subtask {self.index}, in the batch read "
+                    f"up to {_position(self.reader.snapshot())}")
+        return f"task {self.task_id}"
 
     def _emit(self, batch: list) -> None:
         if not batch:
@@ -206,7 +244,14 @@ class Subtask:
                     cache.clear()  # bounded: many distinct keys just recompute
                 buffers = self.buffers
                 for r in batch:
-                    k = key_fn(r)
+                    try:
+                        k = key_fn(r)
+                    except Exception as exc:  # a bad record: fails the job, named
+                        err = UserFunctionError(self.spec.plan.chains[edge.dst].uid, "key_by",
+                                                r, exc, index=batch.index(r),
+                                                batch_size=len(batch))
+                        err.locate(self._where())
+                        raise err from exc
                     try:
                         ch = cache[k]
                     except (KeyError, TypeError):
@@ -275,6 +320,7 @@ class Subtask:
             t = type(a)
             if t is Deliver:
                 self.records_in += len(a.records)
+                self._origin = a.channel
                 self._emit(self._chain(list(a.records)))
             elif t is RecordChannelState:
                 # bytes now: a later in-place change of a record must not alter the snapshot
@@ -335,11 +381,31 @@ class Subtask:
         if self.writer is not None:
             self.uncommitted[n] = self.writer.pre_commit(n)
             snap["sink"] = [self.uncommitted[k] for k in sorted(self.uncommitted)]
+        if self.dead_letters is not None:
+            snap["dead_letter"] = self.dead_letters.pre_commit(n)
         self.pending[n] = snap
 
     def _finish_snapshot(self, n: int) -> None:
         snap = self.pending.pop(n, None)
         if snap is None:
+            return
+        if any(not isinstance(b, bytes) for b in snap["ops"].values()):
+            # A state backend's files (RocksDB) upload on this subtask's upload thread while
+            # records keep flowing; the ack leaves once they are up.
+            if self.uploads is None:
+                self.uploads = SnapshotUploads(self.task_id)
+            self.uploads.submit(lambda: self._write_snapshot(n, snap))
+        else:
+            self._write_snapshot(n, snap)
+
+    def _write_snapshot(self, n: int, snap: dict) -> None:
+        deferred = {uid: b for uid, b in snap["ops"].items() if not isinstance(b, bytes)}
+        try:
+            snap["ops"] = {uid: deferred[uid].finish(self.slot.storage, n) if uid in deferred
+                           else b for uid, b in snap["ops"].items()}
+        except Exception as exc:  # storage failure declines this checkpoint only
+            self.slot.send({"op": "decline", "task": self.task_id, "checkpoint": n,
+                            "reason": f"uploading state failed: {exc}"})
             return
         state = {"task": self.task_id, "chain": self.chain.uid, "index": self.index,
                  "parallelism": self.chain.parallelism,
@@ -348,6 +414,8 @@ class Subtask:
                  "ops": snap["ops"],
                  "source": snap.get("source"), "sink": snap.get("sink"),
                  "channels": snap["channels"], "out_channels": snap.get("out_channels") or {}}
+        if "dead_letter" in snap:
+            state["dead_letter"] = snap["dead_letter"]
         data = msgpack.packb(state, use_bin_type=True)
         try:
             info = self.slot.storage.write_task_state(n, self.task_id, data)
@@ -357,10 +425,12 @@ class Subtask:
             return
         if self.spec.faults:
             _fault(self, "snapshot_write", n)
-        stats = {"bytes": len(data), "in_flight": snap["in_flight"],
-                 "alignment": snap["alignment"],
+        stats = {"bytes": len(data) + sum(d.uploaded for d in deferred.values()),
+                 "in_flight": snap["in_flight"], "alignment": snap["alignment"],
                  "duration": time.monotonic() - snap["started"], "chain": self.chain.uid}
         stats.update({k: info[k] for k in ("path", "size", "sha256") if k in info})
+        if deferred:  # shared files the state references: listed in _metadata
+            stats["shared"] = {rel: ref for d in deferred.values() for rel, ref in d.shared.items()}
         self.slot.send({"op": "ack", "task": self.task_id, "checkpoint": n, "stats": stats})
 
     def _commit_upto(self, n: int) -> None:
@@ -369,6 +439,8 @@ class Subtask:
             self.writer.commit([self.uncommitted[k] for k in done])
         for k in done:
             del self.uncommitted[k]
+        if self.dead_letters is not None:
+            self.dead_letters.commit_upto(n)
 
     # ------------------------------------------------------------------ control
 
@@ -388,6 +460,8 @@ class Subtask:
                 if self.spec.faults and self.writer is not None:
                     _fault(self, "before_commit", msg["checkpoint"])
                 self._commit_upto(msg["checkpoint"])
+                if self.spec.faults and self.writer is not None:
+                    _fault(self, "after_commit", msg["checkpoint"])
                 if msg.get("final"):
                     raise _Stop
             elif op == "stop":
@@ -433,9 +507,10 @@ class Subtask:
             pass
         except Exception as exc:
             self.error = exc
-            # Bad records and user-code errors repeat on every retry: the job fails with
-            # them named.  Anything else (a peer died) fails the Spark task: Spark restarts.
-            fatal = isinstance(exc, (UserFunctionError, RecordError))
+            # Bad records, user-code errors and a sink refusing a commit (its target holds
+            # another run's output) repeat on every retry: the job fails with them named.
+            # Anything else (a peer died) fails the Spark task: Spark restarts.
+            fatal = isinstance(exc, (UserFunctionError, RecordError, CommitError))
             if not fatal:
                 log.warning("task %s failed: %s", self.task_id, exc)
             try:
@@ -511,12 +586,19 @@ class Subtask:
                 pass
         if self.gate is not None:
             self.gate.close()
-        for res in (self.reader, self.writer):
+        for res in (self.reader, self.writer, self.dead_letters):
             if res is not None:
                 try:
                     res.close()
                 except Exception:  # noqa: BLE001
                     pass
+        if self.uploads is not None:
+            self.uploads.close()
+        for op in self.ops:  # state backends: RocksDB removes its local files
+            try:
+                getattr(op, "close", lambda: None)()
+            except Exception:  # noqa: BLE001
+                pass
 
 
 class Slot:
@@ -528,12 +610,13 @@ class Slot:
         if not spec.host:  # cluster: listen on this executor's address towards the driver
             spec = replace(spec, host=_address_towards(spec.coordinator))
         self.spec, self.slot = spec, slot
-        self.storage = CheckpointStorage(spec.storage_url, spec.job)
+        self.storage = CheckpointStorage(spec.storage_url, spec.job, spec.storage_options)
         self.subtasks = [Subtask(spec, c, i, self) for c, i in spec.plan.tasks_in_slot(slot)]
         self.by_id = {s.task_id: s for s in self.subtasks}
         self.conn: FrameConnection | None = None
         self.attempt = -1
         self._cpu0 = time.process_time()  # Spark reuses worker processes: count from here
+        self.stopping = False  # the coordinator stopped the job (stop-with-savepoint)
 
     def cpu(self) -> float:
         """CPU seconds this process (every thread of it) spent since the slot began."""
@@ -582,7 +665,7 @@ class Slot:
         for t in threads:
             t.join()
         failed = [s.error for s in self.subtasks if s.error is not None]
-        if failed:
+        if failed and not self.stopping:  # after a stop, peers going away is expected
             raise failed[0]
         return {"slot": self.slot, "attempt": start.get("attempt"),
                 "records": sum(s.records_in for s in self.subtasks)}
@@ -597,6 +680,8 @@ class Slot:
             while True:
                 msg = self.conn.recv()
                 target = msg.get("task")
+                if msg.get("op") == "stop" and target is None:
+                    self.stopping = True
                 for s in self.subtasks:
                     if target is None or target == s.task_id:
                         s.control.put(msg)

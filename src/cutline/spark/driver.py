@@ -17,6 +17,7 @@ import secrets
 import socket
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,11 +72,15 @@ class _Attempt:
     started: bool = False
 
 
+class SavepointError(RuntimeError):
+    """A savepoint could not be taken (job not running, finishing, restarted, or aborted)."""
+
+
 class JobDriver:
     def __init__(self, plan: PhysicalPlan, config: CheckpointConfig, job: str,
                  restore_from: str | None = None, host: str = "127.0.0.1") -> None:
         self.plan, self.config, self.job = plan, config, job
-        self.storage = CheckpointStorage(config.storage, job)
+        self.storage = CheckpointStorage(config.storage, job, config.storage_options)
         self.secret = secrets.token_bytes(32)
         self.tasks = [c.task_id(i) for c, i in plan.tasks()]
         self.sources = {c.task_id(i) for c, i in plan.tasks() if c.is_source}
@@ -98,6 +103,9 @@ class JobDriver:
         self.events: queue.Queue = queue.Queue()
         self.done = threading.Event()
         self.error: str | None = None
+        self.cancel_requested: str | None = None  # RunningJob.cancel(): why
+        self._savepoints: dict[int, tuple[Future, bool]] = {}  # id -> (waiter, stop after)
+        self.stopped_with_savepoint: str | None = None
         self._server = socket.create_server((host, 0))
         self.address = self._server.getsockname()[:2]
         self._stopping = False
@@ -112,6 +120,10 @@ class JobDriver:
     # ------------------------------------------------------------------ network
 
     def start(self) -> None:
+        from .admin import AdminServer
+
+        self.admin = AdminServer(self, self.address[0])  # cutline savepoint from outside
+        self.admin.start()
         self._server.settimeout(0.2)  # close() does not wake accept(): poll _stopping
         self._threads = [
             threading.Thread(target=self._accept_loop, name="cutline-accept", daemon=True),
@@ -170,6 +182,9 @@ class JobDriver:
         op = msg.get("op")
         if op == "register":
             self._register(conn, msg)
+            return
+        if op == "_savepoint":
+            self._trigger_savepoint(msg["future"], bool(msg.get("stop")))
             return
         if op == "_stage_ended":  # Spark returned: every task is gone, finished or not
             if not self.done.is_set():
@@ -239,7 +254,56 @@ class JobDriver:
         if len(self.attempt.conns) == self.plan.slots:
             self._start_attempt()
 
+    # ------------------------------------------------------------------ savepoints
+
+    def savepoint(self, stop: bool = False) -> Future:
+        """Trigger a savepoint; the future's result is its path.  With ``stop``, the job stops
+        once the savepoint is complete and its sink transactions are committed (Flink's
+        stop-with-savepoint): a run restored from it continues exactly once."""
+        future: Future = Future()
+        self.events.put((None, {"op": "_savepoint", "future": future, "stop": stop}))
+        return future
+
+    def _trigger_savepoint(self, future: Future, stop: bool) -> None:
+        if self.done.is_set():
+            future.set_exception(SavepointError(f"job {self.job!r} is not running"))
+        elif not self.attempt.started or self.coordinator is None:
+            future.set_exception(SavepointError(
+                f"job {self.job!r} has not started yet (attempt {self.attempt.number} is "
+                "waiting for its tasks): try again in a moment"))
+        elif self._final is not None or self._drained:
+            future.set_exception(SavepointError(
+                f"job {self.job!r} is finishing (its input is exhausted): the final "
+                "checkpoint holds its last state"))
+        else:
+            commands = self.coordinator.trigger_savepoint(time.monotonic())
+            for cmd in commands:
+                if isinstance(cmd, Trigger) and cmd.savepoint:
+                    self._savepoints[cmd.checkpoint_id] = (future, stop)
+            self._run(commands)
+
+    def _fail_savepoints(self, why: str, only: int | None = None) -> None:
+        for n in [n for n in self._savepoints if only is None or n == only]:
+            future, _ = self._savepoints.pop(n)
+            if not future.done():
+                future.set_exception(SavepointError(f"savepoint {n} of job {self.job!r} "
+                                                    f"failed: {why}"))
+
+    def _promote_to_savepoint(self, n: int, stats: dict) -> None:
+        """Tasks wrote their states under ``chk-n`` (a barrier does not say whether it is a
+        savepoint's): copy them into the savepoint's own directory, which retention keeps."""
+        fs, src = self.storage.fs, f"{self.storage.dir}/chk-{n}"
+        dst = f"{self.storage.dir}/{self.storage._dirname(n, True)}"
+        fs.makedirs(dst, exist_ok=True)
+        for entry in fs.ls(src, detail=False):
+            name = entry.rstrip("/").rsplit("/", 1)[-1]
+            if name.endswith(".state"):
+                fs.copy(entry, f"{dst}/{name}")
+        fs.rm(src, recursive=True)
+
     def _new_attempt(self) -> None:
+        self._fail_savepoints(f"the job restarted (attempt {self.attempt.number + 1}) before "
+                              "it completed; trigger it again")
         for c in self.attempt.conns.values():
             try:
                 c.send({"op": "stop"})
@@ -296,6 +360,7 @@ class JobDriver:
                 self._complete(cmd)
             elif isinstance(cmd, Abort):
                 self._broadcast({"op": "abort", "checkpoint": cmd.checkpoint_id})
+                self._fail_savepoints(getattr(cmd, "reason", "aborted"), cmd.checkpoint_id)
                 if cmd.checkpoint_id == self._final:  # the job still needs a last one
                     self._final = None
                     self._maybe_final(time.monotonic())
@@ -324,6 +389,8 @@ class JobDriver:
             "plan": plan_summary(self.plan),
         }
         try:
+            if cmd.savepoint:
+                self._promote_to_savepoint(n, stats)
             path = self.storage.commit(n, metadata, savepoint=cmd.savepoint, states=stats)
         except Exception as exc:
             self._run(self.coordinator.on_storage_failure(n, str(exc), time.monotonic()))
@@ -336,6 +403,14 @@ class JobDriver:
             self.attempt.number, max(float(s.get("alignment") or 0) for s in stats.values())))
         self._broadcast({"op": "complete", "checkpoint": n, "final": final})
         self.storage.retain(self.config.retained)
+        waiter = self._savepoints.pop(n, None)
+        if waiter is not None:
+            future, stop = waiter
+            if stop:  # after "complete" on the same connections: sinks commit, then stop
+                self.stopped_with_savepoint = path
+                self._broadcast({"op": "stop"})
+                self.done.set()
+            future.set_result(path)
 
     def check_restore(self, allow_non_restored_state: bool = False) -> str | None:
         """Before the run: the checkpoint attempt 0 will restore (``restore_from``, else the
@@ -359,6 +434,9 @@ class JobDriver:
     def stop(self) -> None:
         self._stopping = True
         self.done.set()
+        if getattr(self, "admin", None) is not None:
+            self.admin.stop()
+        self._fail_savepoints("the job stopped")
         for c in self.attempt.conns.values():
             try:
                 c.close()

@@ -31,8 +31,9 @@ __all__ = ["run_pipeline", "run_threads", "JobResult", "JobCancelled", "embedded
 _SESSION = None
 
 
-def embedded_session(slots: int, max_failures: int = 8) -> Any:
-    """The library's own ``local[N,F]`` session (N slots, F task attempts)."""
+def embedded_session(slots: int, max_failures: int = 8, stage_attempts: int = 8) -> Any:
+    """The library's own ``local[N,F]`` session (N slots, F task attempts); a job's barrier
+    stage may be resubmitted ``stage_attempts`` times in a row (one per failure)."""
     global _SESSION
     from pyspark.sql import SparkSession
 
@@ -51,6 +52,7 @@ def embedded_session(slots: int, max_failures: int = 8) -> Any:
                     .config("spark.ui.enabled", "false")
                     .config("spark.ui.showConsoleProgress", "false")
                     .config("spark.sql.shuffle.partitions", "1")
+                    .config("spark.stage.maxConsecutiveAttempts", str(stage_attempts))
                     .config("spark.driver.host", "127.0.0.1")
                     .config("spark.driver.bindAddress", "127.0.0.1")
                     .getOrCreate())
@@ -67,6 +69,8 @@ class JobResult:
     restored_from: str | None
     plan: str
     task_pids: dict[int, int] = field(default_factory=dict)
+    # the savepoint the job stopped with (RunningJob.stop_with_savepoint), else None
+    savepoint: str | None = None
     # CPU seconds per slot (one Spark task's Python process, every thread) in the last attempt
     cpu_seconds: dict[int, float] = field(default_factory=dict)
 
@@ -121,7 +125,7 @@ def _slot_main(spec: JobSpec):
 
 def run_threads(pipeline: Any, *, restore_from: str | None = None,
                 timeout: float | None = None,
-                allow_non_restored_state: bool = False) -> JobResult:
+                allow_non_restored_state: bool = False, on_start: Any = None) -> JobResult:
     """Run every slot on a thread of this process (no Spark): for tests and debugging.
 
     The same driver, tasks, channels and storage as on Spark; no fault tolerance beyond
@@ -133,7 +137,8 @@ def run_threads(pipeline: Any, *, restore_from: str | None = None,
     spec = JobSpec(plan=plan, job=pipeline.name, secret=driver.secret,
                    coordinator=driver.address, mode=pipeline.checkpoint.protocol_mode.value,
                    aligned_timeout=pipeline.checkpoint.aligned_timeout,
-                   storage_url=pipeline.checkpoint.storage)
+                   storage_url=pipeline.checkpoint.storage,
+                   storage_options=pipeline.checkpoint.storage_options)
     driver.start()
     errors: list[BaseException] = []
 
@@ -148,6 +153,8 @@ def run_threads(pipeline: Any, *, restore_from: str | None = None,
                for k in range(plan.slots)]
     for t in threads:
         t.start()
+    if on_start is not None:
+        on_start(driver)
     try:
         while not driver.done.wait(0.05):
             if errors:
@@ -155,6 +162,9 @@ def run_threads(pipeline: Any, *, restore_from: str | None = None,
             if timeout is not None and time.monotonic() - t0 > timeout:
                 raise JobCancelled(f"job {pipeline.name!r} cancelled: not finished within "
                                    f"{timeout}s")
+            if driver.cancel_requested:
+                raise JobCancelled(f"job {pipeline.name!r} cancelled: "
+                                   f"{driver.cancel_requested}")
         if driver.error:
             raise JobFailed(f"job {pipeline.name!r} failed: {driver.error}")
         for t in threads:
@@ -165,7 +175,8 @@ def run_threads(pipeline: Any, *, restore_from: str | None = None,
     finally:
         driver.stop()
     return JobResult(pipeline.name, driver.checkpoints, driver.attempts,
-                     time.monotonic() - t0, driver.restored_from, plan.describe())
+                     time.monotonic() - t0, driver.restored_from, plan.describe(),
+                     savepoint=driver.stopped_with_savepoint)
 
 
 def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None = None,
@@ -186,7 +197,8 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
     """
     if engine == "threads":
         return run_threads(pipeline, restore_from=restore_from, timeout=timeout,
-                           allow_non_restored_state=allow_non_restored_state)
+                           allow_non_restored_state=allow_non_restored_state,
+                           on_start=on_start)
     if engine != "spark":
         raise ValueError(f"engine must be 'spark' or 'threads', got {engine!r}")
     plan = make_plan(pipeline)
@@ -206,6 +218,7 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
                    coordinator=driver.address, mode=pipeline.checkpoint.protocol_mode.value,
                    aligned_timeout=pipeline.checkpoint.aligned_timeout,
                    storage_url=pipeline.checkpoint.storage,
+                   storage_options=pipeline.checkpoint.storage_options,
                    host="127.0.0.1" if local else "", faults=tuple(faults))
     driver.start()
     stage_error: list[BaseException] = []
@@ -249,7 +262,8 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
         driver.stop()
     return JobResult(pipeline.name, driver.checkpoints, driver.attempts,
                      time.monotonic() - t0, driver.restored_from, plan.describe(),
-                     driver.task_pids, driver.cpu_seconds)
+                     task_pids=driver.task_pids, cpu_seconds=driver.cpu_seconds,
+                     savepoint=driver.stopped_with_savepoint)
 
 
 def _wait(driver: JobDriver, stage_error: list, name: str, t0: float,
@@ -262,6 +276,8 @@ def _wait(driver: JobDriver, stage_error: list, name: str, t0: float,
                             f"{_first_line(stage_error[0])}")
         if timeout is not None and time.monotonic() - t0 > timeout:
             raise JobCancelled(f"job {name!r} cancelled: not finished within {timeout}s")
+        if driver.cancel_requested:
+            raise JobCancelled(f"job {name!r} cancelled: {driver.cancel_requested}")
     if display is not None:
         display.update(driver)
 
@@ -281,3 +297,80 @@ def _cancelled(pipeline: Any, driver: JobDriver) -> None:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+class RunningJob:
+    """A job started with :meth:`Pipeline.start`: it runs on a thread of this process while
+    the caller takes savepoints, stops it with one, or cancels it."""
+
+    def __init__(self, pipeline: Any, spark: Any = None, **kwargs: Any) -> None:
+        self.pipeline = pipeline
+        self._driver: JobDriver | None = None
+        self._ready = threading.Event()
+        self._result: JobResult | None = None
+        self._error: BaseException | None = None
+        user_on_start = kwargs.pop("on_start", None)
+
+        def on_start(driver: JobDriver) -> None:
+            self._driver = driver
+            self._ready.set()
+            if user_on_start is not None:
+                user_on_start(driver)
+
+        def main() -> None:
+            try:
+                self._result = run_pipeline(pipeline, spark, on_start=on_start, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - re-raised by result()
+                self._error = exc
+            finally:
+                self._ready.set()
+
+        self._thread = threading.Thread(target=main, name=f"cutline-{pipeline.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _running_driver(self, timeout: float) -> JobDriver:
+        deadline = time.monotonic() + timeout
+        self._ready.wait(timeout)
+        driver = self._driver
+        while driver is not None and not driver.attempt.started and not driver.done.is_set() \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if driver is None or driver.done.is_set() or self._error is not None:
+            raise RuntimeError(f"job {self.pipeline.name!r} is not running"
+                               + (f": {self._error}" if self._error else ""))
+        return driver
+
+    def savepoint(self, timeout: float = 600.0) -> str:
+        """Take a savepoint of the running job; returns its path."""
+        return self._running_driver(timeout).savepoint().result(timeout)
+
+    def stop_with_savepoint(self, timeout: float = 600.0) -> str:
+        """Take a savepoint, commit the sinks' transactions up to it, stop; returns its path.
+        ``Pipeline.run(restore_from=path)`` continues exactly once."""
+        path = self._running_driver(timeout).savepoint(stop=True).result(timeout)
+        self.result(timeout)
+        return path
+
+    def cancel(self, why: str = "cancelled by the user") -> None:
+        """Cancel (checkpoints kept or deleted as ``retain_on_cancel`` says)."""
+        self._ready.wait()
+        if self._driver is not None:
+            self._driver.cancel_requested = why
+
+    @property
+    def driver(self) -> JobDriver | None:
+        return self._driver
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self, timeout: float | None = None) -> JobResult:
+        """Wait for the job to end; its :class:`JobResult`, or its error raised."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"job {self.pipeline.name!r} still running after {timeout}s")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result

@@ -1,8 +1,38 @@
-"""State backends, and reading state out of checkpoints."""
+"""State backends: keyed state by key group, snapshotted and restored per subtask.
+
+* ``memory`` (:class:`~cutline.state.memory.MemoryStateBackend`): a dict per key group;
+  the fastest, bounded by the task's memory; a snapshot is the pickled dicts.
+* ``rocksdb`` (:class:`~cutline.state.rocksdb.RocksDBStateBackend`): an embedded RocksDB on
+  local disk behind a small write-back cache; state larger than memory, incremental
+  checkpoints uploaded in the background.
+
+Both hold entries ``(state name, key) -> value`` in key groups, and restore the key groups a
+subtask owns from any number of snapshots of either kind.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+__all__ = ["STATE_BACKENDS", "create_backend", "read"]
+
+STATE_BACKENDS = ("memory", "rocksdb")
+
+
+def create_backend(kind: str, key_groups: range, max_parallelism: int, *,
+                   name: str = "state", storage: Any = None) -> Any:
+    """The state backend ``kind`` for a keyed operator subtask owning ``key_groups``;
+    ``name`` (``<operator uid>.<subtask>``) and ``storage`` (the job's checkpoint storage)
+    matter to RocksDB only."""
+    if kind == "memory":
+        from .memory import MemoryStateBackend
+
+        return MemoryStateBackend(key_groups, max_parallelism)
+    if kind == "rocksdb":
+        from .rocksdb import RocksDBStateBackend
+
+        return RocksDBStateBackend(key_groups, max_parallelism, name=name, storage=storage)
+    raise ValueError(f"state backend must be one of {', '.join(STATE_BACKENDS)}, got {kind!r}")
 
 
 def read(spark: Any, path: str, operator_uid: str) -> Any:
@@ -11,6 +41,3 @@ def read(spark: Any, path: str, operator_uid: str) -> Any:
     from ..spark.state_reader import read as _read
 
     return _read(spark, path, operator_uid)
-
-
-__all__ = ["read"]

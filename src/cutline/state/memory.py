@@ -16,6 +16,8 @@ _MISSING = object()
 class MemoryStateBackend:
     """State of one keyed operator subtask: ``{key group: {(state name, key): value}}``."""
 
+    complete_tables = True  # table(key) holds all of the key's state: no load() needed
+
     def __init__(self, key_groups: range, max_parallelism: int) -> None:
         self.key_groups = key_groups
         self.max_parallelism = max_parallelism
@@ -63,12 +65,34 @@ class MemoryStateBackend:
         return pickle.dumps({g: t for g, t in self._groups.items() if t}, protocol=5)
 
     def restore(self, blobs: Iterable[bytes]) -> None:
-        """Load the key groups this subtask owns from any number of snapshots (rescaling)."""
+        """Load the key groups this subtask owns from any number of snapshots (rescaling),
+        in-memory ones or RocksDB ones (a job may switch backends)."""
         self._recent.clear()
         for blob in blobs:
+            if _is_rocksdb(blob):
+                from .rocksdb import read_entries
+
+                for g, slot, value in read_entries(blob, self.key_groups):
+                    self._groups.setdefault(g, {})[slot] = value
+                continue
             for g, table in pickle.loads(blob).items():
                 if g in self.key_groups:
                     self._groups.setdefault(g, {}).update(table)
+
+    def close(self) -> None:
+        pass
+
+
+def _is_rocksdb(blob: bytes) -> bool:
+    return bytes(blob[:16]) == b"cutline-rocksdb\x00"
+
+
+def iter_memory_entries(blobs: Iterable[bytes]) -> Iterable[tuple[int, tuple[str, Any], Any]]:
+    """``(key group, (state name, key), value)`` of in-memory snapshots."""
+    for blob in blobs:
+        for g, table in pickle.loads(blob).items():
+            for slot, value in table.items():
+                yield g, slot, value
 
 
 class ValueState:

@@ -25,6 +25,12 @@ def keyed_entries(blob: Any) -> Iterator[tuple[int, str, Any, Any]]:
         return
     if not isinstance(blob, (bytes, bytearray, memoryview)):
         raise ValueError(f"cannot read keyed state snapshot of type {type(blob).__name__}")
+    from .rocksdb import is_rocksdb_snapshot, read_entries
+
+    if is_rocksdb_snapshot(blob):  # RocksDBStateBackend: a manifest of shared files
+        for group, (name, key), value in read_entries(blob):
+            yield group, name, key, value
+        return
     for group, table in pickle.loads(blob).items():  # MemoryStateBackend: {g: {(n, k): v}}
         for (name, key), value in table.items():
             yield int(group), name, key, value

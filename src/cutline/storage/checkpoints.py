@@ -5,6 +5,8 @@ Layout under ``<root>/<job>/``::
     chk-<id>/<task>.state                 one file per task, written by the task
     chk-<id>/_metadata                    written last: the commit point
     savepoint-<id>-<suffix>/...           same format, never deleted by retention
+    shared/<owner>/<id>-<sha256><ext>     immutable files shared between checkpoints
+                                          (RocksDB SST files of incremental checkpoints)
 
 A directory without a valid ``_metadata`` is not a checkpoint (partial, in progress or
 abandoned).  ``_metadata`` is msgpack: an envelope ``{format, version, sha256, body}`` whose
@@ -12,6 +14,18 @@ abandoned).  ``_metadata`` is msgpack: an envelope ``{format, version, sha256, b
 metadata.  It is written to a temporary name and renamed where rename is atomic (local,
 HDFS); on object stores (s3, gcs, ...) it is written directly, and the single object
 appearing is the commit point.  Never pickle: a checkpoint must not run code when read.
+
+Shared files are uploaded once (:meth:`CheckpointStorage.upload_shared`) and referenced by
+every checkpoint that still needs them: each ``_metadata`` lists the shared files it
+references, with size and sha256, so a checkpoint is restorable on its own and the
+reference counts are a function of the ``_metadata`` files present (no refcount file to
+keep in sync; :meth:`CheckpointStorage.shared_references` rebuilds them after a restart).
+Retention deletes a shared file when no completed checkpoint or savepoint references it
+and the checkpoint it was uploaded for (the ``<id>`` in its name) is not newer than the
+newest completed checkpoint.  Why that is safe while newer checkpoints are still uploading:
+a task reuses only files of its own live database, and a file live at checkpoints ``k`` and
+``p`` is live at every checkpoint between them, so the newest completed one (retained)
+references it; files uploaded for checkpoints newer than it are never touched.
 """
 
 from __future__ import annotations
@@ -28,6 +42,9 @@ import fsspec
 import msgpack
 from fsspec.core import url_to_fs
 
+from .fs import check_storage_options, describe_open_error, scheme as _scheme
+from .fs import url_to_fs as _open_url
+
 __all__ = [
     "CheckpointHandle", "CheckpointNotFoundError", "CheckpointStorage", "CheckpointStorageError",
     "CorruptCheckpointError",
@@ -36,11 +53,15 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 METADATA = "_metadata"
+SHARED = "shared"
 FORMAT, VERSION = "cutline-checkpoint", 1
 _CHUNK = 4 << 20
 _ATOMIC_RENAME = {"file", "local", "hdfs", "viewfs", "memory"}
 _CHK = re.compile(r"chk-(\d+)\Z")
 _SAVEPOINT = re.compile(r"savepoint-(\d+)-[0-9A-Za-z_.-]+\Z")
+# shared/<owner>/<id>-<sha256><ext>, and the temporary .<id>-<uuid>.tmp of an upload
+_SHARED_FILE = re.compile(r"(\d+)-([0-9a-f]{64})(\.[A-Za-z0-9]{1,16})?\Z")
+_SHARED_TMP = re.compile(r"\.(\d+)-[0-9a-f]{32}\.tmp\Z")
 
 
 class CheckpointStorageError(Exception):
@@ -103,6 +124,54 @@ def _write(fs: fsspec.AbstractFileSystem, path: str, data: bytes, *, atomic: boo
         fs.mv(target, path)
 
 
+def _file_sha256(path: str) -> tuple[int, str]:
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _fs_sha256(fs: fsspec.AbstractFileSystem, path: str) -> tuple[int, str]:
+    digest, size = hashlib.sha256(), 0
+    with fs.open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def fetch_shared(base_url: str, rel: str, dest: str, size: int, sha256: str, *,
+                 storage: "CheckpointStorage | None" = None, label: str = "") -> int:
+    """Copy shared file ``rel`` of the job directory ``base_url`` to the local path ``dest``,
+    verifying size and sha256 as it streams; :class:`CorruptCheckpointError` names the file.
+    ``storage``: the job's storage, whose filesystem (and options, for a URL of the same
+    scheme) open ``base_url``.  Returns the bytes copied."""
+    if storage is not None and base_url == storage.job_url:
+        fs, base = storage.fs, storage.dir
+    else:
+        same = storage is not None and _scheme(base_url) == _scheme(storage.url)
+        fs, base = _open_url(base_url, storage.storage_options if same else None)
+    where = f"shared file {rel}" + (f" referenced by {label}" if label else "")
+    digest, got = hashlib.sha256(), 0
+    try:
+        with fs.open(f"{base.rstrip('/')}/{rel}", "rb") as src, open(dest, "wb") as out:
+            while chunk := src.read(_CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+                got += len(chunk)
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"missing {where} ({base_url}/{rel})") from None
+    if got != size:
+        raise CorruptCheckpointError(f"size mismatch in {where}: expected {size} bytes, "
+                                     f"found {got}")
+    if digest.hexdigest() != sha256:
+        raise CorruptCheckpointError(f"checksum mismatch in {where}: expected sha256 "
+                                     f"{sha256[:12]}..., got {digest.hexdigest()[:12]}...")
+    return got
+
+
 class CheckpointHandle:
     """A completed checkpoint or savepoint whose ``_metadata`` verified."""
 
@@ -113,7 +182,10 @@ class CheckpointHandle:
         self.job: str = body["job"]
         self.metadata: dict = body["metadata"]
         self.states: dict[str, dict] = body["states"]  # task -> {file, size, sha256}
+        # shared file (relative to the job directory) -> {size, sha256}
+        self.shared: dict[str, dict] = body.get("shared") or {}
         self.path: str = fs.unstrip_protocol(path)
+        self._job_dir = path.rstrip("/").rsplit("/", 1)[0]
 
     def __repr__(self) -> str:
         return f"CheckpointHandle({self.path!r}, id={self.id}, savepoint={self.is_savepoint})"
@@ -133,7 +205,8 @@ class CheckpointHandle:
         return data
 
     def verify(self, *, deep: bool = True) -> None:
-        """Check every state file: size and sha256 (``deep``, reads them all) or size only."""
+        """Check every state file and every shared file it references: size and sha256
+        (``deep``, reads them all) or size only."""
         sizes: dict[str, int] = {}
         try:
             for entry in self._fs.ls(self._path, detail=True):
@@ -147,12 +220,32 @@ class CheckpointHandle:
             if not deep:
                 self._check(info, sizes[info["file"]], info["sha256"])
                 continue
-            digest, size = hashlib.sha256(), 0
-            with self._fs.open(f"{self._path}/{info['file']}", "rb") as f:
-                while chunk := f.read(_CHUNK):
-                    digest.update(chunk)
-                    size += len(chunk)
-            self._check(info, size, digest.hexdigest())
+            size, sha = _fs_sha256(self._fs, f"{self._path}/{info['file']}")
+            self._check(info, size, sha)
+        if self.shared:
+            self._verify_shared(deep)
+
+    def _verify_shared(self, deep: bool) -> None:
+        sizes = {}
+        try:
+            for entry in self._fs.find(f"{self._job_dir}/{SHARED}", detail=True).values():
+                sizes[self._fs._strip_protocol(entry["name"]).rstrip("/")] = entry.get("size")
+        except FileNotFoundError:
+            pass
+        for rel, info in sorted(self.shared.items()):
+            full = f"{self._job_dir}/{rel}"
+            where = f"shared file {rel} referenced by {self._label}"
+            if full not in sizes:
+                raise CorruptCheckpointError(f"missing {where}")
+            size, sha = (sizes[full], info["sha256"]) if not deep else \
+                _fs_sha256(self._fs, full)
+            if size != info["size"]:
+                raise CorruptCheckpointError(
+                    f"size mismatch in {where}: expected {info['size']} bytes, found {size}")
+            if sha != info["sha256"]:
+                raise CorruptCheckpointError(
+                    f"checksum mismatch in {where}: expected sha256 {info['sha256'][:12]}..., "
+                    f"got {sha[:12]}...")
 
     def _info(self, task: str) -> dict:
         try:
@@ -179,19 +272,26 @@ class CheckpointStorage:
     the collected results, then :meth:`retain`.  On restart, :meth:`latest` or :meth:`open`.
     """
 
-    def __init__(self, url: str, job: str) -> None:
+    def __init__(self, url: str, job: str, storage_options: Mapping[str, Any] | None = None
+                 ) -> None:
+        """``storage_options``: keyword arguments of the fsspec filesystem (for ``s3://``:
+        ``endpoint_url``, ``key``, ``secret``, ``client_kwargs`` ...), also used to open
+        checkpoint URLs of the same scheme given to :meth:`open`."""
         self.url, self.job = url, _name("job", job)
+        self.storage_options = check_storage_options(storage_options,
+                                                     "checkpoint storage_options")
         try:
-            self.fs, root = url_to_fs(url)
+            self.fs, root = _open_url(url, self.storage_options)
         except ImportError as e:
-            raise ImportError(f"checkpoint storage URL {url!r} needs an extra package: {e}") from e
+            raise ImportError(f"checkpoint storage URL {url!r} needs an extra package: "
+                              f"{describe_open_error(url, e)}") from e
         except ValueError as e:
             scheme = url.split("://", 1)[0] if "://" in url else "?"
             raise ValueError(f"checkpoint storage URL {url!r}: no fsspec implementation for "
                              f"scheme {scheme!r} ({e})") from None
         except Exception as e:  # e.g. hdfs without a JVM: a page of dlopen errors
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise CheckpointStorageError(f"cannot open checkpoint storage {url!r}: {first}") from e
+            raise CheckpointStorageError(f"cannot open checkpoint storage {url!r}: "
+                                         f"{describe_open_error(url, e)}") from e
         self.root = root.rstrip("/") or "/"
         self.dir = f"{self.root.rstrip('/')}/{job}"
         self._check_writable()
@@ -291,13 +391,137 @@ class CheckpointStorage:
                     f"cannot commit {name}: {file} has {present[file]} bytes, "
                     f"acknowledged {info['size']}")
             table[task] = {"file": file, "size": int(info["size"]), "sha256": str(info["sha256"])}
+        shared = self._check_shared(name, states)
         body = _pack({"id": checkpoint_id, "job": self.job, "savepoint": savepoint,
-                      "states": table, "metadata": metadata}, "checkpoint metadata")
+                      "states": table, "shared": shared, "metadata": metadata},
+                     "checkpoint metadata")
         envelope = _pack({"format": FORMAT, "version": VERSION, "sha256": _sha256(body),
                           "body": body}, "envelope")
         self.fs.makedirs(directory, exist_ok=True)
         _write(self.fs, f"{directory}/{METADATA}", envelope, atomic=True)
         return self.fs.unstrip_protocol(directory)
+
+    def _check_shared(self, name: str, states: Mapping[str, Mapping[str, Any]]) -> dict:
+        shared: dict[str, dict] = {}
+        for info in states.values():
+            for rel, ref in (info.get("shared") or {}).items():
+                parts = rel.split("/")
+                if len(parts) != 3 or parts[0] != SHARED or not _SHARED_FILE.match(parts[2]):
+                    raise CheckpointStorageError(f"cannot commit {name}: {rel!r} is not a "
+                                                 f"shared file name")
+                shared[rel] = {"size": int(ref["size"]), "sha256": str(ref["sha256"])}
+        if shared:
+            present = self._shared_files()
+            for rel, ref in sorted(shared.items()):
+                if rel not in present:
+                    raise CheckpointStorageError(f"cannot commit {name}: missing shared file "
+                                                 f"{rel}")
+                if present[rel] is not None and present[rel] != ref["size"]:
+                    raise CheckpointStorageError(
+                        f"cannot commit {name}: shared file {rel} has {present[rel]} bytes, "
+                        f"acknowledged {ref['size']}")
+        return shared
+
+    # ------------------------------------------------------------------ shared files
+
+    @property
+    def job_url(self) -> str:
+        """The job directory as a URL: shared file paths are relative to it."""
+        return self.fs.unstrip_protocol(self.dir)
+
+    def upload_shared(self, owner: str, checkpoint_id: int, local_path: str) -> dict:
+        """Copy the immutable local file ``local_path`` to ``shared/<owner>/`` under a name
+        made of ``checkpoint_id`` (the checkpoint it is uploaded for) and its sha256.
+
+        Returns ``{"path", "size", "sha256", "uploaded"}``: ``path`` relative to the job
+        directory (what ``_metadata`` lists), ``uploaded`` the bytes written (0 when the same
+        file was there already)."""
+        if type(checkpoint_id) is not int or checkpoint_id < 0:
+            raise ValueError(f"checkpoint id must be an integer >= 0, got {checkpoint_id!r}")
+        ext = os.path.splitext(local_path)[1]
+        if ext and not re.fullmatch(r"\.[A-Za-z0-9]{1,16}", ext):
+            ext = ""
+        size, sha = _file_sha256(local_path)
+        rel = f"{SHARED}/{_name('owner', owner)}/{checkpoint_id}-{sha}{ext}"
+        path = f"{self.dir}/{rel}"
+        parent = path.rsplit("/", 1)[0]
+        try:
+            if self.fs.size(path) == size:  # content-addressed: the same bytes are there
+                return {"path": rel, "size": size, "sha256": sha, "uploaded": 0}
+        except FileNotFoundError:
+            pass
+        self.fs.makedirs(parent, exist_ok=True)
+        tmp = f"{parent}/.{checkpoint_id}-{uuid.uuid4().hex}.tmp"
+        if _is_local(self.fs):
+            with open(local_path, "rb") as src, open(tmp, "wb") as out:
+                while chunk := src.read(_CHUNK):
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+        else:  # object stores: the object appearing under its final name is atomic
+            self.fs.put_file(local_path, path)
+        return {"path": rel, "size": size, "sha256": sha, "uploaded": size}
+
+    def _shared_files(self) -> dict[str, int | None]:
+        """Every file under ``shared/`` (relative path -> size), temporary ones included."""
+        base = f"{self.dir}/{SHARED}"
+        try:
+            found = self.fs.find(base, detail=True)
+        except FileNotFoundError:
+            return {}
+        out = {}
+        for entry in found.values():
+            name = self.fs._strip_protocol(entry["name"]).rstrip("/")
+            if name.startswith(base + "/"):
+                out[f"{SHARED}/{name[len(base) + 1:]}"] = entry.get("size")
+        return out
+
+    def shared_references(self) -> dict[str, int]:
+        """Reference counts of shared files: how many completed checkpoints and savepoints
+        list each in their ``_metadata`` (rebuilt from them, nothing else is stored)."""
+        counts: dict[str, int] = {}
+        for handle in self._handles(savepoints=True):
+            for rel in handle.shared:
+                counts[rel] = counts.get(rel, 0) + 1
+        return counts
+
+    def _handles(self, *, savepoints: bool) -> list[CheckpointHandle]:
+        out = []
+        for name, path in sorted(self._entries().items()):
+            if _CHK.match(name) or (savepoints and _SAVEPOINT.match(name)):
+                try:
+                    out.append(self._load(path, name))
+                except CheckpointStorageError:
+                    continue
+        return out
+
+    def _sweep_shared(self, newest: int | None) -> list[str]:
+        """Delete shared files no completed checkpoint or savepoint references, uploaded for
+        checkpoints up to ``newest`` (``None``: any).  Returns the deleted paths."""
+        files = self._shared_files()
+        if not files:
+            return []
+        referenced = self.shared_references()
+        doomed = []
+        for rel in files:
+            if rel in referenced:
+                continue
+            base = rel.rsplit("/", 1)[-1]
+            m = _SHARED_FILE.match(base) or _SHARED_TMP.match(base)
+            if m is None:
+                continue  # not ours
+            if newest is None or int(m.group(1)) <= newest:
+                doomed.append(rel)
+        for rel in doomed:
+            try:
+                self.fs.rm_file(f"{self.dir}/{rel}")
+            except FileNotFoundError:
+                pass
+        if doomed:
+            log.info("job %r: deleted %d shared file(s) no checkpoint references",
+                     self.job, len(doomed))
+        return doomed
 
     def _ls(self, directory: str) -> list[dict]:
         try:
@@ -344,7 +568,11 @@ class CheckpointStorage:
         elif isinstance(path_or_id, str) and path_or_id and "/" not in path_or_id:
             path = f"{self.dir}/{path_or_id}"
         elif isinstance(path_or_id, str) and path_or_id:
-            fs, path = url_to_fs(path_or_id) if "://" in path_or_id else (fs, path_or_id)
+            if "://" in path_or_id:  # same scheme: same endpoint and credentials
+                same = _scheme(path_or_id) == _scheme(self.url)
+                fs, path = _open_url(path_or_id, self.storage_options if same else None)
+            else:
+                path = path_or_id
             path = fs._strip_protocol(path).rstrip("/")
         else:
             raise TypeError(f"expected a checkpoint id or path, got {path_or_id!r}")
@@ -386,18 +614,21 @@ class CheckpointStorage:
     # ------------------------------------------------------------------ retention
 
     def discard_all(self) -> list[int]:
-        """Delete every checkpoint of the job (a cancelled job that does not retain them);
-        never savepoints.  Returns the deleted ids."""
+        """Delete every checkpoint of the job (a cancelled job that does not retain them),
+        and the shared files only they referenced; never savepoints (nor what they
+        reference).  Returns the deleted ids."""
         dirs = self._checkpoint_dirs()
         for i in sorted(dirs):
             if self.fs.exists(f"{dirs[i]}/{METADATA}"):
                 self.fs.rm_file(f"{dirs[i]}/{METADATA}")
             self.fs.rm(dirs[i], recursive=True)
+        self._sweep_shared(None)
         return sorted(dirs)
 
     def retain(self, n: int) -> list[int]:
         """Delete all but the newest ``n`` completed checkpoints, and partial directories
-        older than the newest completed one; never savepoints.  Returns the deleted ids."""
+        older than the newest completed one; never savepoints.  Then delete the shared files
+        nothing references any more (see the module docstring).  Returns the deleted ids."""
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"retain(n) keeps at least one checkpoint; got n={n!r}")
         dirs = self._checkpoint_dirs()
@@ -411,6 +642,7 @@ class CheckpointStorage:
             if self.fs.exists(f"{dirs[i]}/{METADATA}"):
                 self.fs.rm_file(f"{dirs[i]}/{METADATA}")
             self.fs.rm(dirs[i], recursive=True)
+        self._sweep_shared(done[-1])
         return doomed
 
 

@@ -1,0 +1,128 @@
+"""Control of a running job from outside its process: ``cutline savepoint STORAGE JOB``.
+
+While a job runs, its driver listens on one more port for *admin* connections, checked by
+the same HMAC handshake as the tasks' but with its own token, and announces itself in
+``<storage>/<job>/_job.json`` (address, token, pid).  Whoever can read the job's checkpoint
+storage can already read and restore its state; that is who may ask for a savepoint.  The
+file is removed when the run ends; a stale one (the driver died) gives a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+from typing import Any
+
+from ..runtime.control import HandshakeError, accept, connect
+
+log = logging.getLogger("cutline.admin")
+
+__all__ = ["AdminServer", "JOB_FILE", "request_savepoint"]
+
+JOB_FILE = "_job.json"
+
+
+class AdminServer:
+    """Serves ``{"op": "savepoint", "stop": bool}`` for one driver."""
+
+    def __init__(self, driver: Any, host: str) -> None:
+        self.driver = driver
+        self.token = secrets.token_bytes(32)
+        self._sock = socket.create_server((host, 0))
+        self._sock.settimeout(0.2)
+        self.address = self._sock.getsockname()[:2]
+        self._stopping = False
+        self._path = f"{driver.storage.dir}/{JOB_FILE}"
+        self._thread = threading.Thread(target=self._loop, name="cutline-admin", daemon=True)
+
+    def start(self) -> None:
+        info = {"job": self.driver.job, "host": self.address[0], "port": self.address[1],
+                "token": self.token.hex(), "pid": os.getpid()}
+        fs = self.driver.storage.fs
+        try:
+            fs.pipe_file(self._path, json.dumps(info).encode())
+            if hasattr(fs, "chmod"):
+                fs.chmod(self._path, 0o600)
+            elif fs.protocol in ("file", ("file", "local")) or "file" in fs.protocol:
+                os.chmod(self._path, 0o600)
+        except Exception as exc:  # noqa: BLE001 - the job runs without outside control
+            log.warning("could not write %s (cutline savepoint will not find the job): %s",
+                        self._path, exc)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        try:
+            fs = self.driver.storage.fs
+            raw = fs.cat_file(self._path)
+            if json.loads(raw).get("token") == self.token.hex():  # ours, not a newer run's
+                fs.rm_file(self._path)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            try:
+                sock, peer = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(sock, peer), daemon=True).start()
+
+    def _serve(self, sock: socket.socket, peer: Any) -> None:
+        try:
+            conn = accept(sock, self.token)
+        except HandshakeError as exc:
+            log.warning("refused admin connection from %s: %s", peer, exc)
+            return
+        try:
+            msg = conn.recv()
+            if msg.get("op") != "savepoint":
+                conn.send({"ok": False, "error": f"unknown request {msg.get('op')!r}"})
+                return
+            future = self.driver.savepoint(stop=bool(msg.get("stop")))
+            try:
+                path = future.result(timeout=float(msg.get("timeout") or 600))
+                conn.send({"ok": True, "path": path})
+            except Exception as exc:  # noqa: BLE001 - reported to the caller
+                conn.send({"ok": False, "error": str(exc)})
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            conn.close()
+
+
+def request_savepoint(storage: Any, stop: bool = False, timeout: float = 600.0) -> str:
+    """Ask the running job whose storage is ``storage`` (a ``CheckpointStorage``) for a
+    savepoint; returns its path."""
+    path = f"{storage.dir}/{JOB_FILE}"
+    try:
+        info = json.loads(storage.fs.cat_file(path))
+    except FileNotFoundError:
+        raise RuntimeError(f"job {storage.job!r} is not running: no {JOB_FILE} under "
+                           f"{storage.fs.unstrip_protocol(storage.dir)}") from None
+    address = (info["host"], int(info["port"]))
+    try:
+        conn = connect(address, bytes.fromhex(info["token"]), timeout=10.0)
+    except (OSError, HandshakeError) as exc:
+        raise RuntimeError(f"job {storage.job!r} is not running: its driver (pid {info.get('pid')}"
+                           f") at {address[0]}:{address[1]} does not answer ({exc}); "
+                           f"{JOB_FILE} is left from a run that died") from None
+    try:
+        conn.send({"op": "savepoint", "stop": stop, "timeout": timeout})
+        conn.sock.settimeout(timeout + 10)
+        reply = conn.recv()
+    finally:
+        conn.close()
+    if not reply.get("ok"):
+        raise RuntimeError(reply.get("error") or "the savepoint failed")
+    return reply["path"]
