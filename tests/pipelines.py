@@ -89,3 +89,45 @@ def expected_clicks(events: list[dict]) -> collections.Counter:
     kept = [e for e in events if e["ms"] >= 10]
     per_user = collections.Counter(e["user"] for e in kept)
     return collections.Counter((u, k) for u, n in per_user.items() for k in range(1, n + 1))
+
+
+# ---------------------------------------------------------------- an iteration (a cycle)
+
+
+def collatz(x: int) -> int:
+    return x // 2 if x % 2 == 0 else 3 * x + 1
+
+
+def collatz_step(r: tuple) -> tuple:
+    i, x, n = r
+    return (i, collatz(x), n + 1)
+
+
+def collatz_start(i: int) -> tuple:
+    return (i, i + 1, 0)
+
+
+def collatz_pipeline(tmp, records: int, mode: str = "aligned", *, rate=None,
+                     parallelism: int = 2, interval: float = 0.3):
+    """Each number goes round a loop, one Collatz step per round, until it reaches 1; the
+    loop's tail feeds back by key, a keyed count in the loop counts rounds per residue."""
+    cfg = CheckpointConfig(interval=interval, storage=f"file://{tmp}/checkpoints",
+                           unaligned=mode == "unaligned")
+    p = Pipeline("collatz", parallelism=parallelism, checkpoint=cfg)
+    loop = p.source(GeneratorSource(count=records, fn=collatz_start, rate=rate),
+                    uid="numbers").iterate(uid="loop")
+    stepped = loop.map(collatz_step, uid="step")
+    loop.close_with(stepped.filter(lambda r: r[1] != 1, uid="again").key_by(lambda r: r[0]))
+    sink = CollectSink(str(tmp / "out"))
+    stepped.filter(lambda r: r[1] == 1, uid="done").sink(sink, uid="out")
+    return p, sink
+
+
+def collatz_expected(records: int) -> collections.Counter:
+    def rounds(x: int) -> int:
+        n = 0
+        while True:
+            x, n = collatz(x), n + 1
+            if x == 1:
+                return n
+    return collections.Counter((i, 1, rounds(i + 1)) for i in range(records))

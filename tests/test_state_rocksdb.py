@@ -38,7 +38,7 @@ def local_dirs(tmp_path, monkeypatch):
     return tmp_path / "local" / "cutline-state"
 
 
-def rocks(groups=range(MAXP), tmp=None, **kw) -> RocksDBStateBackend:
+def rocks(groups=range(MAXP), **kw) -> RocksDBStateBackend:
     return RocksDBStateBackend(groups, MAXP, name=kw.pop("name", "op.0"), **kw)
 
 

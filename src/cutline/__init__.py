@@ -1,7 +1,8 @@
 """cutline: stream processing with consistent distributed snapshots, on Apache Spark."""
 
-from .api import CheckpointConfig, KeyedStream, Pipeline, Stream
+from .api import CheckpointConfig, IterativeStream, KeyedStream, Pipeline, Stream
 
 __version__ = "0.1.0"
 
-__all__ = ["CheckpointConfig", "KeyedStream", "Pipeline", "Stream", "__version__"]
+__all__ = ["CheckpointConfig", "IterativeStream", "KeyedStream", "Pipeline", "Stream",
+           "__version__"]

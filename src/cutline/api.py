@@ -14,7 +14,7 @@ from typing import Any
 
 from .protocol import Mode
 
-__all__ = ["CheckpointConfig", "Pipeline", "Stream", "KeyedStream", "Node"]
+__all__ = ["CheckpointConfig", "IterativeStream", "Pipeline", "Stream", "KeyedStream", "Node"]
 
 _UID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -108,13 +108,16 @@ class Node:
 
     id: int
     uid: str
-    kind: str  # source | map | flat_map | filter | reduce | process | count | union | sink
+    kind: str  # source | map | flat_map | filter | reduce | process | count | union |
+    #            iterate | sink
     fn: Any = None
     parallelism: int | None = None
     inputs: list[int] = field(default_factory=list)
     partitioning: str = FORWARD  # how records reach this node from its inputs
     key_fn: Callable[[Any], Any] | None = None  # hash partitioning / keyed operators
     on_error: str = "fail"  # map / flat_map / filter: "fail" or "dead_letter"
+    # an iteration head: feedback input node id -> (partitioning, key_fn) of the back edge
+    feedback: dict[int, tuple[str, Any]] = field(default_factory=dict)
     dead_letter: Any = None  # the pipeline's dead-letter sink, when on_error="dead_letter"
 
     @property
@@ -242,6 +245,17 @@ class Pipeline:
         if same:
             raise ValueError(f"the dead-letter sink writes where sink {same[0]!r} writes "
                              f"({path or dl!r}): give dead letters their own sink and path")
+        for n in self.nodes:
+            if n.kind != "iterate":
+                continue
+            if not n.feedback:
+                raise ValueError(f"iteration {n.uid!r} is never closed: call "
+                                 f"close_with(stream) with the records that go round again")
+            if self.checkpoint.mode != "exactly_once":
+                raise ValueError(
+                    f"iteration {n.uid!r} needs mode 'exactly_once': the end of a loop is "
+                    "detected on a consistent snapshot (no records in flight anywhere in "
+                    "it), and at-least-once snapshots are not consistent cuts")
 
 
 class Stream:
@@ -309,6 +323,22 @@ class Stream:
         _check_callable("key_by", key_fn)
         return KeyedStream(self, key_fn)
 
+    def iterate(self, *, uid: str | None = None,
+                parallelism: int | None = None) -> "IterativeStream":
+        """Start an iteration: the returned stream carries this stream's records and, once
+        :meth:`IterativeStream.close_with` is called, the records fed back into the loop.
+
+        Checkpoints stay exactly once: the loop's head logs the records that arrive on the
+        feedback edge between its snapshot and the feedback's barrier (the ABS paper's
+        scheme), and a restore replays them.  A bounded job ends when a checkpoint shows
+        the loop empty: every input of the head ended and no record in flight in the loop.
+        """
+        node = self.pipeline._add("iterate", None, [self.node.id], uid=uid,
+                                  parallelism=parallelism,
+                                  partitioning=FORWARD if parallelism in (
+                                      None, self._parallelism()) else REBALANCE)
+        return IterativeStream(self.pipeline, node)
+
     def union(self, *others: "Stream", uid: str | None = None,
               parallelism: int | None = None) -> "Stream":
         for o in others:
@@ -336,6 +366,42 @@ class _Repartitioned(Stream):
         return super()._then(kind, fn, uid=uid, parallelism=parallelism,
                              partitioning=partitioning or self._partitioning, key_fn=key_fn,
                              on_error=on_error)
+
+
+class IterativeStream(Stream):
+    """The head of an iteration (:meth:`Stream.iterate`)."""
+
+    def close_with(self, feedback: "Stream | KeyedStream") -> None:
+        """Feed ``feedback`` back to the head of this iteration.  A ``KeyedStream`` is
+        partitioned by its key on the way back, a ``Stream`` round-robin."""
+        if self.node.feedback:
+            raise ValueError(f"iteration {self.node.uid!r} is already closed")
+        if isinstance(feedback, KeyedStream):
+            stream, part, key_fn = feedback.stream, HASH, feedback.key_fn
+        elif isinstance(feedback, Stream):
+            stream, part, key_fn = feedback, REBALANCE, None
+        else:
+            raise TypeError(f"close_with() takes a stream of this iteration, got {feedback!r}")
+        if stream.pipeline is not self.pipeline:
+            raise ValueError("close_with() takes a stream of the same pipeline")
+        if not self._downstream(stream.node.id):
+            raise ValueError(f"close_with() needs a stream computed from iteration "
+                             f"{self.node.uid!r} (operator {stream.node.uid!r} is not)")
+        self.node.inputs.append(stream.node.id)
+        self.node.feedback[stream.node.id] = (part, key_fn)
+
+    def _downstream(self, node_id: int) -> bool:
+        by_id = {n.id: n for n in self.pipeline.nodes}
+        todo, seen = [node_id], set()
+        while todo:
+            i = todo.pop()
+            if i == self.node.id:
+                return True
+            if i in seen:
+                continue
+            seen.add(i)
+            todo.extend(by_id[i].inputs)
+        return False
 
 
 class KeyedStream:

@@ -98,6 +98,7 @@ class Edge:
     dst: int  # chain id
     partitioning: str
     key_fn: Any = None
+    back: bool = False  # the feedback edge of an iteration (into its head)
 
     def pairs(self, src_p: int, dst_p: int) -> list[tuple[int, int]]:
         if self.partitioning == FORWARD:
@@ -135,6 +136,18 @@ class PhysicalPlan:
                         if j == subtask]
         return out
 
+    def back_channels(self, chain: Chain, subtask: int) -> frozenset[str]:
+        """The input channels of this subtask that are an iteration's feedback edges."""
+        return frozenset(
+            self.channel_id(e, i, j) for e in self.edges if e.back and e.dst == chain.id
+            for i, j in e.pairs(self.chains[e.src].parallelism, chain.parallelism)
+            if j == subtask)
+
+    @property
+    def loop_heads(self) -> list[Chain]:
+        """Chains that hold the head of an iteration."""
+        return [c for c in self.chains if any(n.kind == "iterate" for n in c.nodes)]
+
     def outputs(self, chain: Chain, subtask: int) -> list[tuple[Edge, list[str]]]:
         """Per outgoing edge, the channel ids to the downstream subtasks, by subtask index."""
         out = []
@@ -170,7 +183,8 @@ def plan(pipeline: Pipeline) -> PhysicalPlan:
     chains: list[Chain] = []
     for n in nodes:  # nodes are in topological order (added after their inputs)
         chainable = (
-            len(n.inputs) == 1 and n.partitioning == FORWARD and n.kind != "source"
+            len(n.inputs) == 1 and n.partitioning == FORWARD
+            and n.kind not in ("source", "iterate")
             and par[n.inputs[0]] == par[n.id] and len(consumers[n.inputs[0]]) == 1
         )
         if chainable:
@@ -185,6 +199,11 @@ def plan(pipeline: Pipeline) -> PhysicalPlan:
         if chain_of[n.id].head is not n:
             continue
         for i in n.inputs:
+            if i in n.feedback:  # an iteration's back edge: logged, never chained
+                part, key_fn = n.feedback[i]
+                edges.append(Edge(chain_of[i].id, chain_of[n.id].id, part,
+                                  key_fn if part == HASH else None, back=True))
+                continue
             part = n.partitioning
             if part == FORWARD and par[i] != par[n.id]:
                 part = "rebalance"

@@ -144,14 +144,43 @@ def run_main(build: Callable, argv: Sequence[str] | None = None, prog: str | Non
         if args.kill and args.engine != "spark":
             raise _Usage("--kill needs --engine spark (it kills a Spark Python worker)")
         graph = build(**{n: getattr(args, f"prog_{n}") for n in params})
+        from ..api import Pipeline
         from .api import ProcessGraph
 
+        if isinstance(graph, Pipeline):
+            return _run_pipeline(graph, args)
         if not isinstance(graph, ProcessGraph):
-            raise _Usage(f"build() returned {type(graph).__name__}, not a ProcessGraph")
+            raise _Usage(f"build() returned {type(graph).__name__}, not a ProcessGraph "
+                         "or a Pipeline")
         return _run(graph, args)
     except (_Usage, ValueError, FileNotFoundError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _run_pipeline(pipeline: Any, args: argparse.Namespace) -> int:
+    """``cutline run`` of a program whose build() returns a Pipeline: run it (with a
+    ``--kill`` of a worker after ``--kill-after`` checkpoints), print its checkpoints, and
+    hand the result to the pipeline's ``after_run(result)`` if it has one (its exit code)."""
+    from rich.console import Console
+
+    from ..report import checkpoint_table
+
+    console = Console() if sys.stdout.isatty() else Console(width=110)
+    kill = None
+    if args.kill:
+        from ..spark.faults import Kill
+
+        kill = Kill(after_checkpoint=args.kill_after, delay=0.2)
+    result = pipeline.run(engine=args.engine, on_start=kill, restore_from=args.restore,
+                          timeout=args.timeout, progress=console)
+    if kill is not None and kill.killed:
+        slot, pid, _ = kill.killed[0]
+        console.print(f"killed Spark Python worker pid {pid} (slot {slot}) with SIGKILL; "
+                      f"the job ran {result.attempts} attempts")
+    console.print(checkpoint_table(result))
+    after = getattr(pipeline, "after_run", None)
+    return int(after(result) or 0) if callable(after) else 0
 
 
 def _run(graph: Any, args: argparse.Namespace) -> int:

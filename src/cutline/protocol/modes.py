@@ -122,12 +122,12 @@ class _Aligned(_Policy):
 
     def barrier(self, channel: Channel, barrier: Barrier, overtaken: Batch) -> list[Action]:
         h, n = self.h, barrier.checkpoint_id
-        if channel in h._back:
-            if h._seen_before(n):
-                return h._late(channel, overtaken)
-            raise ProtocolError(
-                f"barrier {n} on back edge {channel!r} before this task took checkpoint {n}"
-            )
+        if channel in h._back and h._seen_before(n) and self.aligning != n:
+            return h._late(channel, overtaken)
+        # A barrier on a back edge before this task's snapshot: another head of the same
+        # loop (parallel heads, keyed feedback) went first.  The channel takes part in the
+        # alignment like a forward input: held back until the snapshot, and not recorded
+        # (what follows its barrier is after the cut).
         if self.aligning is not None and n < self.aligning:
             return h._late(channel, overtaken)
         actions: list[Action] = []
@@ -169,8 +169,9 @@ class _Aligned(_Policy):
     def _complete(self) -> list[Action]:
         h, n = self.h, self.aligning
         self._forget_announced(n)
+        back = [c for c in h._back if c not in self.received]  # no barrier yet: record
         self.aligning, self.received = None, {}
-        actions = h._take_snapshot(n, False, h._back)
+        actions = h._take_snapshot(n, False, back)
         return actions + h._unblock_all()
 
     def _switch(self) -> list[Action]:

@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 HELLO, RECORDS, BARRIER, EOF, CREDIT, REJECT = range(1, 7)
 _HEADER = struct.Struct("!BI")
 _COUNT = struct.Struct("!I")
+_UNBOUNDED = 2**31  # credits of a feedback channel: never runs out
 NONCE_BYTES = 16
 MAX_HELLO = 4096  # longest frame accepted from a peer that has not authenticated (yet)
 HANDSHAKE_TIMEOUT = 10.0
@@ -132,7 +133,7 @@ def _tune(sock: socket.socket) -> None:
 class _Input:
     """One input channel of a gate; guarded by the gate's condition."""
 
-    __slots__ = ("queue", "batches", "owed", "sock", "send_lock", "eof", "local")
+    __slots__ = ("queue", "batches", "owed", "sock", "send_lock", "eof", "local", "unbounded")
 
     def __init__(self) -> None:
         self.queue: collections.deque = collections.deque()  # (kind, payload, credits)
@@ -142,18 +143,26 @@ class _Input:
         self.send_lock = threading.Lock()
         self.eof = False  # EOF frame received
         self.local: LocalChannel | None = None  # a sender in this process (no socket)
+        self.unbounded = False  # a feedback channel: credit never runs out
 
 
 class InputGate(_Closing):
     """All input channels of one task.  Upstream tasks connect to :attr:`address`."""
 
     def __init__(self, task_id: str, channel_ids: list[str], secret: bytes,
-                 host: str = "127.0.0.1", credits: int = 8) -> None:
+                 host: str = "127.0.0.1", credits: int = 8,
+                 unbounded: frozenset[str] = frozenset()) -> None:
         if credits < 1 or len(set(channel_ids)) != len(channel_ids):
             raise ValueError(f"need credits >= 1 and distinct channel ids: {channel_ids}")
         self.task_id, self.credits, self._secret = task_id, credits, secret
+        # Feedback edges of an iteration never block their sender: a loop whose every
+        # channel waits for credit would deadlock (Flink's iteration heads queue feedback
+        # without bound for the same reason).
+        self._unbounded = frozenset(unbounded)
         self._order = list(channel_ids)
         self._ch = {c: _Input() for c in channel_ids}
+        for c in unbounded:
+            self._ch[c].unbounded = True
         self._next = 0  # round-robin position in _order
         self._grant_at = max(1, credits // 4)  # coalesce credit grants
         self._cond = threading.Condition()
@@ -218,9 +227,12 @@ class InputGate(_Closing):
             return cid, kind, payload, grant
         return None
 
+    def _initial_credits(self, cid: str) -> int:
+        return _UNBOUNDED if cid in self._unbounded else self.credits
+
     def _earn(self, st: _Input, credits: int) -> int:
         st.owed += credits
-        if st.owed < self._grant_at or st.eof:
+        if st.owed < self._grant_at or st.eof or st.unbounded:
             return 0
         grant, st.owed = st.owed, 0
         return grant
@@ -390,7 +402,7 @@ class InputGate(_Closing):
         sock.settimeout(None)
         try:
             with st.send_lock:
-                _send_frame(sock, CREDIT, _COUNT.pack(self.credits))
+                _send_frame(sock, CREDIT, _COUNT.pack(self._initial_credits(cid)))
         except OSError as exc:
             self._fail(cid, f"connection lost after handshake: {exc}")
             return None
@@ -424,7 +436,7 @@ class InputGate(_Closing):
                 raise ChannelError(channel_id, "unknown or already connected channel")
             st.local = LocalChannel(channel_id, self, st)
             self._cond.notify_all()
-        st.local._add_credits(self.credits)
+        st.local._add_credits(self._initial_credits(channel_id))
         return st.local
 
     def _read_loop(self, sock: socket.socket, cid: str) -> None:

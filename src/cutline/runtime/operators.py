@@ -307,7 +307,7 @@ def build_operator(node: Node, subtask: int, parallelism: int, max_parallelism: 
         return FlatMap(node)
     if node.kind == "filter":
         return Filter(node)
-    if node.kind == "union":
+    if node.kind in ("union", "iterate"):
         return Passthrough(node)
     if node.kind == "reduce":
         return Reduce(node, subtask, parallelism, max_parallelism, state_backend, storage)

@@ -114,8 +114,11 @@ class Subtask:
         self.task_id = chain.task_id(index)
         plan = spec.plan
         self.inputs = plan.inputs(chain, index)
-        self.gate = InputGate(self.task_id, self.inputs, spec.secret, host=spec.host) \
-            if self.inputs else None
+        # an iteration's head: its feedback inputs are logged after a snapshot (ABS) and
+        # never run out of credit
+        self.back = plan.back_channels(chain, index)
+        self.gate = InputGate(self.task_id, self.inputs, spec.secret, host=spec.host,
+                              unbounded=self.back) if self.inputs else None
         self.outputs: list[tuple[Any, list[str], int]] = [
             (e, chans, plan.chains[e.dst].parallelism) for e, chans in plan.outputs(chain, index)]
         self.channels: dict[str, OutputChannel] = {}
@@ -137,8 +140,10 @@ class Subtask:
         self._origin: str | None = None  # input channel of the batch in the chain
         self.dead_letters = DeadLetters.for_subtask(plan, chain, index, self.ops, spec.job,
                                                     self.task_id, self._where)
-        self.handler = SnapshotHandler(self.inputs, spec.mode,
+        self.handler = SnapshotHandler(self.inputs, spec.mode, back_edges=self.back,
                                        aligned_timeout=spec.aligned_timeout)
+        self.drained = False
+        self.forward_closed_sent = False
         self.control: queue.Queue = queue.Queue()
         self.blocked: set[str] = set()
         self.timers: list[tuple[float, int]] = []
@@ -233,6 +238,9 @@ class Subtask:
     def _emit(self, batch: list) -> None:
         if not batch:
             return
+        if self.outputs_closed and self.writer is None:
+            raise RuntimeError(f"task {self.task_id} produced {len(batch)} records after its "
+                               "outputs ended (an iteration found empty got more input)")
         if self.writer is not None:
             self.writer.write(batch)
             return
@@ -374,7 +382,7 @@ class Subtask:
         aligned_for = now - min(self.alignment_started.values()) if self.alignment_started else 0.0
         self.alignment_started.clear()
         snap: dict[str, Any] = {"started": now, "alignment": aligned_for, "channels": {},
-                                "in_flight": 0,
+                                "in_flight": 0, "forward_closed": self._forward_closed(),
                                 "ops": {op.uid: op.snapshot() for op in self.ops if op.keyed}}
         if self.reader is not None:
             snap["source"] = self.reader.snapshot()
@@ -427,7 +435,8 @@ class Subtask:
             _fault(self, "snapshot_write", n)
         stats = {"bytes": len(data) + sum(d.uploaded for d in deferred.values()),
                  "in_flight": snap["in_flight"], "alignment": snap["alignment"],
-                 "duration": time.monotonic() - snap["started"], "chain": self.chain.uid}
+                 "duration": time.monotonic() - snap["started"], "chain": self.chain.uid,
+                 "forward_closed": snap["forward_closed"]}
         stats.update({k: info[k] for k in ("path", "size", "sha256") if k in info})
         if deferred:  # shared files the state references: listed in _metadata
             stats["shared"] = {rel: ref for d in deferred.values() for rel, ref in d.shared.items()}
@@ -466,6 +475,8 @@ class Subtask:
                     raise _Stop
             elif op == "stop":
                 raise _Stop
+            elif op == "close_loop":  # a checkpoint showed this iteration empty: end it
+                self._close_outputs()
             try:
                 msg = self.control.get_nowait()
             except queue.Empty:
@@ -484,16 +495,26 @@ class Subtask:
             _, n = heapq.heappop(self.timers)
             self.perform(self.handler.on_timeout(n))
 
+    def _close_outputs(self) -> None:
+        if self.outputs_closed:
+            return
+        self.flush_all()
+        for c in self.channels.values():
+            c.send_eof()
+        self.outputs_closed = True
+
     def _end_output(self) -> None:
         """Input exhausted: flush, send EOF downstream, tell the driver this task drained.
 
         The final checkpoint of a bounded job is triggered at every task directly once all
         drained, so it covers every record (no barrier can leave data behind it)."""
-        self.flush_all()
-        for c in self.channels.values():
-            c.send_eof()
-        self.outputs_closed = True
+        self._close_outputs()
+        self.drained = True
         self.slot.send({"op": "drained", "task": self.task_id})
+
+    def _forward_closed(self) -> bool:
+        """An iteration head whose inputs from outside the loop all ended."""
+        return bool(self.back) and not (set(self.handler.open_inputs) - self.back)
 
     # ------------------------------------------------------------------ main loops
 
@@ -528,7 +549,7 @@ class Subtask:
         size = self.spec.batch_size
         while True:
             self._control()
-            if self.outputs_closed:
+            if self.drained:
                 self._control(block=0.5)
                 continue
             batch = self.reader.read_batch(size)
@@ -551,7 +572,7 @@ class Subtask:
             self._control()
             if self.timers:
                 self._timers()
-            if self.outputs_closed:
+            if self.drained:
                 self._control(block=0.5)
                 continue
             for ch, barrier in gate.announcements():
@@ -571,6 +592,9 @@ class Subtask:
                 if not h.open_inputs:
                     self._end_output()
                     continue
+                if self.back and not self.forward_closed_sent and self._forward_closed():
+                    self.forward_closed_sent = True
+                    self.slot.send({"op": "forward_closed", "task": self.task_id})
             self.flush_full()
             if time.monotonic() - self.last_flush > self.spec.flush_interval:
                 self.flush_all(interruptible=True)

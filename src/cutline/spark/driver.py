@@ -85,6 +85,12 @@ class JobDriver:
         self.tasks = [c.task_id(i) for c, i in plan.tasks()]
         self.sources = {c.task_id(i) for c, i in plan.tasks() if c.is_source}
         self._slot_of = {c.task_id(i): i for c, i in plan.tasks()}  # slot k hosts subtask k
+        # iterations: heads report when their inputs from outside the loop ended; then
+        # checkpoints probe the loop until one shows it empty, and the heads close it
+        self.loop_heads = {c.task_id(i) for c in plan.loop_heads for i in range(c.parallelism)}
+        self._forward_closed: set[str] = set()
+        self._loop_closed = False
+        self._probe_at: float | None = None
         self.policy = CheckpointPolicy(
             interval=config.interval, timeout=config.timeout, min_pause=config.min_pause,
             max_concurrent=config.max_concurrent,
@@ -166,6 +172,7 @@ class JobDriver:
                     pass
                 if self.coordinator is not None and self.attempt.started:
                     self._run(self.coordinator.tick(time.monotonic()))
+                    self._maybe_probe(time.monotonic())
         except Exception as exc:  # pragma: no cover - reported to the caller
             log.exception("driver failed")
             self.error = f"driver failed: {exc}"
@@ -210,6 +217,17 @@ class JobDriver:
                 if pending is not None and task in pending.missing:
                     self._send_to_task(task, {"op": "trigger", "checkpoint": n, "task": task})
             self._maybe_final(now)
+        elif op == "forward_closed":
+            task = msg["task"]
+            self._forward_closed.add(task)
+            # no barrier can reach it from outside the loop any more: trigger it directly
+            # (it snapshots, sends the barrier round the loop and logs the feedback edge)
+            for n in list(self.coordinator.pending):
+                pending = self.coordinator.pending.get(n)
+                if pending is not None and task in pending.missing:
+                    self._send_to_task(task, {"op": "trigger", "checkpoint": n, "task": task})
+            if self._forward_closed >= self.loop_heads:
+                self._probe_at = now
         elif op == "metrics":
             self.metrics[msg["task"]] = (msg.get("records", 0), bool(msg.get("source")))
             self._note_cpu(conn, msg)
@@ -314,6 +332,9 @@ class JobDriver:
         self.attempt = _Attempt(self.attempt.number + 1)
         self._drained.clear()
         self._finished.clear()
+        self._forward_closed.clear()
+        self._loop_closed = False
+        self._probe_at = None
         self._final = None
         self._triggered.clear()
 
@@ -340,6 +361,33 @@ class JobDriver:
 
     # ------------------------------------------------------------------ commands
 
+    def _maybe_probe(self, now: float) -> None:
+        """Every iteration head's outside inputs ended: checkpoint until the loop is empty."""
+        if self._probe_at is None or now < self._probe_at or self._loop_closed:
+            return
+        if list(self.coordinator.pending):
+            return  # the one in flight is the probe
+        self._probe_at = None
+        self._run(self.coordinator.trigger_now(now))
+
+    def _check_loop(self, stats: dict, now: float) -> None:
+        """A completed checkpoint: is every iteration empty on it?  Sound because the
+        checkpoint is a consistent cut: every head had taken all its outside input before
+        its snapshot, and no record crossed the cut anywhere (nothing in flight recorded,
+        feedback included), so nothing will ever enter the loop again."""
+        if not self.loop_heads or self._loop_closed or \
+                not self._forward_closed >= self.loop_heads:
+            return
+        empty = all(stats.get(h, {}).get("forward_closed") for h in self.loop_heads) and \
+            sum(int(s.get("in_flight") or 0) for s in stats.values()) == 0
+        if not empty:
+            self._probe_at = now + 0.05
+            return
+        self._loop_closed = True
+        log.info("iteration empty on its checkpoint: closing it")
+        for h in sorted(self.loop_heads):
+            self._send_to_task(h, {"op": "close_loop", "task": h})
+
     def _maybe_final(self, now: float) -> None:
         """Every task drained: the final checkpoint, triggered at every task directly."""
         if self._final is None and self._drained >= set(self.tasks):
@@ -354,13 +402,16 @@ class JobDriver:
                 if final and self._final is None:
                     self._final = n  # only the checkpoint trigger_now started
                 # sources inject the barrier; drained tasks snapshot directly
-                for task in sorted(self.sources | self._drained):
+                for task in sorted(self.sources | self._drained | self._forward_closed):
                     self._send_to_task(task, {"op": "trigger", "checkpoint": n, "task": task})
             elif isinstance(cmd, Complete):
                 self._complete(cmd)
             elif isinstance(cmd, Abort):
                 self._broadcast({"op": "abort", "checkpoint": cmd.checkpoint_id})
                 self._fail_savepoints(getattr(cmd, "reason", "aborted"), cmd.checkpoint_id)
+                if self._forward_closed >= self.loop_heads and self.loop_heads \
+                        and not self._loop_closed:
+                    self._probe_at = time.monotonic() + 0.05  # the probe failed: again
                 if cmd.checkpoint_id == self._final:  # the job still needs a last one
                     self._final = None
                     self._maybe_final(time.monotonic())
@@ -403,6 +454,7 @@ class JobDriver:
             self.attempt.number, max(float(s.get("alignment") or 0) for s in stats.values())))
         self._broadcast({"op": "complete", "checkpoint": n, "final": final})
         self.storage.retain(self.config.retained)
+        self._check_loop(stats, time.monotonic())
         waiter = self._savepoints.pop(n, None)
         if waiter is not None:
             future, stop = waiter
