@@ -27,7 +27,11 @@ storage, on a local temporary directory standing in for remote storage).  Keys a
 5. **Scale** (full run only): 10,000,000 keys in one RocksDB backend, in a subprocess: load
    time, peak resident memory, a snapshot's synchronous part, and a checkpoint's bytes.
 
-Rescaling time (2 -> 1 -> 2) is measured by the rescaling benchmark (issue 6, rescaling).
+6. **Rescale 2 -> 1 -> 2**: N keys split over two subtasks (key groups 0-63, 64-127) are
+   snapshotted; one subtask restores both snapshots (scale down: it keeps every key group),
+   is snapshotted, and two subtasks restore that one snapshot (scale up: each keeps its
+   half).  Against a plain restore at the same parallelism (2 -> 2), same backend, same
+   state.  Every key is checked present once at each step.
 
 Timing cases run in rounds, backends interleaved, medians reported.  Exit code is always 0:
 a benchmark, not a test.  Results also go to ``bench/results/state.json``.
@@ -227,6 +231,72 @@ def case_sizes(sizes: list[int], checkpoints: int, restores: int, seed: int,
     return out
 
 
+# --------------------------------------------------------------------------- case 6
+
+def _restore_into(bench: Bench, kind: str, groups: range, blobs: list, name: str) -> Any:
+    if kind == "rocksdb":
+        b = RocksDBStateBackend(groups, MAXP, name=name,
+                                directory=os.path.join(bench.dir, "local"))
+    else:
+        b = MemoryStateBackend(groups, MAXP)
+    b.restore(blobs)
+    return b
+
+
+def case_rescale(n: int, rounds: int) -> dict:
+    """Seconds to restore 2 -> 2 (plain), 2 -> 1 (scale down), 1 -> 2 (scale up)."""
+    halves = (range(0, MAXP // 2), range(MAXP // 2, MAXP))
+    out: dict[str, Any] = {"keys": n}
+    for kind in ("memory", "rocksdb"):
+        times: dict[str, list[float]] = {"2->2": [], "2->1": [], "1->2": []}
+        for r in range(rounds):
+            bench = Bench()
+            opened: list = []
+            try:
+                two = [_restore_into(bench, kind, g, [], f"src{r}.{i}")
+                       for i, g in enumerate(halves)]
+                opened += two
+                for i in range(n):  # each key into the subtask owning its key group
+                    k = f"k{i}"
+                    for b in two:
+                        if b.key_groups.start <= _group(k) < b.key_groups.stop:
+                            b.put("v", k, value(i))
+                blobs2 = [bench.checkpoint(b)["blob"] for b in two]
+                t = time.perf_counter()
+                same = [_restore_into(bench, kind, g, [blobs2[i]], f"same{r}.{i}")
+                        for i, g in enumerate(halves)]
+                times["2->2"].append(time.perf_counter() - t)
+                opened += same
+                t = time.perf_counter()
+                one = _restore_into(bench, kind, GROUPS, blobs2, f"one{r}")
+                times["2->1"].append(time.perf_counter() - t)
+                opened.append(one)
+                assert one.get("v", f"k{n - 1}") == value(n - 1)
+                blob1 = bench.checkpoint(one)["blob"]
+                t = time.perf_counter()
+                back = [_restore_into(bench, kind, g, [blob1], f"back{r}.{i}")
+                        for i, g in enumerate(halves)]
+                times["1->2"].append(time.perf_counter() - t)
+                opened += back
+                for i in (0, n // 2, n - 1):  # each key is back in the subtask owning it
+                    k = f"k{i}"
+                    owner = [b for b in back if _group(k) in b.key_groups]
+                    assert len(owner) == 1 and owner[0].get("v", k) == value(i), k
+            finally:
+                for b in opened:
+                    getattr(b, "close", lambda: None)()
+                bench.close()
+        out[kind] = {k: median(v) for k, v in times.items()}
+        out[kind]["rounds"] = times
+    return out
+
+
+def _group(key: str) -> int:
+    from cutline.plan import key_group
+
+    return key_group(key, MAXP)
+
+
 # --------------------------------------------------------------------------- case 4
 
 def count_rate(backend: str, keys: int, records: int, seed: int, **cache: Any) -> float:
@@ -342,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         "count_keys": [1_000, 100_000] if quick else [1_000, 100_000, 1_000_000],
         "count_records": 200_000 if quick else 500_000,
         "scale_keys": None if quick else 10_000_000,
+        "rescale_keys": 100_000 if quick else 1_000_000,
     }
     console.print(f"[bold]cutline state backend benchmark[/]  {'quick, ' if quick else ''}"
                   f"{rounds} round(s); Python {platform.python_version()}, "
@@ -377,6 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     # 4. count() records/s
     results["count"] = run("count() records/s", case_count, p["count_keys"],
                            p["count_records"], rounds, 3) or []
+    # 6. rescale 2 -> 1 -> 2
+    results["rescale"] = run(f"rescale 2->1->2, {p['rescale_keys']:,} keys", case_rescale,
+                             p["rescale_keys"], rounds)
     # 5. scale
     results["scale"] = run(f"scale: {p['scale_keys']:,} keys", case_scale,
                            p["scale_keys"]) if p["scale_keys"] else None
@@ -406,8 +480,22 @@ def main(argv: list[str] | None = None) -> int:
                   ms(ro.get("async_median")), ms(ro.get("restore_median")),
                   mb(me.get("state_bytes")), ms(me.get("sync_median")),
                   ms(me.get("restore_median")))
-    t.add_row("rescale 2->1->2", "-", "-", "-", "see issue 6 rescaling", "-", "-", "-")
     console.print(t)
+    if results.get("rescale"):
+        r = results["rescale"]
+        t = Table(title=f"6. rescale 2 -> 1 -> 2: restore seconds, {r['keys']:,} keys "
+                        "(median of rounds)")
+        for col in ("backend", "2 -> 2 (same parallelism)", "2 -> 1", "1 -> 2",
+                    "(2->1 + 1->2) / 2x(2->2)"):
+            t.add_column(col, justify="right")
+        for kind in ("memory", "rocksdb"):
+            x = r.get(kind) or {}
+            same = x.get("2->2")
+            ratio = (x["2->1"] + x["1->2"]) / (2 * same) if same else None
+            r.setdefault("ratios", {})[kind] = ratio
+            t.add_row(kind, ms(same), ms(x.get("2->1")), ms(x.get("1->2")),
+                      f"{ratio:.2f}x" if ratio else "-")
+        console.print(t)
     sizes = [r for r in results["sizes"] if r.get("rocksdb")]
     if len(sizes) >= 2:
         lo, hi = sizes[0], sizes[-1]

@@ -161,11 +161,19 @@ def test_rescale_2_to_1_to_2_on_spark_with_a_kill(spark, tmp_path):
     worker killed by ``kill -9`` on the way.  The output is exactly the failure-free one."""
     from cutline.spark.faults import Kill
 
+    import time
+
     n = 40_000
     for par in (2, 1):
         p, _ = wordcount(tmp_path, n, "unaligned", rate=6_000, parallelism=par, interval=0.3)
+        job = p.start(spark=spark, timeout=120)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not (
+                job.driver is not None and len(job.driver.checkpoints) >= 2):
+            time.sleep(0.05)
+        job.cancel("the test moves on to the next parallelism")
         with pytest.raises(JobCancelled):
-            p.run(spark=spark, timeout=2.5)
+            job.result(60)
         assert CheckpointStorage(p.checkpoint.storage, p.name).completed()
     p, sink = wordcount(tmp_path, n, "unaligned", rate=15_000, parallelism=2, interval=0.3)
     kill = Kill(after_checkpoint=1, delay=0.2)

@@ -67,3 +67,12 @@ def test_kill_9_with_rocksdb_state_recovers_exactly(spark, tmp_path, mode, timeo
         assert got == want
     latest = CheckpointStorage(p.checkpoint.storage, p.name).latest()
     assert latest.shared, "the checkpoint holds no RocksDB files"
+
+
+def test_kill_9_while_uploading_recovers_exactly(spark, tmp_path):
+    """The worker dies on the upload thread: state file written, ack never sent."""
+    p, sink = tally_pipeline(tmp_path, "aligned")
+    # slot 1 hosts tally.1, whose snapshots finish on its upload thread
+    result = p.run(spark=spark, timeout=240, faults=(("snapshot_write", 1, 2),))
+    assert result.attempts >= 2, "the fault never fired"
+    assert collections.Counter(sink.results()) == expected(RECORDS)

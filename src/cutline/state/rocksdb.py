@@ -16,7 +16,10 @@ In front of the database sit two bounded dicts, so hot keys cost a dict lookup:
   when it is full).
 
 A read looks in ``dirty``, then ``clean``, then the database.  ``dirty`` is written to the
-database in one batch when it passes its bound and at every snapshot.
+database in one batch when it passes its bound and at every snapshot.  List and map state
+are stored whole (one entry each) and count as written whenever a function asks for them;
+a value-state object changed in place without ``update()`` is not written back (as in
+Flink's RocksDB backend: state values are copies).
 
 Snapshots (Flink's asynchronous incremental checkpoints):
 
