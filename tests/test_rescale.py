@@ -181,3 +181,17 @@ def test_rescale_2_to_1_to_2_on_spark_with_a_kill(spark, tmp_path):
     assert kill.killed, "the worker was never killed"
     assert result.attempts >= 2
     assert collections.Counter(sink.results()) == expected_rows(n)
+
+
+@pytest.mark.parametrize("scales", [(2, 1), (1, 3)])
+def test_rescaled_restore_is_exact_on_rocksdb(tmp_path, scales):
+    """The same with keyed state in RocksDB: a subtask restores the key groups it owns
+    from every old subtask's incremental snapshot."""
+    for p_, rate in ((scales[0], 12_000), (scales[1], None)):
+        p, sink = wordcount(tmp_path, N, "unaligned", rate=rate, parallelism=p_, interval=0.2)
+        p.with_checkpoint(state_backend="rocksdb")
+        if rate is not None:
+            _cancel_midway(p, timeout=0.9)
+    result = p.run(engine="threads", timeout=120)
+    assert result.restored_from is not None
+    assert collections.Counter(sink.results()) == expected_rows(N)

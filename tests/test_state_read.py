@@ -89,3 +89,12 @@ def test_cli_list(finished, capsys):
     assert main(["checkpoints", "list", storage, "wordcount", "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert rows and rows[-1]["path"] == finished
+
+
+def test_read_a_rocksdb_checkpoint(spark, tmp_path):
+    p, _ = wordcount(tmp_path, N, "aligned", interval=0.3)
+    p.with_checkpoint(state_backend="rocksdb")
+    p.run(engine="threads", timeout=60)
+    path = CheckpointStorage(p.checkpoint.storage, p.name).latest().path
+    rows = {r["key"]: r["count"] for r in cutline.state.read(spark, path, "count").collect()}
+    assert rows == dict(collections.Counter(w for i in range(N) for w in sentence(i).split()))
