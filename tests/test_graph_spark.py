@@ -93,9 +93,14 @@ def test_termination_on_spark_is_exact_and_never_early(spark):
 def test_token_ring_on_spark(spark):
     build = load_program(str(EXAMPLES / "token_ring.py"))
     t0 = time.monotonic()
-    result = build(processes=6, rounds=10, hold=0.003).run(
-        spark=spark, tasks=2, snapshot_interval=0.02, initiators=2, timeout=120)
-    assert result.stopped == "terminated" and not result.violations
-    assert any(not s.by_driver for s in result.snapshots)
-    assert any(s.in_transit for s in result.snapshots)
+    caught = False
+    for _ in range(4):  # a snapshot catching the token on the wire is a matter of timing
+        result = build(processes=6, rounds=10, hold=0.003).run(
+            spark=spark, tasks=2, snapshot_interval=0.02, initiators=2, timeout=120)
+        assert result.stopped == "terminated" and not result.violations
+        assert any(not s.by_driver for s in result.snapshots)
+        caught = any(s.in_transit for s in result.snapshots)
+        if caught:
+            break
+    assert caught, "no snapshot in 4 runs recorded the token in transit"
     print(f"\ntoken ring: {len(result.snapshots)} snapshots, {time.monotonic() - t0:.1f} s")
