@@ -1,0 +1,202 @@
+"""Before/after for a change to ``FileSource``: the version of a git revision against the
+working tree's, side by side in one run.
+
+Run ``python bench/ab_file_source.py --before REV`` (``--quick`` for a short run).  It
+measures, in interleaved rounds:
+
+1. the reader alone: ``FileReader.read_batch(1000)`` over 100 JSON-lines files of 1,000
+   events (the events of ``bench/vs_spark.py``), in this process;
+2. cutline end to end on embedded Spark: ``bench/vs_spark.py``'s stateless and keyed
+   pipelines over its backlog (records / processing time, checkpoints every 1 s);
+3. Spark's runs of the same workloads (``mapInPandas``, ``applyInPandasWithState``, SQL
+   aggregation), once a round, so that cutline / Spark is shown before and after.
+
+The old ``files.py`` is read with ``git show REV:src/cutline/connectors/files.py``, loaded
+as a module of ``cutline.connectors`` and shipped to the Spark workers by value, so both
+versions run against the same everything else.  Results go to
+``bench/results/ab_file_source.json``.  Exit code is 0 unless the arguments are bad.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import vs_spark as vs  # noqa: E402 - the workloads, input and pipelines of the comparison
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from cutline.connectors import files as files_now  # noqa: E402
+from cutline.spark.launcher import embedded_session  # noqa: E402
+
+OUT = HERE / "results" / "ab_file_source.json"
+
+
+def load_revision(rev: str) -> object:
+    try:
+        text = subprocess.run(["git", "show", f"{rev}:src/cutline/connectors/files.py"],
+                              cwd=HERE.parent, capture_output=True, text=True, check=True,
+                              timeout=30).stdout
+    except subprocess.CalledProcessError as exc:
+        raise SystemExit(f"cannot read files.py at revision {rev!r}: {exc.stderr.strip()}")
+    path = Path(tempfile.mkdtemp(prefix="cutline-ab-")) / "files_before.py"
+    path.write_text(text)
+    name = "cutline.connectors.files_before"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    shutil.rmtree(path.parent, ignore_errors=True)  # loaded; Spark ships it by value
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(module)  # Spark workers cannot import it
+    return module
+
+
+def read_all(module: object, directory: Path, keep: list | None = None) -> int:
+    reader = module.FileSource(str(directory)).create_reader()
+    reader.open(0, 1)
+    n = 0
+    while (batch := reader.read_batch(1000)) is not None:
+        n += len(batch)
+        if keep is not None:
+            keep.extend(batch)
+    reader.close()
+    return n
+
+
+def cutline_rate(ctx: dict, module: object, workload: str) -> float:
+    from cutline.connectors import ParquetSink
+    from cutline.spark.launcher import run_pipeline
+
+    with vs.Workdir() as d:
+        p = vs.cutline_pipeline(f"ab-{workload}", workload,
+                                module.FileSource(str(ctx["backlog"])),
+                                ParquetSink(str(d / "out")), f"file://{d}/ck", vs.INTERVAL)
+        watch = vs.AttemptWatcher()
+        result = run_pipeline(p, ctx["spark"], on_start=watch, timeout=vs.JOB_TIMEOUT)
+        end = [c for c in result.checkpoints if c.final][-1].completed
+    return ctx["expected"]["records"] / (end - watch.started)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--before", required=True, help="git revision of the 'before' files.py")
+    ap.add_argument("--quick", action="store_true", help="short run")
+    ap.add_argument("--rounds", type=vs._positive_int, default=None,
+                    help="rounds (default 5, quick 1)")
+    ap.add_argument("--out", type=Path, default=OUT, help="JSON results file")
+    args = ap.parse_args(argv)
+    console = Console() if sys.stdout.isatty() else Console(width=140)
+    before = load_revision(args.before)
+    versions = {"before": before, "after": files_now}
+
+    spark = embedded_session(slots=vs.SLOTS)
+    spark.conf.set("spark.sql.shuffle.partitions", str(vs.PARALLELISM))
+    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "1000")
+    ctx = {"spark": spark}
+    work = Path(tempfile.mkdtemp(prefix="cutline-ab-input-"))
+    try:
+        return _measure(args, console, versions, ctx, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        spark.stop()
+
+
+def _measure(args: argparse.Namespace, console: Console, versions: dict, ctx: dict,
+             work: Path) -> int:
+    rounds = args.rounds or (1 if args.quick else 5)
+    records = 50_000 if args.quick else 400_000
+    before, after = versions["before"], versions["after"]
+    small = work / "small"
+    vs.write_backlog(small, 100_000, 100)
+    ctx["backlog"] = work / "backlog"
+    ctx["expected"] = vs.write_backlog(ctx["backlog"], records, records // vs.EVENTS_PER_FILE)
+    old_records, new_records = [], []
+    read_all(before, small, old_records)
+    read_all(after, small, new_records)
+    if old_records != new_records:
+        raise SystemExit("the two versions read different records")
+    del old_records, new_records
+    for module in versions.values():  # warm up: workers started, modules imported
+        for workload in (vs.STATELESS, vs.KEYED):
+            cutline_rate(ctx, module, workload)
+    spark_cases = [(vs.STATELESS, vs.SPARK_PY), (vs.KEYED, vs.SPARK_PY),
+                   (vs.KEYED_SQL, vs.SPARK_SQL)]
+    for w, e in spark_cases:
+        vs.spark_throughput(ctx, w, e)
+
+    cases = [("reader alone", lambda m: 100_000 / _timed(read_all, m, small))]
+    cases += [(f"cutline {w}", lambda m, w=w: cutline_rate(ctx, m, w))
+              for w in (vs.STATELESS, vs.KEYED)]
+    runs: dict[str, dict[str, list[float]]] = {c: {"before": [], "after": []} for c, _ in cases}
+    spark_rates: dict[str, list[float]] = {vs.SPARK_API[c]: [] for c in spark_cases}
+    for r in range(rounds):
+        order = ["before", "after"] if r % 2 == 0 else ["after", "before"]
+        for case, fn in cases:
+            for version in order:
+                rate = fn(versions[version])
+                runs[case][version].append(rate)
+                console.print(f"  round {r + 1}/{rounds}: {case:<22} {version:<6} "
+                              f"{rate:>10,.0f} records/s", style="dim")
+        for w, e in spark_cases:
+            rate = vs.spark_throughput(ctx, w, e)["rate"]
+            spark_rates[vs.SPARK_API[w, e]].append(rate)
+            console.print(f"  round {r + 1}/{rounds}: Spark {vs.SPARK_API[w, e]:<22} "
+                          f"{rate:>10,.0f} records/s", style="dim")
+
+    table = Table(title=f"FileSource {args.before} (before) vs working tree (after): records/s, "
+                        f"median of {rounds} round(s)")
+    for col in ("case", "before", "after", "after / before", "per round"):
+        table.add_column(col, justify="left" if col == "case" else "right")
+    summary = {}
+    for case, v in runs.items():
+        b, a = vs.median(v["before"]), vs.median(v["after"])
+        per = [y / x for x, y in zip(v["before"], v["after"])]
+        summary[case] = {"before": b, "after": a, "ratio": a / b, "per_round": per,
+                         "noise": vs.noise_of(per)}
+        table.add_row(case, f"{b:,.0f}", f"{a:,.0f}", f"{a / b:.2f}x",
+                      ", ".join(f"{x:.2f}" for x in per))
+    console.print(table)
+    vs_spark = {}
+    rt = Table(title="cutline / Spark throughput, before and after (median of per-round ratios)")
+    for col in ("cutline workload", "Spark", "before", "after"):
+        rt.add_column(col, justify="left" if col in ("cutline workload", "Spark") else "right")
+    for cw, api in ((vs.STATELESS, "mapInPandas"), (vs.KEYED, "applyInPandasWithState"),
+                    (vs.KEYED, "SQL aggregation")):
+        case = f"cutline {cw}"
+        ratios = {v: vs.median([c / s_ for c, s_ in zip(runs[case][v], spark_rates[api])])
+                  for v in ("before", "after")}
+        vs_spark[f"{cw} / {api}"] = ratios
+        rt.add_row(cw, api, f"{ratios['before']:.2f}x", f"{ratios['after']:.2f}x")
+    console.print(rt)
+    result = {"benchmark": "FileSource before/after, side by side", "before": args.before,
+              "git": vs.git_state(), "rounds": rounds, "records": records,
+              "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "summary": summary, "cutline_over_spark": vs_spark, "runs": runs,
+              "spark_runs": spark_rates}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    console.print(f"results written to {args.out}", style="dim")
+    return 0
+
+
+def _timed(fn, *a) -> float:
+    t0 = time.perf_counter()
+    fn(*a)
+    return time.perf_counter() - t0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Smoke test: ``bench/vs_spark.py --quick`` (small sizes) runs every workload on both
+systems, prints the ratio table and writes JSON and plots.  Numbers are not checked: this is
+a benchmark, not a test."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "vs_spark.py"
+
+
+@pytest.mark.slow
+def test_vs_spark_bench_quick(tmp_path):
+    out = tmp_path / "vs_spark.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--records", "8000", "--latency-seconds", "2.5",
+         "--warmup", "0.5", "--rate", "300", "--no-profile", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert "cutline vs Spark: ratios (cutline / Spark)" in proc.stdout, proc.stdout
+    result = json.loads(out.read_text())
+    assert result["quick"] is True
+    assert result["errors"] == [], result["errors"]
+    workloads = {row["workload"] for row in result["summary"]}
+    assert workloads == {"stateless", "keyed", "keyed-sql"}, workloads
+    assert {row["kind"] for row in result["summary"]} == {"throughput", "latency"}
+    assert "windowed" in result["skipped"]
+    for row in result["summary"]:
+        assert row["ratio"] is not None and row["ratio"] > 0, row
+    for name, runs in result["runs"].items():
+        assert all(r is not None for r in runs), name
+        if name.startswith("tp |"):
+            assert all(r["output"]["ok"] for r in runs), (name, runs)
+    for plot in result["plots"]:
+        assert Path(plot).stat().st_size > 0
+
+
+def test_vs_spark_bench_rejects_bad_arguments():
+    for args, message in ((["--rate", "-5"], "must be a finite number > 0"),
+                          (["--records", "many"], "expected a whole number"),
+                          (["--latency-seconds", "2", "--warmup", "3"], "must be shorter"),
+                          (["--only", "everything"], "invalid choice")):
+        proc = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert message in proc.stderr, (args, proc.stderr)
