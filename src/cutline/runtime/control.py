@@ -13,10 +13,13 @@ import hmac
 import secrets
 import socket
 import struct
+import logging
 import threading
 from typing import Any
 
 import msgpack
+
+_log = logging.getLogger("cutline.control")
 
 __all__ = ["FrameConnection", "HandshakeError", "connect", "accept"]
 
@@ -111,3 +114,53 @@ def accept(sock: socket.socket, secret: bytes, timeout: float = 10.0) -> FrameCo
     conn.send({"op": "welcome"})
     sock.settimeout(None)
     return conn
+
+
+class ControlService:
+    """A driver's listening socket: connections must pass the handshake with ``secret``
+    (strangers are refused and logged, never read); every message then arrives on ``events``
+    as ``(conn, msg)``, and a closed connection as ``(conn, {"op": "_disconnected"})``."""
+
+    def __init__(self, host: str, secret: bytes, events: Any, name: str = "cutline") -> None:
+        self.secret, self.events, self.name = secret, events, name
+        self._server = socket.create_server((host, 0))
+        self._server.settimeout(0.2)  # close() does not wake accept(): poll _stopping
+        self.address: tuple[str, int] = self._server.getsockname()[:2]
+        self._stopping = False
+        self._thread = threading.Thread(target=self._accept_loop, name=f"{name}-accept",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stopping = True
+        try:
+            self._server.close()
+        except OSError:
+            pass
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)
+
+    def _accept_loop(self) -> None:
+        while not self._stopping:
+            try:
+                sock, peer = self._server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            sock.settimeout(None)
+            threading.Thread(target=self._serve, args=(sock, peer), daemon=True).start()
+
+    def _serve(self, sock: socket.socket, peer: Any) -> None:
+        try:
+            conn = accept(sock, self.secret)
+        except HandshakeError as exc:
+            _log.warning("%s: refused control connection from %s: %s", self.name, peer, exc)
+            return
+        try:
+            while True:
+                self.events.put((conn, conn.recv()))
+        except (ConnectionError, OSError):
+            self.events.put((conn, {"op": "_disconnected"}))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import queue
 import secrets
-import socket
 import threading
 import time
 from concurrent.futures import Future
@@ -31,7 +30,7 @@ from ..protocol.coordinator import (
     FailJob,
     Trigger,
 )
-from ..runtime.control import FrameConnection, HandshakeError, accept
+from ..runtime.control import ControlService, FrameConnection
 from ..runtime.restore import check_compatible, plan_summary, read_states
 from ..storage.checkpoints import CheckpointStorage
 
@@ -112,8 +111,8 @@ class JobDriver:
         self.cancel_requested: str | None = None  # RunningJob.cancel(): why
         self._savepoints: dict[int, tuple[Future, bool]] = {}  # id -> (waiter, stop after)
         self.stopped_with_savepoint: str | None = None
-        self._server = socket.create_server((host, 0))
-        self.address = self._server.getsockname()[:2]
+        self._control = ControlService(host, self.secret, self.events, "cutline-driver")
+        self.address = self._control.address
         self._stopping = False
         self._triggered: dict[int, float] = {}
         self._final: int | None = None
@@ -130,35 +129,11 @@ class JobDriver:
 
         self.admin = AdminServer(self, self.address[0])  # cutline savepoint from outside
         self.admin.start()
-        self._server.settimeout(0.2)  # close() does not wake accept(): poll _stopping
+        self._control.start()
         self._threads = [
-            threading.Thread(target=self._accept_loop, name="cutline-accept", daemon=True),
             threading.Thread(target=self._main_loop, name="cutline-driver", daemon=True)]
         for t in self._threads:
             t.start()
-
-    def _accept_loop(self) -> None:
-        while not self._stopping:
-            try:
-                sock, peer = self._server.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            sock.settimeout(None)
-            threading.Thread(target=self._serve, args=(sock, peer), daemon=True).start()
-
-    def _serve(self, sock: socket.socket, peer: Any) -> None:
-        try:
-            conn = accept(sock, self.secret)
-        except HandshakeError as exc:
-            log.warning("refused control connection from %s: %s", peer, exc)
-            return
-        try:
-            while True:
-                self.events.put((conn, conn.recv()))
-        except (ConnectionError, OSError):
-            self.events.put((conn, {"op": "_disconnected"}))
 
     # ------------------------------------------------------------------ main loop
 
@@ -480,7 +455,7 @@ class JobDriver:
                 log.warning("%s", warning)
             return handle.path
         except BaseException:
-            self._server.close()  # the run does not start: leave no listener behind
+            self._control.close()  # the run does not start: leave no listener behind
             raise
 
     def stop(self) -> None:
@@ -494,7 +469,7 @@ class JobDriver:
                 c.close()
             except OSError:
                 pass
-        self._server.close()
+        self._control.close()
         for t in getattr(self, "_threads", ()):
             if t is not threading.current_thread():
                 t.join(timeout=2)

@@ -24,7 +24,6 @@ import pickle
 import queue
 import random
 import secrets
-import socket
 import threading
 import time
 from collections import deque
@@ -34,7 +33,7 @@ from typing import Any
 from ..graph.predicates import Predicate, terminated
 from ..graph.result import Attempt, RunResult
 from ..graph.snapshot import KIND, decode, open_snapshot, write_snapshot
-from ..runtime.control import FrameConnection, HandshakeError, accept
+from ..runtime.control import ControlService, FrameConnection
 from ..sim.trace import TraceEvent
 from ..storage.checkpoints import CheckpointStorage
 
@@ -146,9 +145,8 @@ class GraphDriver:
         self.last_trigger = 0.0
         self._reach = self._adjacency()
         self._cover_cache: dict[frozenset, list[str]] = {}
-        self._server = socket.create_server((host, 0))
-        self.address = self._server.getsockname()[:2]
-        self._stopping_server = False
+        self._control = ControlService(host, self.secret, self.events, "cutline-graph")
+        self.address = self._control.address
 
     # ------------------------------------------------------------------ set-up
 
@@ -210,35 +208,11 @@ class GraphDriver:
     # ------------------------------------------------------------------ network
 
     def start(self) -> None:
-        self._server.settimeout(0.2)
+        self._control.start()
         self._threads = [
-            threading.Thread(target=self._accept_loop, name="cutline-graph-accept", daemon=True),
             threading.Thread(target=self._main_loop, name="cutline-graph-driver", daemon=True)]
         for t in self._threads:
             t.start()
-
-    def _accept_loop(self) -> None:
-        while not self._stopping_server:
-            try:
-                sock, peer = self._server.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            sock.settimeout(None)
-            threading.Thread(target=self._serve, args=(sock, peer), daemon=True).start()
-
-    def _serve(self, sock: socket.socket, peer: Any) -> None:
-        try:
-            conn = accept(sock, self.secret)
-        except HandshakeError as exc:
-            log.warning("refused control connection from %s: %s", peer, exc)
-            return
-        try:
-            while True:
-                self.events.put((conn, conn.recv()))
-        except (ConnectionError, OSError):
-            self.events.put((conn, {"op": "_disconnected"}))
 
     def _send(self, conn: FrameConnection | None, msg: dict) -> None:
         if conn is None:
@@ -466,14 +440,13 @@ class GraphDriver:
         self._broadcast({"op": "stop"})
 
     def close(self) -> None:
-        self._stopping_server = True
         self.done.set()
         for c in self.attempt.conns.values():
             try:
                 c.close()
             except OSError:
                 pass
-        self._server.close()
+        self._control.close()
         for t in getattr(self, "_threads", ()):
             if t is not threading.current_thread():
                 t.join(timeout=2)
