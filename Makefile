@@ -26,6 +26,8 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/protocol.py
 	$(PY) bench/runtime.py
+	$(PY) bench/state.py
+	$(PY) bench/vs_spark.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
