@@ -119,7 +119,8 @@ def accept(sock: socket.socket, secret: bytes, timeout: float = 10.0) -> FrameCo
 class ControlService:
     """A driver's listening socket: connections must pass the handshake with ``secret``
     (strangers are refused and logged, never read); every message then arrives on ``events``
-    as ``(conn, msg)``, and a closed connection as ``(conn, {"op": "_disconnected"})``."""
+    as ``(conn, msg)``, and a closed connection as ``(conn, {"op": "_disconnected"})``.
+    :meth:`close` closes every connection still open, of any attempt."""
 
     def __init__(self, host: str, secret: bytes, events: Any, name: str = "cutline") -> None:
         self.secret, self.events, self.name = secret, events, name
@@ -127,6 +128,8 @@ class ControlService:
         self._server.settimeout(0.2)  # close() does not wake accept(): poll _stopping
         self.address: tuple[str, int] = self._server.getsockname()[:2]
         self._stopping = False
+        self._conns: set[FrameConnection] = set()
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept_loop, name=f"{name}-accept",
                                         daemon=True)
 
@@ -139,6 +142,13 @@ class ControlService:
             self._server.close()
         except OSError:
             pass
+        with self._lock:
+            conns, self._conns = list(self._conns), set()
+        for c in conns:
+            try:
+                c.close()
+            except OSError:
+                pass
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=2)
 
@@ -159,8 +169,16 @@ class ControlService:
         except HandshakeError as exc:
             _log.warning("%s: refused control connection from %s: %s", self.name, peer, exc)
             return
+        with self._lock:
+            if self._stopping:
+                conn.close()
+                return
+            self._conns.add(conn)
         try:
             while True:
                 self.events.put((conn, conn.recv()))
         except (ConnectionError, OSError):
             self.events.put((conn, {"op": "_disconnected"}))
+        finally:
+            with self._lock:
+                self._conns.discard(conn)

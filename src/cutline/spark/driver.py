@@ -109,6 +109,9 @@ class JobDriver:
         self.done = threading.Event()
         self.error: str | None = None
         self.cancel_requested: str | None = None  # RunningJob.cancel(): why
+        # set by check_restore: the checkpoint attempt 0 restores, verified once
+        self._checked_restore = False
+        self._latest_at_start: str | None = None
         self._savepoints: dict[int, tuple[Future, bool]] = {}  # id -> (waiter, stop after)
         self.stopped_with_savepoint: str | None = None
         self._control = ControlService(host, self.secret, self.events, "cutline-driver")
@@ -186,21 +189,13 @@ class JobDriver:
         elif op == "drained":
             task = msg["task"]
             self._drained.add(task)
-            # Checkpoints in flight whose barriers can no longer reach it: trigger directly.
-            for n in list(self.coordinator.pending):
-                pending = self.coordinator.pending.get(n)
-                if pending is not None and task in pending.missing:
-                    self._send_to_task(task, {"op": "trigger", "checkpoint": n, "task": task})
+            self._trigger_pending_at(task)
             self._maybe_final(now)
         elif op == "forward_closed":
             task = msg["task"]
             self._forward_closed.add(task)
-            # no barrier can reach it from outside the loop any more: trigger it directly
-            # (it snapshots, sends the barrier round the loop and logs the feedback edge)
-            for n in list(self.coordinator.pending):
-                pending = self.coordinator.pending.get(n)
-                if pending is not None and task in pending.missing:
-                    self._send_to_task(task, {"op": "trigger", "checkpoint": n, "task": task})
+            # it snapshots, sends the barrier round the loop and logs the feedback edge
+            self._trigger_pending_at(task)
             if self._forward_closed >= self.loop_heads:
                 self._probe_at = now
         elif op == "metrics":
@@ -225,6 +220,14 @@ class JobDriver:
             if self.attempt.started and not self.done.is_set():
                 log.warning("attempt %d lost a task; waiting for Spark to restart the stage",
                             self.attempt.number)
+
+    def _trigger_pending_at(self, task: str) -> None:
+        """Checkpoints in flight whose barriers can no longer reach ``task`` (its inputs
+        ended, or its inputs from outside a loop did): trigger them there directly."""
+        for n in list(self.coordinator.pending):
+            pending = self.coordinator.pending.get(n)
+            if pending is not None and task in pending.missing:
+                self._send_to_task(task, {"op": "trigger", "checkpoint": n, "task": task})
 
     def _note_cpu(self, conn: FrameConnection, msg: dict) -> None:
         slot = next((s for s, c in self.attempt.conns.items() if c is conn), None)
@@ -318,6 +321,8 @@ class JobDriver:
             path = self.checkpoints[-1].path
         elif self.restore_path is not None:  # the user's choice wins over older leftovers
             path = self.restore_path
+        elif self._checked_restore:  # check_restore verified it: no second full read
+            path = self._latest_at_start
         else:
             latest = self.storage.latest()
             path = latest.path if latest is not None else None
@@ -448,6 +453,8 @@ class JobDriver:
                 handle = self.storage.open(self.restore_path)
             else:
                 handle = self.storage.latest()
+            self._checked_restore = True
+            self._latest_at_start = handle.path if handle is not None else None
             if handle is None:
                 return None
             for warning in check_compatible(handle.metadata, read_states(handle), self.plan,
@@ -464,12 +471,7 @@ class JobDriver:
         if getattr(self, "admin", None) is not None:
             self.admin.stop()
         self._fail_savepoints("the job stopped")
-        for c in self.attempt.conns.values():
-            try:
-                c.close()
-            except OSError:
-                pass
-        self._control.close()
+        self._control.close()  # and every task connection, of this attempt or older ones
         for t in getattr(self, "_threads", ()):
             if t is not threading.current_thread():
                 t.join(timeout=2)

@@ -441,12 +441,7 @@ class GraphDriver:
 
     def close(self) -> None:
         self.done.set()
-        for c in self.attempt.conns.values():
-            try:
-                c.close()
-            except OSError:
-                pass
-        self._control.close()
+        self._control.close()  # and every task connection
         for t in getattr(self, "_threads", ()):
             if t is not threading.current_thread():
                 t.join(timeout=2)

@@ -172,6 +172,17 @@ def fetch_shared(base_url: str, rel: str, dest: str, size: int, sha256: str, *,
     return got
 
 
+def _check_file(where: str, info: dict, size: int | None, sha: str) -> None:
+    """A state or shared file against the size and sha256 its ``_metadata`` lists."""
+    if size != info["size"]:
+        raise CorruptCheckpointError(
+            f"size mismatch in {where}: expected {info['size']} bytes, found {size}")
+    if sha != info["sha256"]:
+        raise CorruptCheckpointError(
+            f"checksum mismatch in {where}: expected sha256 {info['sha256'][:12]}..., "
+            f"got {sha[:12]}...")
+
+
 class CheckpointHandle:
     """A completed checkpoint or savepoint whose ``_metadata`` verified."""
 
@@ -239,13 +250,7 @@ class CheckpointHandle:
                 raise CorruptCheckpointError(f"missing {where}")
             size, sha = (sizes[full], info["sha256"]) if not deep else \
                 _fs_sha256(self._fs, full)
-            if size != info["size"]:
-                raise CorruptCheckpointError(
-                    f"size mismatch in {where}: expected {info['size']} bytes, found {size}")
-            if sha != info["sha256"]:
-                raise CorruptCheckpointError(
-                    f"checksum mismatch in {where}: expected sha256 {info['sha256'][:12]}..., "
-                    f"got {sha[:12]}...")
+            _check_file(where, info, size, sha)
 
     def _info(self, task: str) -> dict:
         try:
@@ -255,14 +260,7 @@ class CheckpointHandle:
                            f"(tasks: {', '.join(self.tasks) or 'none'})") from None
 
     def _check(self, info: dict, size: int | None, sha: str) -> None:
-        where = f"{self._label}/{info['file']}"
-        if size != info["size"]:
-            raise CorruptCheckpointError(
-                f"size mismatch in {where}: expected {info['size']} bytes, found {size}")
-        if sha != info["sha256"]:
-            raise CorruptCheckpointError(
-                f"checksum mismatch in {where}: expected sha256 {info['sha256'][:12]}..., "
-                f"got {sha[:12]}...")
+        _check_file(f"{self._label}/{info['file']}", info, size, sha)
 
 
 class CheckpointStorage:
