@@ -121,7 +121,7 @@ def test_no_orphaned_shared_files_after_many_checkpoints_with_retention(tmp_path
         handle.verify(deep=True)
         counts = {}
         for state in read_states(handle).values():
-            for blob in (state.get("ops") or {}).values():
+            for blob in state.ops.values():
                 for _, (name, word), v in read_entries(blob):
                     counts[word] = v
         if n == kept[-1]:  # the final checkpoint: every word fully counted

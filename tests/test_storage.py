@@ -171,6 +171,29 @@ def test_savepoint_layout_and_reuse(tmp_path):
     assert other.open(path).job == "job"
 
 
+def test_a_savepoint_commit_promotes_the_states_tasks_wrote_under_chk(tmp_path):
+    """Tasks write a savepoint's states under chk-<id> (a barrier does not say it is a
+    savepoint's): committing it as a savepoint moves them into its own directory."""
+    st = CheckpointStorage(str(tmp_path), "job")
+    acks = {t: st.write_task_state(3, t, b"state of " + t.encode()) for t in ("a.0", "b.0")}
+    with open(tmp_path / "job" / "chk-3" / ".a.0.state.x.tmp", "wb"):
+        pass  # a leftover temporary file goes with the directory
+    path = st.commit(3, {"m": 1}, savepoint=True, states=acks)
+    assert os.path.basename(path).startswith("savepoint-3-")
+    assert sorted(os.listdir(tmp_path / "job")) == [os.path.basename(path)]  # chk-3 gone
+    h = st.open(path)
+    assert h.is_savepoint and h.read_task_state("b.0") == b"state of b.0"
+    h.verify(deep=True)
+    assert st.completed() == [] and st.next_id() == 4
+    st.retain(1)
+    assert st.open(path).is_savepoint, "retention never deletes savepoints"
+    # a committed checkpoint is never turned into a savepoint
+    checkpoint(st, 5)
+    with pytest.raises(CheckpointStorageError, match="chk-5 is a committed checkpoint"):
+        st.commit(5, {}, savepoint=True)
+    assert st.open(5).read_task_state("src-0") == b"offset=5"
+
+
 def test_bad_url_scheme_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"'nosuch://bucket/x'.*scheme 'nosuch'"):
         CheckpointStorage("nosuch://bucket/x", "job")

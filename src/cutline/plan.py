@@ -22,7 +22,7 @@ from typing import Any
 from .api import FORWARD, HASH, Node, Pipeline
 
 __all__ = ["stable_hash", "key_group", "key_group_range", "subtask_for_key_group",
-           "Chain", "Edge", "PhysicalPlan", "plan"]
+           "ChannelId", "Chain", "Edge", "PhysicalPlan", "plan"]
 
 
 def stable_hash(key: Any) -> int:
@@ -68,6 +68,50 @@ def key_group_range(subtask: int, parallelism: int, max_parallelism: int) -> ran
 
 def subtask_for_key_group(group: int, parallelism: int, max_parallelism: int) -> int:
     return group * parallelism // max_parallelism
+
+
+class ChannelId(str):
+    """The id of one channel, ``"<src chain>.<i>-><dst chain>.<j>"``, with its parts.
+
+    It *is* its text (a ``str``): the wire, the messages and the checkpoint files carry the
+    text, and a dict keyed by channel takes either form at the cost of a plain ``str`` (its
+    hash is cached), so the record path pays nothing for the parts.  Code that needs a part
+    reads an attribute; the text is parsed back in one place only, :meth:`parse`, for ids
+    read from a checkpoint file.
+    """
+
+    src_chain: str
+    src_index: int
+    dst_chain: str
+    dst_index: int
+
+    def __new__(cls, src_chain: str, src_index: int, dst_chain: str, dst_index: int
+                ) -> "ChannelId":
+        self = super().__new__(cls, f"{src_chain}.{src_index}->{dst_chain}.{dst_index}")
+        self.src_chain, self.src_index = src_chain, src_index
+        self.dst_chain, self.dst_index = dst_chain, dst_index
+        return self
+
+    def __getnewargs__(self) -> tuple[str, int, str, int]:  # type: ignore[override]
+        return self.src_chain, self.src_index, self.dst_chain, self.dst_index
+
+    @property
+    def src_task(self) -> str:
+        return f"{self.src_chain}.{self.src_index}"
+
+    @property
+    def dst_task(self) -> str:
+        return f"{self.dst_chain}.{self.dst_index}"
+
+    @classmethod
+    def parse(cls, text: str) -> "ChannelId":
+        """The id whose text is ``text`` (as a checkpoint file stores it)."""
+        src, sep, dst = text.partition("->")
+        src_chain, dot1, i = src.rpartition(".")
+        dst_chain, dot2, j = dst.rpartition(".")
+        if not (sep and dot1 and dot2 and i.isdigit() and j.isdigit()):
+            raise ValueError(f"not a channel id: {text!r} (expected 'a.0->b.1')")
+        return cls(src_chain, int(i), dst_chain, int(j))
 
 
 @dataclass
@@ -118,8 +162,8 @@ class PhysicalPlan:
     def __post_init__(self) -> None:
         self.slots = max(c.parallelism for c in self.chains)
 
-    def channel_id(self, edge: Edge, i: int, j: int) -> str:
-        return f"{self.chains[edge.src].task_id(i)}->{self.chains[edge.dst].task_id(j)}"
+    def channel_id(self, edge: Edge, i: int, j: int) -> ChannelId:
+        return ChannelId(self.chains[edge.src].uid, i, self.chains[edge.dst].uid, j)
 
     def tasks(self) -> list[tuple[Chain, int]]:
         return [(c, i) for c in self.chains for i in range(c.parallelism)]
@@ -127,7 +171,7 @@ class PhysicalPlan:
     def tasks_in_slot(self, slot: int) -> list[tuple[Chain, int]]:
         return [(c, slot) for c in self.chains if slot < c.parallelism]
 
-    def inputs(self, chain: Chain, subtask: int) -> list[str]:
+    def inputs(self, chain: Chain, subtask: int) -> list[ChannelId]:
         out = []
         for e in self.edges:
             if e.dst == chain.id:
@@ -136,7 +180,7 @@ class PhysicalPlan:
                         if j == subtask]
         return out
 
-    def back_channels(self, chain: Chain, subtask: int) -> frozenset[str]:
+    def back_channels(self, chain: Chain, subtask: int) -> frozenset[ChannelId]:
         """The input channels of this subtask that are an iteration's feedback edges."""
         return frozenset(
             self.channel_id(e, i, j) for e in self.edges if e.back and e.dst == chain.id
@@ -148,7 +192,7 @@ class PhysicalPlan:
         """Chains that hold the head of an iteration."""
         return [c for c in self.chains if any(n.kind == "iterate" for n in c.nodes)]
 
-    def outputs(self, chain: Chain, subtask: int) -> list[tuple[Edge, list[str]]]:
+    def outputs(self, chain: Chain, subtask: int) -> list[tuple[Edge, list[ChannelId]]]:
         """Per outgoing edge, the channel ids to the downstream subtasks, by subtask index."""
         out = []
         for e in self.edges:

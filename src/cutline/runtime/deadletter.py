@@ -95,19 +95,5 @@ class DeadLetters:
 
     @staticmethod
     def restored_handles(view: Any, chain: Any, index: int) -> list[dict]:
-        """The dead-letter handles a restore gives this subtask: its own, or after a
-        parallelism change those of every old subtask ``i`` with ``i % parallelism ==
-        index`` (as for sinks)."""
-        if view is None:
-            return []
-        own = view.own(chain, index)
-        if own is not None:
-            return list(own.get("dead_letter") or [])
-        out = []
-        for task, st in sorted(view.states.items()):
-            old_chain, _, old_index = task.rpartition(".")
-            if (st.get("chain") or old_chain) != chain.uid:
-                continue
-            if int(st.get("index", old_index)) % chain.parallelism == index:
-                out.extend(st.get("dead_letter") or [])
-        return out
+        """The dead-letter handles a restore gives this subtask (none without a restore)."""
+        return [] if view is None else view.dead_letter_handles(chain, index)

@@ -21,35 +21,20 @@ from __future__ import annotations
 
 import pickle
 from collections import defaultdict
-from typing import Any
+from collections.abc import Mapping
 
-import msgpack
-
-from ..plan import HASH, Chain, PhysicalPlan, key_group, subtask_for_key_group
+from ..plan import HASH, Chain, ChannelId, PhysicalPlan, key_group, subtask_for_key_group
+from ..storage.schema import TaskState, read_task_states
 
 __all__ = ["IncompatibleCheckpointError", "RestoreView", "check_compatible", "plan_summary",
            "read_states"]
 
+# Every task state of a checkpoint, decoded (:mod:`cutline.storage.schema`).
+read_states = read_task_states
+
 
 class IncompatibleCheckpointError(ValueError):
     """The pipeline changed since its checkpoint in a way its state cannot follow."""
-
-
-def _split_task(task: str) -> tuple[str, int]:
-    chain, _, index = task.rpartition(".")
-    return chain, int(index)
-
-
-def _split_channel(channel: str) -> tuple[str, int, str, int]:
-    src, _, dst = channel.partition("->")
-    return (*_split_task(src), *_split_task(dst))
-
-
-def read_states(handle: Any) -> dict[str, dict]:
-    """Every task state of a checkpoint (a verified ``CheckpointHandle``), decoded."""
-    return {task: msgpack.unpackb(handle.read_task_state(task), raw=False,
-                                  strict_map_key=False)
-            for task in handle.tasks}
 
 
 def plan_summary(plan: PhysicalPlan) -> dict:
@@ -61,27 +46,24 @@ def plan_summary(plan: PhysicalPlan) -> dict:
     }
 
 
-def _stateful_uids(states: dict[str, dict]) -> dict[str, str]:
+def _stateful_uids(states: Mapping[str, TaskState]) -> dict[str, str]:
     """uid -> what state of it the checkpoint holds ("keyed", "source", "sink", "in-flight")."""
     out: dict[str, str] = {}
-    for task, st in states.items():
-        for uid in st.get("ops") or {}:
+    for st in states.values():
+        for uid in st.ops:
             out[uid] = "keyed state"
-        if st.get("source") is not None:
-            out[st.get("source_uid") or st.get("chain") or _split_task(task)[0]] = \
-                "source position"
-        if st.get("sink"):
-            uid = st.get("sink_uid")
-            if uid:
-                out[uid] = "sink transactions"
-        for part in ("channels", "out_channels"):
-            for ch, blobs in (st.get(part) or {}).items():
+        if st.source is not None and st.source_uid is not None:
+            out[st.source_uid] = "source position"
+        if st.sink and st.sink_uid is not None:
+            out[st.sink_uid] = "sink transactions"
+        for part in (st.channels, st.out_channels):
+            for ch, blobs in part.items():
                 if blobs:
-                    out.setdefault(_split_channel(ch)[2], "in-flight records")
+                    out.setdefault(ch.dst_chain, "in-flight records")
     return out
 
 
-def check_compatible(metadata: dict, states: dict[str, dict], plan: PhysicalPlan,
+def check_compatible(metadata: dict, states: Mapping[str, TaskState], plan: PhysicalPlan,
                      label: str, allow_non_restored_state: bool = False) -> list[str]:
     """Raise :class:`IncompatibleCheckpointError` if ``plan`` cannot restore this checkpoint.
 
@@ -104,7 +86,7 @@ def check_compatible(metadata: dict, states: dict[str, dict], plan: PhysicalPlan
             dropped.append(f"{what} of operator {uid!r}")
     old_maxp = metadata.get("max_parallelism") or (metadata.get("plan") or {}).get(
         "max_parallelism")
-    keyed = any(st.get("ops") for st in states.values())
+    keyed = any(st.ops for st in states.values())
     if keyed and old_maxp is not None and int(old_maxp) != plan.max_parallelism:
         problems.append(f"max_parallelism changed from {old_maxp} to {plan.max_parallelism}: "
                         "keyed state is split into max_parallelism key groups, which cannot "
@@ -124,37 +106,27 @@ def check_compatible(metadata: dict, states: dict[str, dict], plan: PhysicalPlan
 class RestoreView:
     """A checkpoint's task states, read for the subtasks of ``plan``."""
 
-    def __init__(self, states: dict[str, dict], plan: PhysicalPlan) -> None:
+    def __init__(self, states: Mapping[str, TaskState], plan: PhysicalPlan) -> None:
         self.states, self.plan = states, plan
         self.old_parallelism: dict[str, int] = defaultdict(int)
         self.keyed: dict[str, list] = defaultdict(list)
-        self.sources: dict[str, list[dict]] = defaultdict(list)
+        self.sources: dict[str, list] = defaultdict(list)
         self.sinks: dict[str, dict[int, list]] = defaultdict(dict)
-        for task, st in states.items():
-            chain, index = _split_task(task)
-            chain = st.get("chain") or chain
-            self.old_parallelism[chain] = max(self.old_parallelism[chain],
-                                              int(st.get("parallelism") or 0), index + 1)
-            for uid, blob in (st.get("ops") or {}).items():
+        for st in states.values():
+            self.old_parallelism[st.chain] = max(self.old_parallelism[st.chain],
+                                                 st.parallelism, st.index + 1)
+            for uid, blob in st.ops.items():
                 self.keyed[uid].append(blob)
-            if st.get("source") is not None:
-                self.sources[st.get("source_uid") or chain].append(st["source"])
-            if st.get("sink") is not None:
-                uid = st.get("sink_uid") or self._sink_of(chain)
-                if uid is not None:
-                    self.sinks[uid][index] = list(st["sink"])
-
-    def _sink_of(self, chain_uid: str) -> str | None:
-        for c in self.plan.chains:
-            if c.uid == chain_uid and c.nodes[-1].kind == "sink":
-                return c.nodes[-1].uid
-        return None
+            if st.source is not None and st.source_uid is not None:
+                self.sources[st.source_uid].append(st.source)
+            if st.sink_uid is not None:
+                self.sinks[st.sink_uid][st.index] = list(st.sink)
 
     def rescaled(self, chain: Chain) -> bool:
         old = self.old_parallelism.get(chain.uid)
         return old is not None and old != chain.parallelism
 
-    def own(self, chain: Chain, index: int) -> dict | None:
+    def own(self, chain: Chain, index: int) -> TaskState | None:
         """The task's own state, when the chain kept its shape and parallelism."""
         if self.rescaled(chain):
             return None
@@ -162,62 +134,74 @@ class RestoreView:
 
     def keyed_blobs(self, chain: Chain, index: int, uid: str) -> list:
         own = self.own(chain, index)
-        if own is not None and uid in (own.get("ops") or {}):
-            return [own["ops"][uid]]
+        if own is not None and uid in own.ops:
+            return [own.ops[uid]]
         return list(self.keyed.get(uid, ()))  # every old subtask's: keep your key groups
 
-    def source_states(self, uid: str) -> list[dict]:
+    def source_states(self, uid: str) -> list:
         return list(self.sources.get(uid, ()))
 
     def sink_handles(self, chain: Chain, index: int, uid: str) -> list:
         own = self.own(chain, index)
         if own is not None:
-            return list(own.get("sink") or [])
+            return list(own.sink)
         return [h for i, hs in sorted(self.sinks.get(uid, {}).items())
                 if i % chain.parallelism == index for h in hs]
 
+    def dead_letter_handles(self, chain: Chain, index: int) -> list:
+        """The dead-letter handles this subtask recovers: its own, or after a parallelism
+        change those of every old subtask ``i`` with ``i % parallelism == index`` (as for
+        sinks)."""
+        own = self.own(chain, index)
+        if own is not None:
+            return list(own.dead_letter)
+        return [h for _, st in sorted(self.states.items())
+                if st.chain == chain.uid and st.index % chain.parallelism == index
+                for h in st.dead_letter]
+
     def channel_records(self, chain: Chain, index: int,
-                        inputs: list[str]) -> list[tuple[str, list]]:
+                        inputs: list[ChannelId]) -> list[tuple[ChannelId, list]]:
         """``[(input channel, records)]`` to inject, in order, for this subtask."""
         plan = self.plan
         if not self.rescaled(chain) and not any(
                 self.rescaled(plan.chains[e.src]) for e in plan.edges if e.dst == chain.id):
-            own = self.states.get(chain.task_id(index)) or {}
-            out = []
-            sent: dict[str, list] = {}
+            own = self.states.get(chain.task_id(index))
+            recorded = own.channels if own is not None else {}
+            sent: dict[str, tuple[bytes, ...]] = {}
             for st in self.states.values():
-                sent.update(st.get("out_channels") or {})
+                sent.update(st.out_channels)
+            out = []
             # Per channel: what the receiver recorded, then what the sender still held.
             for ch in inputs:
-                recs = [r for blob in (own.get("channels") or {}).get(ch, ())
-                        for r in pickle.loads(blob)]
+                recs = [r for blob in recorded.get(ch, ()) for r in pickle.loads(blob)]
                 recs += [r for blob in sent.get(ch, ()) for r in pickle.loads(blob)]
                 if recs:
                     out.append((ch, recs))
             return out
         return self._rerouted(chain, index, inputs)
 
-    def _rerouted(self, chain: Chain, index: int, inputs: list[str]) -> list[tuple[str, list]]:
+    def _rerouted(self, chain: Chain, index: int,
+                  inputs: list[ChannelId]) -> list[tuple[ChannelId, list]]:
         plan = self.plan
         edges = {plan.chains[e.src].uid: e for e in plan.edges if e.dst == chain.id}
-        per_channel: dict[str, list] = defaultdict(list)  # old channel -> records, in order
-        for part in ("channels", "out_channels"):
-            for st in self.states.values():
-                for ch, blobs in (st.get(part) or {}).items():
-                    if _split_channel(ch)[2] == chain.uid:
-                        per_channel[ch].extend(r for b in blobs for r in pickle.loads(b))
-        out: dict[str, list] = defaultdict(list)
+        per_channel: dict[ChannelId, list] = defaultdict(list)  # old channel -> records
+        states = list(self.states.values())
+        # what receivers recorded, then what senders still held
+        for part in [st.channels for st in states] + [st.out_channels for st in states]:
+            for ch, blobs in part.items():
+                if ch.dst_chain == chain.uid:
+                    per_channel[ch].extend(r for b in blobs for r in pickle.loads(b))
+        out: dict[ChannelId, list] = defaultdict(list)
         p, maxp = chain.parallelism, plan.max_parallelism
         for ch in sorted(per_channel):
-            src_uid, _, _, old_dst = _split_channel(ch)
-            edge = edges.get(src_uid) or (next(iter(edges.values())) if len(edges) == 1
-                                          else None)
+            edge = edges.get(ch.src_chain) or (next(iter(edges.values())) if len(edges) == 1
+                                               else None)
             if edge is None:
                 raise IncompatibleCheckpointError(
                     f"in-flight records of channel {ch!r} have no input of {chain.uid!r} "
                     "to go to: the pipeline changed around an unaligned checkpoint")
             src_chain = plan.chains[edge.src]
-            mine = [c for c in inputs if _split_channel(c)[0] == src_chain.uid]
+            mine = [c for c in inputs if c.src_chain == src_chain.uid]
             if not mine:
                 continue
             records = per_channel[ch]
@@ -226,7 +210,7 @@ class RestoreView:
                 keep = [r for r in records
                         if subtask_for_key_group(key_group(kf(r), maxp), p, maxp) == index]
             else:
-                keep = records if old_dst % p == index else []
+                keep = records if ch.dst_index % p == index else []
             if keep:
                 out[mine[0]].extend(keep)
         return list(out.items())

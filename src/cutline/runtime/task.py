@@ -22,9 +22,7 @@ import traceback
 from dataclasses import dataclass, replace
 from typing import Any
 
-import msgpack
-
-from ..plan import HASH, Chain, PhysicalPlan, key_group, subtask_for_key_group
+from ..plan import HASH, Chain, ChannelId, PhysicalPlan, key_group, subtask_for_key_group
 from ..protocol import (
     Barrier,
     BlockChannel,
@@ -45,6 +43,7 @@ from ..connectors.base import CommitError, RecordError
 from .background import SnapshotUploads
 from .deadletter import DeadLetters
 from .operators import UserFunctionError, build_operator
+from ..storage.schema import TaskState, encode_task_state
 from .restore import RestoreView, read_states
 
 log = logging.getLogger("cutline.task")
@@ -119,7 +118,7 @@ class Subtask:
         self.back = plan.back_channels(chain, index)
         self.gate = InputGate(self.task_id, self.inputs, spec.secret, host=spec.host,
                               unbounded=self.back) if self.inputs else None
-        self.outputs: list[tuple[Any, list[str], int]] = [
+        self.outputs: list[tuple[Any, list[ChannelId], int]] = [
             (e, chans, plan.chains[e.dst].parallelism) for e, chans in plan.outputs(chain, index)]
         self.channels: dict[str, OutputChannel] = {}
         self.buffers: dict[str, list] = {}
@@ -167,12 +166,11 @@ class Subtask:
     def connect_outputs(self, addresses: dict[str, tuple[str, int]]) -> None:
         for _, chans, _ in self.outputs:
             for ch in chans:
-                dst_task = ch.split("->", 1)[1]
-                local = self.slot.by_id.get(dst_task)
+                local = self.slot.by_id.get(ch.dst_task)
                 if local is not None:  # same process: hand batches over, no socket/pickle
                     self.channels[ch] = local.gate.attach_local(ch)
                 else:
-                    self.channels[ch] = OutputChannel(ch, tuple(addresses[dst_task]),
+                    self.channels[ch] = OutputChannel(ch, tuple(addresses[ch.dst_task]),
                                                       self.spec.secret)
                 self.buffers[ch] = []
 
@@ -195,8 +193,8 @@ class Subtask:
                 op.restore(view.keyed_blobs(chain, index, op.uid))
         own = view.own(chain, index)
         if self.reader is not None:
-            if own is not None and own.get("source") is not None:
-                self.reader.restore(own["source"])
+            if own is not None and own.source is not None:
+                self.reader.restore(own.source)
             elif view.source_states(chain.head.uid):
                 rescale = getattr(self.reader, "rescale", None)
                 if rescale is None:
@@ -415,16 +413,14 @@ class Subtask:
             self.slot.send({"op": "decline", "task": self.task_id, "checkpoint": n,
                             "reason": f"uploading state failed: {exc}"})
             return
-        state = {"task": self.task_id, "chain": self.chain.uid, "index": self.index,
-                 "parallelism": self.chain.parallelism,
-                 "source_uid": self.chain.head.uid if self.reader is not None else None,
-                 "sink_uid": self.chain.nodes[-1].uid if self.writer is not None else None,
-                 "ops": snap["ops"],
-                 "source": snap.get("source"), "sink": snap.get("sink"),
-                 "channels": snap["channels"], "out_channels": snap.get("out_channels") or {}}
-        if "dead_letter" in snap:
-            state["dead_letter"] = snap["dead_letter"]
-        data = msgpack.packb(state, use_bin_type=True)
+        data = encode_task_state(TaskState(
+            task=self.task_id, chain=self.chain.uid, index=self.index,
+            parallelism=self.chain.parallelism, ops=snap["ops"],
+            source_uid=self.chain.head.uid if self.reader is not None else None,
+            source=snap.get("source"),
+            sink_uid=self.chain.nodes[-1].uid if self.writer is not None else None,
+            sink=tuple(snap.get("sink", ())), dead_letter=tuple(snap.get("dead_letter", ())),
+            channels=snap["channels"], out_channels=snap.get("out_channels", {})))
         try:
             info = self.slot.storage.write_task_state(n, self.task_id, data)
         except Exception as exc:  # storage failure declines this checkpoint only

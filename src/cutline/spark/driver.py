@@ -285,18 +285,6 @@ class JobDriver:
                 future.set_exception(SavepointError(f"savepoint {n} of job {self.job!r} "
                                                     f"failed: {why}"))
 
-    def _promote_to_savepoint(self, n: int, stats: dict) -> None:
-        """Tasks wrote their states under ``chk-n`` (a barrier does not say whether it is a
-        savepoint's): copy them into the savepoint's own directory, which retention keeps."""
-        fs, src = self.storage.fs, f"{self.storage.dir}/chk-{n}"
-        dst = f"{self.storage.dir}/{self.storage._dirname(n, True)}"
-        fs.makedirs(dst, exist_ok=True)
-        for entry in fs.ls(src, detail=False):
-            name = entry.rstrip("/").rsplit("/", 1)[-1]
-            if name.endswith(".state"):
-                fs.copy(entry, f"{dst}/{name}")
-        fs.rm(src, recursive=True)
-
     def _new_attempt(self) -> None:
         self._fail_savepoints(f"the job restarted (attempt {self.attempt.number + 1}) before "
                               "it completed; trigger it again")
@@ -420,8 +408,6 @@ class JobDriver:
             "plan": plan_summary(self.plan),
         }
         try:
-            if cmd.savepoint:
-                self._promote_to_savepoint(n, stats)
             path = self.storage.commit(n, metadata, savepoint=cmd.savepoint, states=stats)
         except Exception as exc:
             self._run(self.coordinator.on_storage_failure(n, str(exc), time.monotonic()))

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..runtime.restore import read_states
 from ..state.reader import keyed_rows
 from ..storage.checkpoints import open_checkpoint
+from ..storage.schema import read_task_states
 
 __all__ = ["read"]
 
@@ -66,7 +66,7 @@ def read(spark: Any, path: str, operator_uid: str) -> Any:
     """The keyed state of operator ``operator_uid`` in the checkpoint or savepoint at ``path``,
     one row per key: ``key``, ``key_group`` and a column per state name."""
     handle = open_checkpoint(path)
-    states = read_states(handle)
+    states = read_task_states(handle)
     rows = list(keyed_rows(handle, operator_uid, states))  # raises naming the operators
     names = sorted({n for r in rows for n in r} - {"key", "key_group"})
     kinds = {c: _column_type([r.get(c) for r in rows]) for c in ["key", *names]}

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pickle
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ..runtime.restore import read_states
+from ..storage.schema import TaskState, read_task_states
 
 __all__ = ["keyed_rows", "keyed_entries", "operators_with_state", "summary"]
 
@@ -36,19 +36,18 @@ def keyed_entries(blob: Any) -> Iterator[tuple[int, str, Any, Any]]:
             yield int(group), name, key, value
 
 
-def _blobs(states: dict[str, dict], uid: str) -> list[tuple[str, Any]]:
-    return [(task, st["ops"][uid]) for task, st in sorted(states.items())
-            if uid in (st.get("ops") or {})]
+def _blobs(states: Mapping[str, TaskState], uid: str) -> list[tuple[str, Any]]:
+    return [(task, st.ops[uid]) for task, st in sorted(states.items()) if uid in st.ops]
 
 
-def operators_with_state(states: dict[str, dict]) -> list[str]:
-    return sorted({uid for st in states.values() for uid in st.get("ops") or {}})
+def operators_with_state(states: Mapping[str, TaskState]) -> list[str]:
+    return sorted({uid for st in states.values() for uid in st.ops})
 
 
-def keyed_rows(handle: Any, uid: str, states: dict[str, dict] | None = None
+def keyed_rows(handle: Any, uid: str, states: Mapping[str, TaskState] | None = None
                ) -> Iterator[dict]:
     """One row per key of operator ``uid``: ``{"key", "key_group", <state name>: value}``."""
-    states = read_states(handle) if states is None else states
+    states = read_task_states(handle) if states is None else states
     blobs = _blobs(states, uid)
     if not blobs:
         have = operators_with_state(states)
@@ -73,27 +72,24 @@ def _column(name: str) -> str:
 
 def summary(handle: Any) -> dict:
     """Operators, tasks, bytes and key counts of a checkpoint (for the CLI)."""
-    states = read_states(handle)
+    states = read_task_states(handle)
     plan = (handle.metadata.get("plan") or {}).get("operators") or {}
     per_op: dict[str, dict] = defaultdict(lambda: {"tasks": 0, "keys": 0, "bytes": 0})
-    for task, st in states.items():
-        for uid, blob in (st.get("ops") or {}).items():
+    for st in states.values():
+        for uid, blob in st.ops.items():
             op = per_op[uid]
             op["tasks"] += 1
-            op["bytes"] += len(blob) if isinstance(blob, (bytes, bytearray)) else 0
+            op["bytes"] += len(blob)
             op["keys"] += len({k for _, _, k, _ in keyed_entries(blob)
                                if k.__hash__ is not None})
-        if st.get("source") is not None:
-            per_op[st.get("source_uid") or st.get("chain")]["source"] = True
-        if st.get("sink"):
-            per_op[st.get("sink_uid") or st.get("chain")]["pending_transactions"] = \
-                per_op[st.get("sink_uid") or st.get("chain")].get(
-                    "pending_transactions", 0) + len(st["sink"])
-        in_flight = sum(len(b) for part in ("channels", "out_channels")
-                        for blobs in (st.get(part) or {}).values() for b in blobs)
-        if in_flight:
-            per_op[st.get("chain") or task]["in_flight_bytes"] = per_op[
-                st.get("chain") or task].get("in_flight_bytes", 0) + in_flight
+        if st.source is not None and st.source_uid is not None:
+            per_op[st.source_uid]["source"] = True
+        if st.sink and st.sink_uid is not None:
+            sink = per_op[st.sink_uid]
+            sink["pending_transactions"] = sink.get("pending_transactions", 0) + len(st.sink)
+        if st.in_flight_bytes:
+            chain = per_op[st.chain]
+            chain["in_flight_bytes"] = chain.get("in_flight_bytes", 0) + st.in_flight_bytes
     operators = []
     for uid in sorted(set(plan) | set(per_op)):
         info = dict(per_op.get(uid, {}))

@@ -215,6 +215,10 @@ class CheckpointHandle:
         self._check(info, len(data), _sha256(data))
         return data
 
+    def state_path(self, task: str) -> str:
+        """The URL of ``task``'s state file (what errors about its content name)."""
+        return f"{self.path}/{self._info(task)['file']}"
+
     def verify(self, *, deep: bool = True) -> None:
         """Check every state file and every shared file it references: size and sha256
         (``deep``, reads them all) or size only."""
@@ -367,11 +371,17 @@ class CheckpointStorage:
         coordinator's ``Complete.stats_by_task`` carries).  They are checked against the
         files present (existence and size).  Without it every ``*.state`` file in the
         directory is read and hashed.
+
+        ``savepoint``: commit it as a savepoint, in its own directory that retention never
+        deletes.  Tasks write a savepoint's states under ``chk-<id>`` (a barrier does not
+        say whether it is a savepoint's): those files move into the savepoint's directory
+        first, and ``chk-<id>`` is removed once the savepoint is committed.
         """
         name = self._dirname(checkpoint_id, savepoint)
         directory = f"{self.dir}/{name}"
         if self.fs.exists(f"{directory}/{METADATA}"):
             raise CheckpointStorageError(f"{name} of job {self.job!r} is already committed")
+        promoted = self._promote(checkpoint_id, directory) if savepoint else None
         present = {e["name"].rstrip("/").rsplit("/", 1)[-1]: e.get("size")
                    for e in self._ls(directory) if e["name"].endswith(".state")}
         if states is None:
@@ -397,7 +407,26 @@ class CheckpointStorage:
                           "body": body}, "envelope")
         self.fs.makedirs(directory, exist_ok=True)
         _write(self.fs, f"{directory}/{METADATA}", envelope, atomic=True)
+        if promoted is not None:
+            self.fs.rm(promoted, recursive=True)
         return self.fs.unstrip_protocol(directory)
+
+    def _promote(self, checkpoint_id: int, directory: str) -> str | None:
+        """Move the state files tasks wrote under ``chk-<id>`` into the savepoint
+        ``directory``; returns the emptied ``chk-<id>`` (None: there was none)."""
+        source = f"{self.dir}/{self._dirname(checkpoint_id, False)}"
+        files = [e for e in self._ls(source) if e["name"].rstrip("/").endswith(".state")]
+        if not files:
+            return None
+        if self.fs.exists(f"{source}/{METADATA}"):
+            raise CheckpointStorageError(
+                f"cannot commit savepoint {checkpoint_id} of job {self.job!r}: chk-"
+                f"{checkpoint_id} is a committed checkpoint")
+        self.fs.makedirs(directory, exist_ok=True)
+        for entry in files:
+            path = entry["name"].rstrip("/")
+            self.fs.mv(path, f"{directory}/{path.rsplit('/', 1)[-1]}")
+        return source
 
     def _check_shared(self, name: str, states: Mapping[str, Mapping[str, Any]]) -> dict:
         shared: dict[str, dict] = {}
