@@ -59,7 +59,7 @@ def test_chaining_and_channels():
        .key_by(len).reduce(lambda a, b: a + b, uid="r").sink(CollectSink("/tmp/x"), uid="s"))
     pp = plan(p)
     assert [[n.uid for n in c.nodes] for c in pp.chains] == [["src", "m", "f"], ["r", "s"]]
-    assert pp.inputs(pp.chains[1], 0) == ["src.0->r.0", "src.1->r.0"]
+    assert [str(c) for c in pp.inputs(pp.chains[1], 0)] == ["src.0->r.0", "src.1->r.0"]
     assert pp.slots == 2
 
 

@@ -17,7 +17,7 @@ import pickle
 import struct
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .api import FORWARD, HASH, Node, Pipeline
 
@@ -70,14 +70,14 @@ def subtask_for_key_group(group: int, parallelism: int, max_parallelism: int) ->
     return group * parallelism // max_parallelism
 
 
-class ChannelId(str):
-    """The id of one channel, ``"<src chain>.<i>-><dst chain>.<j>"``, with its parts.
+class ChannelId(NamedTuple):
+    """One channel: subtask ``src_index`` of chain ``src_chain`` to subtask ``dst_index`` of
+    ``dst_chain`` (chains by uid).
 
-    It *is* its text (a ``str``): the wire, the messages and the checkpoint files carry the
-    text, and a dict keyed by channel takes either form at the cost of a plain ``str`` (its
-    hash is cached), so the record path pays nothing for the parts.  Code that needs a part
-    reads an attribute; the text is parsed back in one place only, :meth:`parse`, for ids
-    read from a checkpoint file.
+    Its text, ``str(ch)`` = ``"<src chain>.<i>-><dst chain>.<j>"``, is what the wire, the
+    control messages and the checkpoint files carry, and what a task keys its channels by
+    (a plain ``str`` hashes fastest on the record path).  The text is parsed back in one
+    place only, :meth:`parse`, for ids read from a checkpoint file.
     """
 
     src_chain: str
@@ -85,15 +85,8 @@ class ChannelId(str):
     dst_chain: str
     dst_index: int
 
-    def __new__(cls, src_chain: str, src_index: int, dst_chain: str, dst_index: int
-                ) -> "ChannelId":
-        self = super().__new__(cls, f"{src_chain}.{src_index}->{dst_chain}.{dst_index}")
-        self.src_chain, self.src_index = src_chain, src_index
-        self.dst_chain, self.dst_index = dst_chain, dst_index
-        return self
-
-    def __getnewargs__(self) -> tuple[str, int, str, int]:  # type: ignore[override]
-        return self.src_chain, self.src_index, self.dst_chain, self.dst_index
+    def __str__(self) -> str:
+        return f"{self.src_chain}.{self.src_index}->{self.dst_chain}.{self.dst_index}"
 
     @property
     def src_task(self) -> str:
@@ -104,12 +97,12 @@ class ChannelId(str):
         return f"{self.dst_chain}.{self.dst_index}"
 
     @classmethod
-    def parse(cls, text: str) -> "ChannelId":
+    def parse(cls, text: str) -> ChannelId:
         """The id whose text is ``text`` (as a checkpoint file stores it)."""
         src, sep, dst = text.partition("->")
-        src_chain, dot1, i = src.rpartition(".")
-        dst_chain, dot2, j = dst.rpartition(".")
-        if not (sep and dot1 and dot2 and i.isdigit() and j.isdigit()):
+        src_chain, _, i = src.rpartition(".")
+        dst_chain, _, j = dst.rpartition(".")
+        if not (sep and src_chain and dst_chain and i.isdigit() and j.isdigit()):
             raise ValueError(f"not a channel id: {text!r} (expected 'a.0->b.1')")
         return cls(src_chain, int(i), dst_chain, int(j))
 

@@ -167,7 +167,7 @@ class RestoreView:
                 self.rescaled(plan.chains[e.src]) for e in plan.edges if e.dst == chain.id):
             own = self.states.get(chain.task_id(index))
             recorded = own.channels if own is not None else {}
-            sent: dict[str, tuple[bytes, ...]] = {}
+            sent: dict[ChannelId, tuple[bytes, ...]] = {}
             for st in self.states.values():
                 sent.update(st.out_channels)
             out = []
@@ -193,12 +193,12 @@ class RestoreView:
                     per_channel[ch].extend(r for b in blobs for r in pickle.loads(b))
         out: dict[ChannelId, list] = defaultdict(list)
         p, maxp = chain.parallelism, plan.max_parallelism
-        for ch in sorted(per_channel):
+        for ch in sorted(per_channel, key=str):
             edge = edges.get(ch.src_chain) or (next(iter(edges.values())) if len(edges) == 1
                                                else None)
             if edge is None:
                 raise IncompatibleCheckpointError(
-                    f"in-flight records of channel {ch!r} have no input of {chain.uid!r} "
+                    f"in-flight records of channel {str(ch)!r} have no input of {chain.uid!r} "
                     "to go to: the pipeline changed around an unaligned checkpoint")
             src_chain = plan.chains[edge.src]
             mine = [c for c in inputs if c.src_chain == src_chain.uid]

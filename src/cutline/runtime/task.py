@@ -112,14 +112,20 @@ class Subtask:
         self.spec, self.chain, self.index, self.slot = spec, chain, index, slot
         self.task_id = chain.task_id(index)
         plan = spec.plan
-        self.inputs = plan.inputs(chain, index)
+        # Channels are keyed by their text (as on the wire); ``channel_ids`` has their parts.
+        inputs = plan.inputs(chain, index)
+        outputs = plan.outputs(chain, index)
+        self.channel_ids: dict[str, ChannelId] = {
+            str(c): c for c in [*inputs, *(c for _, chans in outputs for c in chans)]}
+        self.inputs = [str(c) for c in inputs]
         # an iteration's head: its feedback inputs are logged after a snapshot (ABS) and
         # never run out of credit
-        self.back = plan.back_channels(chain, index)
+        self.back = frozenset(str(c) for c in plan.back_channels(chain, index))
         self.gate = InputGate(self.task_id, self.inputs, spec.secret, host=spec.host,
                               unbounded=self.back) if self.inputs else None
-        self.outputs: list[tuple[Any, list[ChannelId], int]] = [
-            (e, chans, plan.chains[e.dst].parallelism) for e, chans in plan.outputs(chain, index)]
+        self.outputs: list[tuple[Any, list[str], int]] = [
+            (e, [str(c) for c in chans], plan.chains[e.dst].parallelism)
+            for e, chans in outputs]
         self.channels: dict[str, OutputChannel] = {}
         self.buffers: dict[str, list] = {}
         self.rr = 0
@@ -166,11 +172,12 @@ class Subtask:
     def connect_outputs(self, addresses: dict[str, tuple[str, int]]) -> None:
         for _, chans, _ in self.outputs:
             for ch in chans:
-                local = self.slot.by_id.get(ch.dst_task)
+                dst_task = self.channel_ids[ch].dst_task
+                local = self.slot.by_id.get(dst_task)
                 if local is not None:  # same process: hand batches over, no socket/pickle
                     self.channels[ch] = local.gate.attach_local(ch)
                 else:
-                    self.channels[ch] = OutputChannel(ch, tuple(addresses[ch.dst_task]),
+                    self.channels[ch] = OutputChannel(ch, tuple(addresses[dst_task]),
                                                       self.spec.secret)
                 self.buffers[ch] = []
 
@@ -208,8 +215,9 @@ class Subtask:
         if self.gate is None:
             return
         # inject() puts a batch at the front of its channel: one batch per channel.
-        for ch, records in view.channel_records(chain, index, self.inputs):
-            self.gate.inject(ch, records)
+        inputs = [self.channel_ids[ch] for ch in self.inputs]
+        for ch, records in view.channel_records(chain, index, inputs):
+            self.gate.inject(str(ch), records)
 
     # ------------------------------------------------------------------ data path
 
@@ -420,7 +428,9 @@ class Subtask:
             source=snap.get("source"),
             sink_uid=self.chain.nodes[-1].uid if self.writer is not None else None,
             sink=tuple(snap.get("sink", ())), dead_letter=tuple(snap.get("dead_letter", ())),
-            channels=snap["channels"], out_channels=snap.get("out_channels", {})))
+            channels={self.channel_ids[ch]: tuple(b) for ch, b in snap["channels"].items()},
+            out_channels={self.channel_ids[ch]: tuple(b)
+                          for ch, b in snap.get("out_channels", {}).items()}))
         try:
             info = self.slot.storage.write_task_state(n, self.task_id, data)
         except Exception as exc:  # storage failure declines this checkpoint only

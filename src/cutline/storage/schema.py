@@ -27,7 +27,7 @@ import msgpack
 from ..plan import ChannelId
 from .checkpoints import CheckpointHandle, CheckpointStorageError, CorruptCheckpointError
 
-__all__ = ["TaskState", "UnsupportedStateVersionError", "VERSION", "decode_task_state",
+__all__ = ["VERSION", "TaskState", "UnsupportedStateVersionError", "decode_task_state",
            "encode_task_state", "read_task_states"]
 
 VERSION = 2
@@ -128,7 +128,7 @@ def decode_task_state(data: bytes, where: str) -> TaskState:
     not a task state."""
     try:
         obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever the bytes are, name the file
         raise CorruptCheckpointError(
             f"unreadable task state {where}: {type(exc).__name__}: {exc}") from None
     if not isinstance(obj, dict):
