@@ -7,7 +7,7 @@ import pytest
 from cutline import CheckpointConfig, Pipeline
 from cutline.connectors import CollectSink, GeneratorSource
 from cutline.plan import key_group, key_group_range, plan, subtask_for_key_group
-from cutline.spark.driver import JobFailed
+from cutline.driver.dataflow import JobFailed
 from pipelines import expected_rows, wordcount
 
 
