@@ -292,7 +292,7 @@ def case_rescale(n: int, rounds: int) -> dict:
 
 
 def _group(key: str) -> int:
-    from cutline.plan import key_group
+    from cutline.state.keygroups import key_group
 
     return key_group(key, MAXP)
 

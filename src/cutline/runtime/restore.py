@@ -25,7 +25,8 @@ from typing import Any
 
 import msgpack
 
-from ..plan import HASH, Chain, PhysicalPlan, key_group, subtask_for_key_group
+from ..plan import HASH, Chain, PhysicalPlan
+from ..state.keygroups import key_group, subtask_for_key_group
 
 __all__ = ["IncompatibleCheckpointError", "RestoreView", "check_compatible", "plan_summary",
            "read_states"]

@@ -24,7 +24,8 @@ from typing import Any
 
 import msgpack
 
-from ..plan import HASH, Chain, PhysicalPlan, key_group, subtask_for_key_group
+from ..plan import HASH, Chain, PhysicalPlan
+from ..state.keygroups import key_group, subtask_for_key_group
 from ..protocol import (
     Barrier,
     BlockChannel,
