@@ -34,7 +34,7 @@ from ..graph.predicates import Predicate, terminated
 from ..graph.result import Attempt, RunResult
 from ..graph.snapshot import KIND, decode, open_snapshot, write_snapshot
 from ..runtime.control import ControlService, FrameConnection
-from ..sim.trace import TraceEvent
+from ..analysis.trace import TraceEvent
 from ..storage.checkpoints import CheckpointStorage
 
 log = logging.getLogger("cutline.graph.driver")
