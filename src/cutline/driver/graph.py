@@ -33,9 +33,9 @@ from typing import Any
 from ..graph.predicates import Predicate, terminated
 from ..graph.result import Attempt, RunResult
 from ..graph.snapshot import KIND, decode, open_snapshot, write_snapshot
+from ..analysis.trace import TraceEvent
 from ..protocol import messages as m
 from ..runtime.control import CLOSED, ControlService, FrameConnection
-from ..sim.trace import TraceEvent
 from ..storage.checkpoints import CheckpointStorage
 from .dataflow import STAGE_ENDED
 
