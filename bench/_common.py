@@ -319,8 +319,13 @@ class Workdir:
 def spark_session(slots: int, shuffle_partitions: int | None = None) -> Any:
     """cutline's embedded ``local[slots,8]`` session; ``shuffle_partitions`` gives Spark's
     own stateful queries as many partitions as cutline has subtasks."""
+    from pyspark import cloudpickle
+
     from cutline.spark.launcher import embedded_session
 
+    # Spark workers cannot import this module (bench/ is not on their path): what of it
+    # travels to them (LegacyDiscardSink, the cutline.__file__ probe) goes by value.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
     spark = embedded_session(slots=slots)
     if shuffle_partitions is not None:
         spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
