@@ -1,12 +1,13 @@
 # Two commands do all set-up on a fresh machine (Python 3.11 + Java 17):
 #   make demo   - create .venv, install cutline, run the main demo
 #   make test   - create .venv if needed, run the test suite
+#   make lint   - ruff, mypy and the import-layering contracts (lint-imports)
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench clean venv
+.PHONY: demo test lint bench clean venv
 
 venv: $(STAMP)
 
@@ -23,6 +24,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/mypy src
+	$(VENV)/bin/lint-imports
+
 bench: $(STAMP)
 	$(PY) bench/protocol.py
 	$(PY) bench/runtime.py
@@ -30,4 +36,5 @@ bench: $(STAMP)
 	$(PY) bench/vs_spark.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache \
+		.import_linter_cache

@@ -21,35 +21,28 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+import vs_spark as vs  # the workloads, input and pipelines of the comparison
+from _common import (
+    RESULTS, AttemptWatcher, Workdir, before_after, bench_parser, git_show, git_state,
+    parse_bench_args, side_by_side, spark_session, stamp, stop_quietly, table, write_results,
+)
+from _common import console as make_console
+from _common import median as median_of
+from rich.console import Console
 
-import vs_spark as vs  # noqa: E402 - the workloads, input and pipelines of the comparison
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+from cutline.connectors import files as files_now
 
-from cutline.connectors import files as files_now  # noqa: E402
-from cutline.spark.launcher import embedded_session  # noqa: E402
-
-OUT = HERE / "results" / "ab_file_source.json"
+OUT = RESULTS / "ab_file_source.json"
 
 
 def load_revision(rev: str) -> object:
-    try:
-        text = subprocess.run(["git", "show", f"{rev}:src/cutline/connectors/files.py"],
-                              cwd=HERE.parent, capture_output=True, text=True, check=True,
-                              timeout=30).stdout
-    except subprocess.CalledProcessError as exc:
-        raise SystemExit(f"cannot read files.py at revision {rev!r}: {exc.stderr.strip()}")
+    text = git_show(rev, "src/cutline/connectors/files.py")
     path = Path(tempfile.mkdtemp(prefix="cutline-ab-")) / "files_before.py"
     path.write_text(text)
     name = "cutline.connectors.files_before"
@@ -78,45 +71,38 @@ def read_all(module: object, directory: Path, keep: list | None = None) -> int:
 
 def cutline_rate(ctx: dict, module: object, workload: str) -> float:
     from cutline.connectors import ParquetSink
-    from cutline.spark.launcher import run_pipeline
 
-    with vs.Workdir() as d:
+    with Workdir("cutline-ab-") as d:
         p = vs.cutline_pipeline(f"ab-{workload}", workload,
                                 module.FileSource(str(ctx["backlog"])),
                                 ParquetSink(str(d / "out")), f"file://{d}/ck", vs.INTERVAL)
-        watch = vs.AttemptWatcher()
-        result = run_pipeline(p, ctx["spark"], on_start=watch, timeout=vs.JOB_TIMEOUT)
+        watch = AttemptWatcher()
+        result = p.run(ctx["spark"], on_start=watch, timeout=vs.JOB_TIMEOUT)
         end = [c for c in result.checkpoints if c.final][-1].completed
     return ctx["expected"]["records"] / (end - watch.started)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = bench_parser(__doc__, OUT, (5, 1), quick="short run")
     ap.add_argument("--before", required=True, help="git revision of the 'before' files.py")
-    ap.add_argument("--quick", action="store_true", help="short run")
-    ap.add_argument("--rounds", type=vs._positive_int, default=None,
-                    help="rounds (default 5, quick 1)")
-    ap.add_argument("--out", type=Path, default=OUT, help="JSON results file")
-    args = ap.parse_args(argv)
-    console = Console() if sys.stdout.isatty() else Console(width=140)
+    args = parse_bench_args(ap, argv)
+    console = make_console(140)
     before = load_revision(args.before)
     versions = {"before": before, "after": files_now}
 
-    spark = embedded_session(slots=vs.SLOTS)
-    spark.conf.set("spark.sql.shuffle.partitions", str(vs.PARALLELISM))
-    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "1000")
+    spark = spark_session(vs.SLOTS, shuffle_partitions=vs.PARALLELISM)
     ctx = {"spark": spark}
     work = Path(tempfile.mkdtemp(prefix="cutline-ab-input-"))
     try:
         return _measure(args, console, versions, ctx, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        spark.stop()
+        stop_quietly(spark)
 
 
 def _measure(args: argparse.Namespace, console: Console, versions: dict, ctx: dict,
              work: Path) -> int:
-    rounds = args.rounds or (1 if args.quick else 5)
+    rounds = args.rounds
     records = 50_000 if args.quick else 400_000
     before, after = versions["before"], versions["after"]
     small = work / "small"
@@ -143,9 +129,8 @@ def _measure(args: argparse.Namespace, console: Console, versions: dict, ctx: di
     runs: dict[str, dict[str, list[float]]] = {c: {"before": [], "after": []} for c, _ in cases}
     spark_rates: dict[str, list[float]] = {vs.SPARK_API[c]: [] for c in spark_cases}
     for r in range(rounds):
-        order = ["before", "after"] if r % 2 == 0 else ["after", "before"]
         for case, fn in cases:
-            for version in order:
+            for version in side_by_side(["before", "after"], r):
                 rate = fn(versions[version])
                 runs[case][version].append(rate)
                 console.print(f"  round {r + 1}/{rounds}: {case:<22} {version:<6} "
@@ -156,39 +141,33 @@ def _measure(args: argparse.Namespace, console: Console, versions: dict, ctx: di
             console.print(f"  round {r + 1}/{rounds}: Spark {vs.SPARK_API[w, e]:<22} "
                           f"{rate:>10,.0f} records/s", style="dim")
 
-    table = Table(title=f"FileSource {args.before} (before) vs working tree (after): records/s, "
-                        f"median of {rounds} round(s)")
-    for col in ("case", "before", "after", "after / before", "per round"):
-        table.add_column(col, justify="left" if col == "case" else "right")
+    t = table(f"FileSource {args.before} (before) vs working tree (after): records/s, "
+              f"median of {rounds} round(s)",
+              ("case", "before", "after", "after / before", "per round"), no_wrap=False)
     summary = {}
     for case, v in runs.items():
-        b, a = vs.median(v["before"]), vs.median(v["after"])
-        per = [y / x for x, y in zip(v["before"], v["after"])]
-        summary[case] = {"before": b, "after": a, "ratio": a / b, "per_round": per,
-                         "noise": vs.noise_of(per)}
-        table.add_row(case, f"{b:,.0f}", f"{a:,.0f}", f"{a / b:.2f}x",
-                      ", ".join(f"{x:.2f}" for x in per))
-    console.print(table)
+        summary[case] = before_after(v["before"], v["after"])
+        b, a, per = summary[case]["before"], summary[case]["after"], summary[case]["per_round"]
+        t.add_row(case, f"{b:,.0f}", f"{a:,.0f}", f"{a / b:.2f}x",
+                  ", ".join(f"{x:.2f}" for x in per))
+    console.print(t)
     vs_spark = {}
-    rt = Table(title="cutline / Spark throughput, before and after (median of per-round ratios)")
-    for col in ("cutline workload", "Spark", "before", "after"):
-        rt.add_column(col, justify="left" if col in ("cutline workload", "Spark") else "right")
+    rt = table("cutline / Spark throughput, before and after (median of per-round ratios)",
+               ("cutline workload", "Spark", "before", "after"),
+               left=("cutline workload", "Spark"), no_wrap=False)
     for cw, api in ((vs.STATELESS, "mapInPandas"), (vs.KEYED, "applyInPandasWithState"),
                     (vs.KEYED, "SQL aggregation")):
         case = f"cutline {cw}"
-        ratios = {v: vs.median([c / s_ for c, s_ in zip(runs[case][v], spark_rates[api])])
+        ratios = {v: median_of([c / s_ for c, s_ in zip(runs[case][v], spark_rates[api])])
                   for v in ("before", "after")}
         vs_spark[f"{cw} / {api}"] = ratios
         rt.add_row(cw, api, f"{ratios['before']:.2f}x", f"{ratios['after']:.2f}x")
     console.print(rt)
     result = {"benchmark": "FileSource before/after, side by side", "before": args.before,
-              "git": vs.git_state(), "rounds": rounds, "records": records,
-              "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "git": git_state(), "rounds": rounds, "records": records, **stamp(),
               "summary": summary, "cutline_over_spark": vs_spark, "runs": runs,
               "spark_runs": spark_rates}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    console.print(f"results written to {args.out}", style="dim")
+    write_results(args.out, result, console, indent=1)
     return 0
 
 

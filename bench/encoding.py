@@ -20,9 +20,7 @@ comparison, in a thread of the receiving process (sharing its GIL).  Exit code i
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import multiprocessing
 import pickle
 import platform
@@ -31,15 +29,11 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pyarrow as pa
+from _common import bench_parser, console, parse_bench_args, rotated, write_results
 
-try:
-    from cutline.runtime.channels import InputGate, OutputChannel
-except ImportError:  # running from a checkout without an installed package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from cutline.runtime.channels import InputGate, OutputChannel
+from cutline.runtime.channels import InputGate, OutputChannel
 
 SCHEMA = pa.schema([("user", pa.string()), ("n", pa.int64()), ("t", pa.float64())])
 
@@ -162,13 +156,10 @@ def measure_channel(bs: int, nbatches: int, in_process: bool) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="short run (smoke test)")
+    p = bench_parser(__doc__, None, (5, 3))
     p.add_argument("--batch-size", type=int, default=1000, help="records per batch")
-    p.add_argument("--rounds", type=int, default=None, help="rounds (default 5, quick 3)")
-    p.add_argument("--out", type=Path, default=None, help="also write JSON results here")
-    args = p.parse_args(argv)
-    bs, rounds = args.batch_size, args.rounds or (3 if args.quick else 5)
+    args = parse_bench_args(p, argv)
+    bs, rounds = args.batch_size, args.rounds
     nb = 20 if args.quick else 200  # batches per codec measurement
     nb_channel = 100 if args.quick else 2000
     print(f"cutline encoding benchmark: {bs:,}-record batches, {nb} batches per case, "
@@ -180,8 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     for w, c in cases:  # warm-up and correctness
         check_codec(*WORKLOADS[w][1][c], data[w][:3])
     for r in range(rounds):
-        order = cases[r % len(cases):] + cases[:r % len(cases)]
-        for w, c in order:
+        for w, c in rotated(cases, r):
             runs[(w, c)].append(measure_codec(*WORKLOADS[w][1][c], data[w]))
     med = {key: {m: statistics.median(x[m] for x in v) for m in v[0]} for key, v in runs.items()}
 
@@ -214,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                   "codecs": [{"records": w, "codec": c, **med[(w, c)], "vs_pickle": paired[(w, c)]}
                              for w, c in cases],
                   "channel_records_s": {k: statistics.median(v) for k, v in chan.items()}}
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write_results(args.out, result, console())
     return 0
 
 

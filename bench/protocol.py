@@ -17,39 +17,26 @@ this is a benchmark, not a test.  Results also go to ``bench/results/protocol.js
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import platform
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
-from pathlib import Path
 
-try:
-    from cutline.protocol import (
-        Barrier,
-        Deliver,
-        Mode,
-        RecordChannelState,
-        SnapshotHandler,
-    )
-except ImportError:  # running from a checkout without an installed package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from cutline.protocol import (
-        Barrier,
-        Deliver,
-        Mode,
-        RecordChannelState,
-        SnapshotHandler,
-    )
+from _common import (
+    RESULTS, bench_parser, parse_bench_args, rotated, stamp, table, write_results,
+)
+from _common import console as make_console
 
-from rich.console import Console
-from rich.table import Table
+from cutline.protocol import (
+    Barrier,
+    Deliver,
+    Mode,
+    RecordChannelState,
+    SnapshotHandler,
+)
 
-HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE / "results" / "protocol.json"
+DEFAULT_OUT = RESULTS / "protocol.json"
 
 MODES = (Mode.ALIGNED, Mode.CHANDY_LAMPORT, Mode.UNALIGNED)
 TARGET = 0.9
@@ -160,8 +147,7 @@ def calibrate(pool, batch_size: int, target_s: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="short run (smoke test)")
+    p = bench_parser(__doc__, DEFAULT_OUT, (5, 3))
     p.add_argument("--batch-size", type=int, default=1000, help="records per batch")
     p.add_argument(
         "--batches",
@@ -169,16 +155,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="batches per measured case (default: calibrated so each case takes ~1.5 s)",
     )
-    p.add_argument("--rounds", type=int, default=None, help="rounds (default 5, quick 3)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
-    args = p.parse_args(argv)
+    args = parse_bench_args(p, argv)
 
-    # Piped output (CI logs, subprocess) gets a width that fits the table on one line.
-    console = Console() if sys.stdout.isatty() else Console(width=150)
+    console = make_console(150)
     bs = args.batch_size
     if bs < 1:
         p.error("--batch-size must be >= 1")
-    rounds = args.rounds or (3 if args.quick else 5)
+    rounds = args.rounds
     pool = make_pool(bs)
     if args.batches is not None:
         batches = args.batches
@@ -217,9 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     expected_total = None
     logged_counts: dict[tuple[str, str], int] = {}
     for r in range(rounds):
-        k = r % len(cases)
-        order = cases[k:] + cases[:k]  # rotate so no case always runs first or last
-        for name, mval, fn, feed in order:
+        for name, mval, fn, feed in rotated(cases, r):
             mode = Mode(mval) if mval != "-" else None
             rate, total, logged = measure(fn, feed, mode, records)
             if expected_total is None:
@@ -238,15 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         key: statistics.median(x / b for x, b in zip(v, bare_rounds)) for key, v in rates.items()
     }
 
-    table = Table(title=f"records/s at {bs:,}-record batches (median of {rounds} rounds)")
-    table.add_column("case", no_wrap=True)
-    table.add_column("mode", no_wrap=True)
-    table.add_column("records/s (median)", justify="right")
-    table.add_column("ratio vs bare loop", justify="right")
-    table.add_column("paired ratio", justify="right")
-    table.add_column("spread", justify="right")
-    table.add_column("overhead/batch", justify="right")
-    table.add_column("batches logged", justify="right")
+    t = table(f"records/s at {bs:,}-record batches (median of {rounds} rounds)",
+              ("case", "mode", "records/s (median)", "ratio vs bare loop", "paired ratio",
+               "spread", "overhead/batch", "batches logged"),
+              left=("case", "mode"), no_wrap=("case", "mode"))
     for name, mval, _fn, _feed in cases:
         key = (name, mval)
         v = rates[key]
@@ -255,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         # Extra wall time per batch vs the bare loop: constant per batch, not per record.
         overhead_us = (1 / med[key] - 1 / bare) * bs * 1e6
         style = "" if name in (BARE, CONTROL) else ("green" if ratio >= TARGET else "red")
-        table.add_row(
+        t.add_row(
             name,
             mval,
             f"{med[key]:,.0f}",
@@ -265,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             "-" if name == BARE else f"{overhead_us:+.2f} µs",
             f"{logged_counts[key]:,}",
         )
-    console.print(table)
+    console.print(t)
 
     noise = abs(med[(CONTROL, "-")] / bare - 1)
     console.print(
@@ -288,10 +264,8 @@ def main(argv: list[str] | None = None) -> int:
 
     result = {
         "benchmark": "cutline.protocol.SnapshotHandler vs bare loop",
-        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
+        **stamp(),
         "implementation": platform.python_implementation(),
-        "machine": platform.machine(),
         "quick": args.quick,
         "batch_size": bs,
         "batches": batches,
@@ -314,12 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         "noise_floor": noise,
         "target": verdicts,
     }
-    try:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-        console.print(f"results written to {args.out}", style="dim")
-    except OSError as exc:  # a benchmark: report, don't fail
-        console.print(f"could not write {args.out}: {exc}", style="yellow")
+    write_results(args.out, result, console)
     return 0
 
 

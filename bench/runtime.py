@@ -39,8 +39,8 @@ teardown after the final checkpoint, which are the same for every case.  End-to-
 (records / ``JobResult.duration``) are printed next to it.  For the threads engine the
 window starts when the threads start (``JobResult.duration`` back from the return).
 
-Cases 1, 3 and 4 write to a sink that discards records (``NullSink`` below), so the "off"
-runs don't hold millions of output rows in memory until the one final commit.
+Cases 1, 3 and 4 write to ``cutline.DiscardSink`` (it drops and counts records), so the
+"off" runs don't hold millions of output rows in memory until the one final commit.
 
 The machine may be shared and noisy: cases run in rounds, in an order that rotates each
 round, and medians are reported.  A ratio within the measured noise (half the spread of the
@@ -51,35 +51,24 @@ not measured.  Exit code is always 0: this is a benchmark, not a test.  Results 
 
 from __future__ import annotations
 
-import argparse
 import collections
-import json
 import os
 import platform
-import shutil
-import statistics
 import sys
-import tempfile
-import threading
 import time
-import traceback
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
-try:
-    import cutline  # noqa: F401
-except ImportError:  # running from a checkout without an installed package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from rich.console import Console
-from rich.table import Table
+from _common import (
+    RESULTS, AttemptWatcher, Runner, Workdir, bench_parser, cutline_in_spark_task,
+    discard_sink, fmt, git_state, median, ms, noise_of, parse_bench_args, percentile, rotated,
+    spark_session, stamp, stop_quietly, styled, table, verdict, write_results,
+)
+from _common import console as make_console
 
 from cutline import CheckpointConfig, Pipeline
 from cutline.connectors import CollectSink, GeneratorSource
 
-HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE / "results" / "runtime.json"
+DEFAULT_OUT = RESULTS / "runtime.json"
 
 SLOTS = 2
 PARALLELISM = 2
@@ -134,38 +123,6 @@ def slow_count(ctx: Any, record: int):
     return ((record % KEYS, n.value),)
 
 
-class NullSink:
-    """Discards every record; commits nothing.  Keeps the sink out of the measurement."""
-
-    name = "null"
-
-    def create_writer(self) -> "NullWriter":
-        return NullWriter()
-
-
-class NullWriter:
-    def open(self, subtask: int, parallelism: int, job: str) -> None:
-        self.records = 0
-
-    def write(self, batch: list) -> None:
-        self.records += len(batch)
-
-    def pre_commit(self, checkpoint_id: int) -> dict:
-        return {"records": self.records}
-
-    def commit(self, handles: list) -> None:
-        pass
-
-    def abort(self, handles: list) -> None:
-        pass
-
-    def recover(self, handles: list) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def bare_loop(n: int) -> tuple[int, int]:
     """What the map -> key_by -> count pipeline does, as one plain loop in one process."""
     counts: dict[str, int] = {}
@@ -199,7 +156,7 @@ def throughput_pipeline(name: str, n: int, interval: float, storage: str,
        .map(parse, uid="parse")
        .key_by(key_of)
        .count(uid="count")
-       .sink(sink if sink is not None else NullSink(), uid="out"))
+       .sink(sink if sink is not None else discard_sink(), uid="out"))
     return p
 
 
@@ -209,39 +166,11 @@ def backpressure_pipeline(name: str, n: int, unaligned: bool, storage: str) -> P
     (p.source(GeneratorSource(count=n), uid="ints")
        .key_by(mod_key)
        .process(slow_count, uid="slow")
-       .sink(NullSink(), uid="out"))
+       .sink(discard_sink(), uid="out"))
     return p
 
 
 # --------------------------------------------------------------------------- running
-
-
-class Watcher:
-    """Polls the driver (every 5 ms) for when each attempt started, on the driver's clock."""
-
-    def __init__(self) -> None:
-        self.starts: dict[int, float] = {}
-
-    def __call__(self, driver: Any) -> None:
-        threading.Thread(target=self._run, args=(driver,), daemon=True).start()
-
-    def _run(self, driver: Any) -> None:
-        while not driver.done.is_set():
-            a = driver.attempt
-            if a.started and a.number not in self.starts:
-                self.starts[a.number] = time.monotonic()
-            time.sleep(0.005)
-
-
-class Workdir:
-    """A fresh directory per run: a job resumes from checkpoints left under its storage."""
-
-    def __enter__(self) -> Path:
-        self.path = Path(tempfile.mkdtemp(prefix="cutline-bench-"))
-        return self.path
-
-    def __exit__(self, *exc: Any) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
 
 
 def _ckpt(c: Any) -> dict:
@@ -251,9 +180,7 @@ def _ckpt(c: Any) -> dict:
 
 
 def run_spark(pipeline: Pipeline, spark: Any, records: int, kill: Any = None) -> dict:
-    from cutline.spark.launcher import run_pipeline
-
-    watcher = Watcher()
+    watcher = AttemptWatcher()
 
     def on_start(driver: Any) -> None:
         watcher(driver)
@@ -266,16 +193,14 @@ def run_spark(pipeline: Pipeline, spark: Any, records: int, kill: Any = None) ->
     w0 = time.time()
     m1 = time.monotonic()
     mono_at_wall0 = (m0 + m1) / 2
-    result = run_pipeline(pipeline, spark, on_start=on_start, timeout=JOB_TIMEOUT)
+    result = pipeline.run(spark, on_start=on_start, timeout=JOB_TIMEOUT)
     t_end = time.monotonic()
     start = watcher.starts.get(0, t_end - result.duration)
     return _summarise(result, records, start, t_end, watcher.starts, mono_at_wall0, w0)
 
 
 def run_threads_engine(pipeline: Pipeline, records: int) -> dict:
-    from cutline.spark.launcher import run_pipeline
-
-    result = run_pipeline(pipeline, engine="threads", timeout=JOB_TIMEOUT)
+    result = pipeline.run(engine="threads", timeout=JOB_TIMEOUT)
     t_end = time.monotonic()
     start = t_end - result.duration  # run_threads' own t0, just before the threads start
     return _summarise(result, records, start, t_end, {0: start}, None, None)
@@ -409,98 +334,22 @@ GROUPS: list[list[tuple[str, Any]]] = [
 GROUP_NAMES = {"throughput": 0, "backpressure": 1, "recovery": 2}
 
 
-# --------------------------------------------------------------------------- statistics
-
-
-def median(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
-
-
-def percentile(xs: list[float], p: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    xs = sorted(x for x in xs if x is not None)
-    if not xs:
-        return None
-    k = (len(xs) - 1) * p / 100
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
-def noise_of(per_round: list[float]) -> float | None:
-    """Half the spread of per-round ratios; None when there is one round (not measured)."""
-    per_round = [x for x in per_round if x is not None]
-    if len(per_round) < 2:
-        return None
-    return (max(per_round) - min(per_round)) / 2
-
-
-def verdict(value: float | None, target: float, at_least: bool, noise: float | None,
-            paired: float | None = None) -> str:
-    """PASS / FAIL; "undecided" when ``value`` is within ``noise`` of the target, or when the
-    median of the per-round (paired) ratios lands on the other side of the target."""
-    if value is None:
-        return "n/a"
-
-    def ok(x: float) -> bool:
-        return x >= target if at_least else x <= target
-
-    if noise is not None and abs(value - target) <= noise:
-        return "undecided"
-    if paired is not None and ok(paired) != ok(value):
-        return "undecided"
-    return "PASS" if ok(value) else "FAIL"
-
-
-STYLE = {"PASS": "green", "FAIL": "red", "undecided": "yellow", "n/a": "dim", "-": "dim"}
-
-
-def fmt(x: float | None, spec: str = ".3f", suffix: str = "") -> str:
-    return "-" if x is None else f"{x:{spec}}{suffix}"
-
-
-def ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1000:,.0f} ms"
-
-
 # --------------------------------------------------------------------------- main
 
 
-def git_state() -> dict:
-    """Which code was measured: HEAD and any uncommitted changes under src/."""
-    import subprocess
-
-    root = HERE.parent
-
-    def git(*a: str) -> str:
-        try:
-            return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True,
-                                  timeout=10).stdout.rstrip("\n")
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    dirty = [line[3:] for line in git("status", "--porcelain", "--", "src").splitlines()]
-    return {"commit": git("rev-parse", "HEAD") or None, "src_uncommitted": dirty}
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="short run (smoke test), every case")
-    ap.add_argument("--rounds", type=int, default=None, help="rounds (default 3, quick 1)")
+    ap = bench_parser(__doc__, DEFAULT_OUT, (3, 1), quick="short run (smoke test), every case")
     ap.add_argument("--records", type=int, default=None,
                     help="records per throughput run (default 3,000,000; quick 600,000)")
     ap.add_argument("--only", choices=sorted(GROUP_NAMES), action="append", default=None,
                     help="run only these case groups (repeatable): throughput = cases 1, 2 "
                          "and 4, backpressure = case 3, recovery = case 5")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
-    args = ap.parse_args(argv)
+    args = parse_bench_args(ap, argv)
     groups = [GROUPS[GROUP_NAMES[g]] for g in sorted(set(args.only), key=GROUP_NAMES.get)] \
         if args.only else GROUPS
 
-    console = Console() if sys.stdout.isatty() else Console(width=150)
-    quick = args.quick
-    rounds = args.rounds or (1 if quick else 3)
+    console = make_console(150)
+    quick, rounds = args.quick, args.rounds
     records = args.records or (600_000 if quick else 3_000_000)
     ctx: dict[str, Any] = {
         "records": records,
@@ -511,16 +360,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     ctx["expected_recovery"] = expected_rows(ctx["records_recovery"])
 
-    from cutline.spark.launcher import embedded_session
-
     t_bench = time.monotonic()
     console.print(f"[bold]cutline runtime benchmark[/]  {'quick, ' if quick else ''}{rounds} "
                   f"round(s); {records:,} records per throughput run, "
                   f"{ctx['records_bp']:,} under backpressure, {ctx['records_recovery']:,} at "
                   f"{ctx['rate']:,.0f}/s for recovery; Python {platform.python_version()}")
-    spark = embedded_session(slots=SLOTS)
+    spark = spark_session(SLOTS)
     ctx["spark"] = spark
     console.print(f"Spark {spark.version}, master {spark.sparkContext.master}", style="dim")
+    in_task = cutline_in_spark_task(spark)
 
     # Warm up: start the Python workers and import everything once, unmeasured.
     with Workdir() as d:
@@ -531,26 +379,13 @@ def main(argv: list[str] | None = None) -> int:
                   spark, 2_000)
     bare_loop(50_000)
 
-    runs: dict[str, list[dict]] = {name: [] for g in GROUPS for name, _ in g}
-    errors: list[dict] = []
+    runner = Runner(console, 26, {name: [] for g in GROUPS for name, _ in g})
+    runs, errors = runner.runs, runner.errors
     for r in range(rounds):
         for group in groups:
-            k = r % len(group)
-            for name, fn in group[k:] + group[:k]:  # rotate: no case always first
-                t0 = time.monotonic()
-                try:
-                    out = fn(ctx)
-                except Exception as exc:  # noqa: BLE001 - a benchmark reports and goes on
-                    errors.append({"case": name, "round": r + 1, "error": repr(exc),
-                                   "trace": traceback.format_exc()[-3000:]})
-                    console.print(f"  round {r + 1}: {name} FAILED: {exc}", style="red")
-                    runs[name].append(None)
-                    continue
-                out["round"] = r + 1
-                runs[name].append(out)
-                extra = f"{out['rate']:,.0f} records/s" if "rate" in out else ""
-                console.print(f"  round {r + 1}/{rounds}: {name:<26} "
-                              f"{time.monotonic() - t0:5.1f} s  {extra}", style="dim")
+            for name, fn in rotated(group, r):
+                runner.run(name, lambda fn=fn: fn(ctx), r, rounds,
+                           lambda out: f"{out['rate']:,.0f} records/s" if "rate" in out else "")
 
     ok = {name: [x for x in v if x is not None] for name, v in runs.items()}
 
@@ -637,11 +472,10 @@ def main(argv: list[str] | None = None) -> int:
     not_killed = len(ok[KILLED]) - len(kills)
 
     # ------------------------------------------------------------------ tables
-    runs_t = Table(title=f"runs (median of {rounds} round(s); processing time = attempt 0 "
-                         "started -> final checkpoint completed)")
-    for col in ("case", "records", "processing", "records/s", "records/s per task",
-                "end-to-end records/s", "checkpoints", "attempts"):
-        runs_t.add_column(col, justify="left" if col == "case" else "right", no_wrap=True)
+    runs_t = table(f"runs (median of {rounds} round(s); processing time = attempt 0 "
+                   "started -> final checkpoint completed)",
+                   ("case", "records", "processing", "records/s", "records/s per task",
+                    "end-to-end records/s", "checkpoints", "attempts"))
     for name, v in ok.items():
         if not v:
             runs_t.add_row(name, *["-"] * 7)
@@ -660,10 +494,9 @@ def main(argv: list[str] | None = None) -> int:
             fmt(median([x.get("attempts") for x in v]), ".0f"))
     console.print(runs_t)
 
-    cp_t = Table(title="checkpoints (final excluded; p99 of few samples is near the max)")
-    for col in ("runs", "interval", "n", "p50", "p99", "max", "median alignment",
-                "median in-flight records", "median size"):
-        cp_t.add_column(col, justify="left" if col == "runs" else "right", no_wrap=True)
+    cp_t = table("checkpoints (final excluded; p99 of few samples is near the max)",
+                 ("runs", "interval", "n", "p50", "p99", "max", "median alignment",
+                  "median in-flight records", "median size"), left=("runs",))
     for name, interval in ((ON, ON_INTERVAL), (ALIGNED, BP_INTERVAL), (UNALIGNED, BP_INTERVAL)):
         d = bp(name, "duration")
         cp_t.add_row(name, f"{interval:g} s", str(len(d)), ms(percentile(d, 50)),
@@ -673,12 +506,11 @@ def main(argv: list[str] | None = None) -> int:
     console.print(cp_t)
 
     if ok[KILLED]:
-        rec_t = Table(title=f"recovery: {ctx['records_recovery']:,} records at "
-                            f"{ctx['rate']:,.0f}/s, Kill(after_checkpoint=1, delay=0.5)")
-        for col in ("round", "killed at", "kill -> new attempt", "kill -> its 1st checkpoint",
-                    "restart -> 1st checkpoint", "attempts", "duration", "no failure",
-                    "output"):
-            rec_t.add_column(col, justify="right", no_wrap=True)
+        rec_t = table(f"recovery: {ctx['records_recovery']:,} records at "
+                      f"{ctx['rate']:,.0f}/s, Kill(after_checkpoint=1, delay=0.5)",
+                      ("round", "killed at", "kill -> new attempt", "kill -> its 1st checkpoint",
+                       "restart -> 1st checkpoint", "attempts", "duration", "no failure",
+                       "output"), left=())
         for x, y in zip(runs[KILLED], runs[NOFAIL]):
             if x is None:
                 continue
@@ -742,16 +574,14 @@ def main(argv: list[str] | None = None) -> int:
             return "not measured" if rounds < 2 else "-"
         return "-"
 
-    sum_t = Table(title="cutline runtime benchmark: summary")
-    for col in ("case", "measured", "ratio", "paired", "target", "noise", "verdict"):
-        sum_t.add_column(col, justify="right" if col in ("ratio", "paired", "noise")
-                         else "left", no_wrap=col != "measured")
+    cols = ("case", "measured", "ratio", "paired", "target", "noise", "verdict")
+    sum_t = table("cutline runtime benchmark: summary", cols,
+                  left=("case", "measured", "target", "verdict"),
+                  no_wrap=[c for c in cols if c != "measured"])
     for row in summary:
-        style = STYLE.get(row["verdict"], "")
         sum_t.add_row(row["case"], row["measured"], fmt(row["ratio"], ".3f", "x"),
                       fmt(row.get("paired"), ".3f", "x"),
-                      row["target"], noise_text(row),
-                      f"[{style}]{row['verdict']}[/]" if style else row["verdict"])
+                      row["target"], noise_text(row), styled(row["verdict"]))
     console.print(sum_t)
     console.print("ratio: of the medians over rounds; paired: median of the per-round ratios; "
                   "noise: half the spread of the per-round ratios.  A verdict is undecided "
@@ -768,12 +598,11 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "benchmark": "cutline runtime on embedded Spark: checkpoint overhead, durations, "
                      "unaligned vs aligned, per-task rate, recovery",
-        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "machine": platform.machine(),
+        **stamp(),
         "spark": spark.version,
         "master": spark.sparkContext.master,
         "git": git_state(),
+        "cutline_in_spark_task": in_task,
         "quick": quick,
         "rounds": rounds,
         "groups": args.only or sorted(GROUP_NAMES, key=GROUP_NAMES.get),
@@ -823,16 +652,8 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "errors": errors,
     }
-    try:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-        console.print(f"results written to {args.out}", style="dim")
-    except OSError as exc:  # a benchmark: report, don't fail
-        console.print(f"could not write {args.out}: {exc}", style="yellow")
-    try:
-        spark.stop()
-    except Exception:  # noqa: BLE001
-        pass
+    write_results(args.out, result, console)
+    stop_quietly(spark)
     return 0
 
 

@@ -50,17 +50,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
-try:
-    import cutline  # noqa: F401
-except ImportError:  # running from a checkout without an installed package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from rich.console import Console
-from rich.table import Table
+from _common import (
+    RESULTS, Runner, bench_parser, median, parse_bench_args, stamp, table, write_results,
+)
+from _common import console as make_console
+from _common import ms as _ms
 
 from cutline.api import Node
 from cutline.runtime.operators import build_operator
@@ -68,8 +64,7 @@ from cutline.state.memory import MemoryStateBackend
 from cutline.state.rocksdb import RocksDBStateBackend
 from cutline.storage.checkpoints import CheckpointStorage
 
-HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE / "results" / "state.json"
+DEFAULT_OUT = RESULTS / "state.json"
 MAXP = 128
 GROUPS = range(MAXP)
 TARGET_INCREMENTAL = 0.1  # incremental / full bytes at 1% changed, at most
@@ -128,10 +123,6 @@ def update(backends: list, keys: list[int], version: int) -> None:
         if j % 1000 == 999:
             for b in backends:
                 getattr(b, "after_batch", lambda: None)()
-
-
-def median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
 
 
 # --------------------------------------------------------------------------- case 1
@@ -292,7 +283,7 @@ def case_rescale(n: int, rounds: int) -> dict:
 
 
 def _group(key: str) -> int:
-    from cutline.plan import key_group
+    from cutline.state.keygroups import key_group
 
     return key_group(key, MAXP)
 
@@ -386,22 +377,18 @@ def mb(n: float | None) -> str:
 
 
 def ms(s: float | None) -> str:
-    return "-" if s is None else f"{s * 1000:,.1f} ms"
+    return _ms(s, ",.1f")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="short run (smoke test), every case")
-    ap.add_argument("--rounds", type=int, default=None, help="rounds (default 3, quick 1)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
+    ap = bench_parser(__doc__, DEFAULT_OUT, (3, 1), quick="short run (smoke test), every case")
     ap.add_argument("--scale-child", type=int, default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    args = parse_bench_args(ap, argv)
     if args.scale_child:
         print(json.dumps(scale_child(args.scale_child)))
         return 0
-    console = Console() if sys.stdout.isatty() else Console(width=150)
-    quick = args.quick
-    rounds = args.rounds or (1 if quick else 3)
+    console = make_console(150)
+    quick, rounds = args.quick, args.rounds
     p = {
         "bytes_keys": 100_000 if quick else 1_000_000,
         "bytes_checkpoints": 6 if quick else 20,
@@ -417,26 +404,14 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"[bold]cutline state backend benchmark[/]  {'quick, ' if quick else ''}"
                   f"{rounds} round(s); Python {platform.python_version()}, "
                   f"{os.cpu_count()} CPUs")
+    runner = Runner(console, 40)
     results: dict[str, Any] = {
-        "benchmark": "cutline state backends: memory vs rocksdb",
-        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "python": platform.python_version(), "machine": platform.machine(),
+        "benchmark": "cutline state backends: memory vs rocksdb", **stamp(),
         "cpus": os.cpu_count(), "quick": quick, "rounds": rounds, "parameters": p,
-        "target_incremental_ratio_at_1pct": TARGET_INCREMENTAL, "errors": []}
+        "target_incremental_ratio_at_1pct": TARGET_INCREMENTAL, "errors": runner.errors}
 
     def run(name: str, fn, *a: Any) -> Any:
-        t0 = time.monotonic()
-        try:
-            out = fn(*a)
-        except Exception as exc:  # noqa: BLE001 - a benchmark reports and goes on
-            import traceback
-
-            results["errors"].append({"case": name, "error": repr(exc),
-                                      "trace": traceback.format_exc()[-3000:]})
-            console.print(f"  {name} FAILED: {exc}", style="red")
-            return None
-        console.print(f"  {name:<40} {time.monotonic() - t0:6.1f} s", style="dim")
-        return out
+        return runner.run(name, lambda: fn(*a))
 
     # 1. bytes
     results["bytes"] = [r for r in (
@@ -456,10 +431,9 @@ def main(argv: list[str] | None = None) -> int:
                            p["scale_keys"]) if p["scale_keys"] else None
 
     # ------------------------------------------------------------------ tables
-    t = Table(title="1. bytes uploaded per checkpoint (mean after the first)")
-    for col in ("keys changed", "state", "full", "incremental", "incremental / full",
-                "incremental max", "memory snapshot", "target"):
-        t.add_column(col, justify="right")
+    t = table("1. bytes uploaded per checkpoint (mean after the first)",
+              ("keys changed", "state", "full", "incremental", "incremental / full",
+               "incremental max", "memory snapshot", "target"), left=(), no_wrap=False)
     for r in results["bytes"]:
         ok = r["ratio"] <= TARGET_INCREMENTAL
         t.add_row(f"{r['changed']:.0%} of {r['keys']:,}", mb(r["per_checkpoint"][-1]["state_size"]),
@@ -469,11 +443,11 @@ def main(argv: list[str] | None = None) -> int:
                   if r["changed"] == 0.01 else "-")
     console.print(t)
 
-    t = Table(title=f"2-3. snapshot synchronous phase (after {UPDATES_PER_CHECKPOINT:,} "
-                    "updates) and restore, against state size")
-    for col in ("keys", "rocksdb state", "rocksdb sync", "rocksdb async (upload)",
-                "rocksdb restore", "memory state", "memory sync", "memory restore"):
-        t.add_column(col, justify="right")
+    t = table(f"2-3. snapshot synchronous phase (after {UPDATES_PER_CHECKPOINT:,} "
+              "updates) and restore, against state size",
+              ("keys", "rocksdb state", "rocksdb sync", "rocksdb async (upload)",
+               "rocksdb restore", "memory state", "memory sync", "memory restore"),
+              left=(), no_wrap=False)
     for r in results["sizes"]:
         ro, me = r.get("rocksdb") or {}, r.get("memory") or {}
         t.add_row(f"{r['keys']:,}", mb(ro.get("state_bytes")), ms(ro.get("sync_median")),
@@ -483,11 +457,10 @@ def main(argv: list[str] | None = None) -> int:
     console.print(t)
     if results.get("rescale"):
         r = results["rescale"]
-        t = Table(title=f"6. rescale 2 -> 1 -> 2: restore seconds, {r['keys']:,} keys "
-                        "(median of rounds)")
-        for col in ("backend", "2 -> 2 (same parallelism)", "2 -> 1", "1 -> 2",
-                    "(2->1 + 1->2) / 2x(2->2)"):
-            t.add_column(col, justify="right")
+        t = table(f"6. rescale 2 -> 1 -> 2: restore seconds, {r['keys']:,} keys "
+                  "(median of rounds)", ("backend", "2 -> 2 (same parallelism)", "2 -> 1",
+                                         "1 -> 2", "(2->1 + 1->2) / 2x(2->2)"),
+                  left=(), no_wrap=False)
         for kind in ("memory", "rocksdb"):
             x = r.get(kind) or {}
             same = x.get("2->2")
@@ -511,10 +484,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{verdict}; memory sync phase "
                       f"{results['sync_growth'].get('memory_sync_ratio', float('nan')):.1f}x")
 
-    t = Table(title="4. count() records/s (median of rounds; keys warmed once)")
-    for col in ("distinct keys", "memory", "rocksdb", "rocksdb / memory",
-                "rocksdb, no cache¹", "cache speed-up"):
-        t.add_column(col, justify="right")
+    t = table("4. count() records/s (median of rounds; keys warmed once)",
+              ("distinct keys", "memory", "rocksdb", "rocksdb / memory", "rocksdb, no cache¹",
+               "cache speed-up"), left=(), no_wrap=False)
     for r in results["count"]:
         m, ro, nc = (r[k]["median"] for k in ("memory", "rocksdb", "rocksdb, no cache"))
         t.add_row(f"{r['keys']:,}", f"{m:,.0f}", f"{ro:,.0f}", f"{ro / m:.2f}x",
@@ -525,18 +497,16 @@ def main(argv: list[str] | None = None) -> int:
 
     if results.get("scale"):
         s = results["scale"]
-        t = Table(title="5. scale: one RocksDB backend (subprocess)")
-        for col in ("keys", "load", "peak RSS", "state", "sync phase", "upload",
-                    f"checkpoint after {UPDATES_PER_CHECKPOINT:,} updates"):
-            t.add_column(col, justify="right")
+        t = table("5. scale: one RocksDB backend (subprocess)",
+                  ("keys", "load", "peak RSS", "state", "sync phase", "upload",
+                   f"checkpoint after {UPDATES_PER_CHECKPOINT:,} updates"),
+                  left=(), no_wrap=False)
         t.add_row(f"{s['keys']:,}", f"{s['load_s']:.1f} s", mb(s["peak_rss_bytes"]),
                   mb(s["state_bytes"]), ms(s["sync_s"]), ms(s["async_s"]),
                   mb(s["incremental_bytes"]))
         console.print(t)
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2, default=str))
-    console.print(f"results written to {args.out}", style="dim")
+    write_results(args.out, results, console)
     return 0
 
 

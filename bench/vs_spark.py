@@ -83,7 +83,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import math
 import os
 import platform
 import re
@@ -99,25 +98,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-try:
-    import cutline  # noqa: F401 - installed, or run from a checkout
-except ImportError:  # running from a checkout without an installed package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
+from _common import (
+    RESULTS, AttemptWatcher, Runner, Workdir, bench_parser, cutline_in_spark_task, fmt,
+    git_state, median, ms, noise_of, non_negative_float, parse_bench_args, percentile,
+    positive_float, positive_int, pyplot, rotated, spark_session, stamp, stop_quietly, styled,
+    table, verdict, write_results,
+)
+from _common import console as make_console
 from rich.console import Console
-from rich.table import Table
 
 from cutline import CheckpointConfig, Pipeline
 from cutline.connectors import FileSource, ParquetSink
 from cutline.connectors.files import FileReader
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runtime import (  # noqa: E402 - bench/runtime.py: the shared statistics helpers
-    STYLE, fmt, git_state, median, ms, noise_of, percentile, verdict,
-)
-
-HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE / "results" / "vs_spark.json"
+DEFAULT_OUT = RESULTS / "vs_spark.json"
 
 SLOTS = PARALLELISM = 2
 REF_BATCHES = 4  # reference row: Spark with the backlog split into this many micro-batches
@@ -419,13 +413,8 @@ class DirWatcher(threading.Thread):
             self.join(timeout=5)
 
 
-class Workdir:
-    def __enter__(self) -> Path:
-        self.path = Path(tempfile.mkdtemp(prefix="cutline-vs-spark-"))
-        return self.path
-
-    def __exit__(self, *exc: Any) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+def run_dir() -> Workdir:
+    return Workdir("cutline-vs-spark-")
 
 
 # --------------------------------------------------------------------------- output checks
@@ -457,36 +446,14 @@ def check_output(workload: str, files: list[Path], expected: dict) -> dict:
 # --------------------------------------------------------------------------- throughput
 
 
-class AttemptWatcher:
-    """``on_start`` hook: when attempt 0 starts, stamp it (monotonic) and run callbacks."""
-
-    def __init__(self, then: Any = None) -> None:
-        self.started: float | None = None
-        self.then = then
-
-    def __call__(self, driver: Any) -> None:
-        threading.Thread(target=self._run, args=(driver,), daemon=True).start()
-
-    def _run(self, driver: Any) -> None:
-        while not driver.done.is_set():
-            if driver.attempt.started:
-                self.started = time.monotonic()
-                if self.then is not None:
-                    self.then(driver)
-                return
-            time.sleep(0.005)
-
-
 def cutline_throughput(ctx: dict, workload: str) -> dict:
-    from cutline.spark.launcher import run_pipeline
-
-    with Workdir() as d:
+    with run_dir() as d:
         sink = ParquetSink(str(d / "out"))
         p = cutline_pipeline(f"vs-{workload}", workload, FileSource(str(ctx["backlog"])), sink,
                              f"file://{d}/ck", INTERVAL)
         watch = AttemptWatcher(ctx.get("on_attempt"))
         t0 = time.monotonic()
-        result = run_pipeline(p, ctx["spark"], on_start=watch, timeout=JOB_TIMEOUT)
+        result = p.run(ctx["spark"], on_start=watch, timeout=JOB_TIMEOUT)
         t_end = time.monotonic()
         finals = [c for c in result.checkpoints if c.final]
         end = finals[-1].completed if finals else t_end
@@ -497,6 +464,7 @@ def cutline_throughput(ctx: dict, workload: str) -> dict:
     return {"records": n, "processing": end - start, "rate": n / (end - start),
             "end_to_end": t_end - t0, "rate_end_to_end": n / (t_end - t0),
             "checkpoints": len(result.checkpoints), "attempts": result.attempts,
+            "checkpoint_durations": [c.duration for c in result.checkpoints if not c.final],
             "cpu": sum(getattr(result, "cpu_seconds", {}).values()) or None,
             "output": check}
 
@@ -515,7 +483,7 @@ def _batches(progress: list[dict]) -> list[dict]:
 def spark_throughput(ctx: dict, workload: str, engine: str, max_files: int | None = None
                      ) -> dict:
     spark = ctx["spark"]
-    with Workdir() as d:
+    with run_dir() as d:
         commits: dict[int, float] = {}
         df = spark_frame(spark, workload, engine, str(ctx["backlog"]), max_files)
         t0 = time.monotonic()
@@ -570,10 +538,8 @@ SHORT = {CUT_EO: "EO 1 s", CUT_EO_SHORT: "EO 0.1 s", CUT_VISIBLE: "visible on wr
 
 
 def cutline_latency(ctx: dict, workload: str, config: str) -> dict:
-    from cutline.spark.launcher import run_pipeline
-
     interval = SHORT_INTERVAL if config == CUT_EO_SHORT else INTERVAL
-    with Workdir() as d:
+    with run_dir() as d:
         inp, out = d / "in", d / "out"
         inp.mkdir()
         out.mkdir()
@@ -591,8 +557,7 @@ def cutline_latency(ctx: dict, workload: str, config: str) -> dict:
             watcher.start()
             writer.start()
 
-        result = run_pipeline(p, ctx["spark"], on_start=AttemptWatcher(begin),
-                              timeout=JOB_TIMEOUT)
+        result = p.run(ctx["spark"], on_start=AttemptWatcher(begin), timeout=JOB_TIMEOUT)
         writer.join(timeout=30)
         time.sleep(2 * WATCH)
         watcher.stop()
@@ -645,7 +610,7 @@ def _local(uri: str) -> str:
 def spark_latency(ctx: dict, workload: str, engine: str, config: str) -> dict:
     spark = ctx["spark"]
     trigger = {"processingTime": "1 second" if config == SPARK_1S else "0 seconds"}
-    with Workdir() as d:
+    with run_dir() as d:
         inp, out, ck = d / "in", d / "out", d / "ck"
         inp.mkdir()
         commits: dict[int, float] = {}
@@ -789,27 +754,14 @@ def profile_cutline(ctx: dict, console: Console, workdir: Path) -> dict:
 # --------------------------------------------------------------------------- running
 
 
-def run_case(name: str, fn: Any, runs: dict, errors: list, console: Console, r: int,
-             rounds: int) -> None:
-    t0 = time.monotonic()
-    try:
-        out = fn()
-    except Exception as exc:  # noqa: BLE001 - a benchmark reports and goes on
-        errors.append({"case": name, "round": r + 1, "error": repr(exc),
-                       "trace": traceback.format_exc()[-3000:]})
-        console.print(f"  round {r + 1}: {name} FAILED: {exc}", style="red")
-        runs.setdefault(name, []).append(None)
-        return
-    out["round"] = r + 1
-    runs.setdefault(name, []).append(out)
+def describe(out: dict) -> str:
+    """A run's progress line: its rate (throughput) or percentiles (latency)."""
     if "rate" in out:
         extra = f"{out['rate']:>10,.0f} records/s"
         if not out["output"]["ok"]:
             extra += "  [red]output WRONG[/]"
-    else:
-        extra = f"p50 {ms(out['p50'])}, p99 {ms(out['p99'])} ({out['n']:,} records)"
-    console.print(f"  round {r + 1}/{rounds}: {name:<46} {time.monotonic() - t0:5.1f} s  "
-                  f"{extra}", style="dim")
+        return extra
+    return f"p50 {ms(out['p50'])}, p99 {ms(out['p99'])} ({out['n']:,} records)"
 
 
 def tp_name(workload: str, engine: str, variant: str = "") -> str:
@@ -853,14 +805,20 @@ def latency_cases(ctx: dict) -> list[tuple[str, Any]]:
     return cases
 
 
+def cutline_only(cases: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    return [(name, fn) for name, fn in cases if name.split(" | ")[2] == CUTLINE]
+
+
 def warm_up(ctx: dict, console: Console) -> None:
     """Start the Python workers and JIT-compile both systems once, unmeasured."""
     small = dict(ctx)
-    with Workdir() as d:
+    with run_dir() as d:
         small["expected"] = write_backlog(d / "in", 4_000, 4)
         small["backlog"] = d / "in"
         for w in (STATELESS, KEYED):
             cutline_throughput(small, w)
+        if ctx.get("cutline_only"):
+            return
         for w, e in ((STATELESS, SPARK_PY), (STATELESS, SPARK_SQL), (KEYED, SPARK_PY),
                      (KEYED_SQL, SPARK_SQL)):
             spark_throughput(small, w, e)
@@ -940,11 +898,7 @@ def summarise(runs: dict) -> list[dict]:
 
 
 def plot(result: dict, runs: dict, stem: Path) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     written = []
     ok = {k: [x for x in v if x is not None] for k, v in runs.items()}
 
@@ -1041,59 +995,28 @@ def plot(result: dict, runs: dict, stem: Path) -> list[str]:
 # --------------------------------------------------------------------------- main
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
-def _number(text: str, allow_zero: bool) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
-        raise argparse.ArgumentTypeError(
-            f"must be a finite number {'>= 0' if allow_zero else '> 0'}, got {text}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    return _number(text, allow_zero=False)
-
-
-def _non_negative_float(text: str) -> float:
-    return _number(text, allow_zero=True)
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true",
-                    help="short run (about 2 minutes), every workload, fewer configurations")
-    ap.add_argument("--rounds", type=_positive_int, default=None,
-                    help="throughput rounds (default 3, quick 1)")
-    ap.add_argument("--latency-rounds", type=_positive_int, default=None,
+    ap = bench_parser(__doc__, DEFAULT_OUT, (3, 1), rounds_help="throughput rounds",
+                      quick="short run (about 2 minutes), every workload, fewer configurations",
+                      out_help="JSON results file; plots are written next to it")
+    ap.add_argument("--latency-rounds", type=positive_int, default=None,
                     help="latency rounds (default 2, quick 1)")
-    ap.add_argument("--records", type=_positive_int, default=None,
+    ap.add_argument("--records", type=positive_int, default=None,
                     help="events in the throughput backlog (default 400,000; quick 100,000)")
-    ap.add_argument("--rate", type=_positive_float, default=500.0,
+    ap.add_argument("--rate", type=positive_float, default=500.0,
                     help="latency runs: input events/s (default 500)")
-    ap.add_argument("--latency-seconds", type=_positive_float, default=None,
+    ap.add_argument("--latency-seconds", type=positive_float, default=None,
                     help="latency runs: seconds of input (default 6, quick 3)")
-    ap.add_argument("--warmup", type=_non_negative_float, default=None,
+    ap.add_argument("--warmup", type=non_negative_float, default=None,
                     help="latency runs: seconds of input not counted (default 1.5, quick 1)")
     ap.add_argument("--only", choices=["throughput", "latency", "profile"], action="append",
                     default=None, help="run only these parts (repeatable)")
     ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,
                     help="profile cutline's tasks with py-spy (default: on, off with --quick)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                    help="JSON results file; plots are written next to it")
-    args = ap.parse_args(argv)
-    args.rounds = args.rounds or (1 if args.quick else 3)
+    ap.add_argument("--cutline-only", action="store_true",
+                    help="skip Spark's own queries (bench/ab.py: they do not change with "
+                         "cutline's version); no cutline / Spark ratios then")
+    args = parse_bench_args(ap, argv)
     args.latency_rounds = args.latency_rounds or (1 if args.quick else 2)
     args.records = args.records or (100_000 if args.quick else 400_000)
     args.latency_seconds = args.latency_seconds or (3.0 if args.quick else 6.0)
@@ -1120,7 +1043,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    console = Console() if sys.stdout.isatty() else Console(width=160)
+    console = make_console(160)
     t_bench = time.monotonic()
     files = max(PARALLELISM, args.records // EVENTS_PER_FILE)
     console.print(f"[bold]cutline vs Spark Structured Streaming[/]  "
@@ -1128,19 +1051,18 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.records:,} events in {files:,} files; {args.latency_rounds} latency "
                   f"round(s) of {args.latency_seconds:g} s at {args.rate:,.0f} events/s; "
                   f"Python {platform.python_version()}")
-    from cutline.spark.launcher import embedded_session
-
-    spark = embedded_session(slots=SLOTS)
     # A stateful Spark query gets as many shuffle partitions as cutline has subtasks.
-    spark.conf.set("spark.sql.shuffle.partitions", str(PARALLELISM))
-    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "1000")
+    spark = spark_session(SLOTS, shuffle_partitions=PARALLELISM)
     console.print(f"Spark {spark.version}, master {spark.sparkContext.master}", style="dim")
+    in_task = cutline_in_spark_task(spark)
 
     workdir = Path(tempfile.mkdtemp(prefix="cutline-vs-spark-input-"))
     ctx: dict[str, Any] = {"spark": spark, "quick": args.quick, "rate": args.rate,
-                           "latency_seconds": args.latency_seconds, "warmup": args.warmup}
-    runs: dict[str, list] = {}
-    errors: list[dict] = []
+                           "latency_seconds": args.latency_seconds, "warmup": args.warmup,
+                           "cutline_only": args.cutline_only}
+    runner = Runner(console, 46)
+    runs, errors = runner.runs, runner.errors
+    only = cutline_only if args.cutline_only else list
     profile: dict | None = None
     try:
         warm_up(ctx, console)
@@ -1150,20 +1072,18 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"  backlog: {ctx['expected']['bytes'] / 1e6:.1f} MB, "
                           f"{ctx['expected']['kept']:,} events pass the filter", style="dim")
         if "throughput" in args.parts:
-            cases = throughput_cases(ctx)
+            cases = only(throughput_cases(ctx))
             for r in range(args.rounds):
-                k = r % len(cases)
-                for name, fn in cases[k:] + cases[:k]:  # rotate: no case always first
-                    run_case(name, fn, runs, errors, console, r, args.rounds)
+                for name, fn in rotated(cases, r):  # rotate: no case always first
+                    runner.run(name, fn, r, args.rounds, describe)
             if not args.quick:  # one round: Spark's per-batch cost, for reference
-                for name, fn in reference_cases(ctx):
-                    run_case(name, fn, runs, errors, console, 0, 1)
+                for name, fn in only(reference_cases(ctx)):
+                    runner.run(name, fn, 0, 1, describe)
         if "latency" in args.parts:
-            cases = latency_cases(ctx)
+            cases = only(latency_cases(ctx))
             for r in range(args.latency_rounds):
-                k = (r * 5) % len(cases)
-                for name, fn in cases[k:] + cases[:k]:
-                    run_case(name, fn, runs, errors, console, r, args.latency_rounds)
+                for name, fn in rotated(cases, r * 5):
+                    runner.run(name, fn, r, args.latency_rounds, describe)
         if "profile" in args.parts:
             try:
                 profile = profile_cutline(ctx, console, workdir)
@@ -1178,10 +1098,10 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.monotonic() - t_bench
     result = {
         "benchmark": "cutline vs Spark Structured Streaming: same workloads, same input files",
-        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "python": platform.python_version(), "machine": platform.machine(),
+        **stamp(),
         "cpus": os.cpu_count(), "spark": spark.version, "master": spark.sparkContext.master,
-        "git": git_state(), "quick": args.quick, "rounds": args.rounds,
+        "git": git_state(), "cutline_in_spark_task": in_task, "cutline_only": args.cutline_only,
+        "quick": args.quick, "rounds": args.rounds,
         "latency_rounds": args.latency_rounds, "elapsed_s": elapsed,
         "command": "python bench/vs_spark.py" + (" " + " ".join(argv if argv is not None
                                                                 else sys.argv[1:])).rstrip(),
@@ -1215,31 +1135,22 @@ def main(argv: list[str] | None = None) -> int:
     print_tables(console, result, runs)
     try:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        stem = args.out.with_suffix("")
         if runs:
-            result["plots"] = plot(result, runs, stem)
-        args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
-        console.print(f"results written to {args.out}"
-                      + (f", plots {', '.join(result.get('plots', []))}" if runs else ""),
-                      style="dim")
+            result["plots"] = plot(result, runs, args.out.with_suffix(""))
     except OSError as exc:  # a benchmark: report, don't fail
-        console.print(f"could not write {args.out}: {exc}", style="yellow")
+        console.print(f"could not write plots next to {args.out}: {exc}", style="yellow")
+    write_results(args.out, result, console, indent=1,
+                  note=f", plots {', '.join(result.get('plots', []))}" if runs else "")
     console.print(f"benchmark took {elapsed:.0f} s", style="dim")
-    try:
-        spark.stop()
-    except Exception:  # noqa: BLE001
-        pass
+    stop_quietly(spark)
     return 0
 
 
 def print_tables(console: Console, result: dict, runs: dict) -> None:
     ok = {k: [x for x in v if x is not None] for k, v in runs.items()}
-    tp = Table(title=f"throughput (median of {result['rounds']} round(s); records / processing "
-                     "time)")
-    for col in ("workload", "system", "records/s", "end-to-end records/s", "micro-batches",
-                "checkpoints", "output"):
-        tp.add_column(col, justify="left" if col in ("workload", "system") else "right",
-                      no_wrap=True)
+    tp = table(f"throughput (median of {result['rounds']} round(s); records / processing "
+               "time)", ("workload", "system", "records/s", "end-to-end records/s",
+                         "micro-batches", "checkpoints", "output"), left=("workload", "system"))
     for name, v in ok.items():
         if not name.startswith("tp |") or not v:
             continue
@@ -1253,12 +1164,10 @@ def print_tables(console: Console, result: dict, runs: dict) -> None:
         tp.add_row(w, "-", "skipped", *[""] * 4)
     console.print(tp)
 
-    lt = Table(title=f"latency, event written -> committed, at {result['config']['rate']:,.0f} "
-                     f"events/s (median of {result['latency_rounds']} round(s))")
-    for col in ("workload", "system", "configuration", "p50", "p90", "p99", "max", "records",
-                "Spark batch p50", "batches > 1 s"):
-        lt.add_column(col, justify="left" if col in ("workload", "system", "configuration")
-                      else "right", no_wrap=True)
+    lt = table(f"latency, event written -> committed, at {result['config']['rate']:,.0f} "
+               f"events/s (median of {result['latency_rounds']} round(s))",
+               ("workload", "system", "configuration", "p50", "p90", "p99", "max", "records",
+                "Spark batch p50", "batches > 1 s"), left=("workload", "system", "configuration"))
     for name, v in ok.items():
         if not name.startswith("lat |") or not v:
             continue
@@ -1274,27 +1183,23 @@ def print_tables(console: Console, result: dict, runs: dict) -> None:
 
     prof = result.get("profile") or {}
     if prof and "skipped" not in prof:
-        pt = Table(title="where cutline's task processes spend CPU (py-spy, self samples)")
-        pt.add_column("category", no_wrap=True)
-        for w in prof:
-            pt.add_column(f"{w} ({prof[w]['rate_under_profiler']:,.0f}/s under py-spy)",
-                          justify="right")
+        pt = table("where cutline's task processes spend CPU (py-spy, self samples)",
+                   ["category"] + [f"{w} ({prof[w]['rate_under_profiler']:,.0f}/s under py-spy)"
+                                   for w in prof], left=("category",), no_wrap=("category",))
         cats = [c for c, _ in CATEGORIES] + ["other"]
         for c in cats:
             pt.add_row(c, *[fmt(prof[w]["categories"].get(c, 0) * 100, ".1f", "%") for w in prof])
         console.print(pt)
 
-    st = Table(title="cutline vs Spark: ratios (cutline / Spark)")
-    for col in ("case", "cutline", "Spark", "ratio", "paired", "target", "noise", "verdict"):
-        st.add_column(col, justify="left" if col in ("case", "target", "verdict") else "right",
-                      no_wrap=True)
+    st = table("cutline vs Spark: ratios (cutline / Spark)",
+               ("case", "cutline", "Spark", "ratio", "paired", "target", "noise", "verdict"),
+               left=("case", "target", "verdict"))
     for row in result["summary"]:
         unit = (lambda x: fmt(x, ",.0f", "/s")) if row["kind"] == "throughput" else ms
-        style = STYLE.get(row["verdict"], "")
         st.add_row(row["case"], unit(row["cutline_value"]), unit(row["spark_value"]),
                    fmt(row["ratio"], ".3f", "x"), fmt(row["paired"], ".3f", "x"),
                    row["target_label"], fmt(row["noise"], ".3f") if row["noise"] is not None
-                   else "-", f"[{style}]{row['verdict']}[/]" if style else row["verdict"])
+                   else "-", styled(row["verdict"]))
     for w in SKIPPED:
         st.add_row(f"4 {w}", *["-"] * 6, "skipped")
     console.print(st)

@@ -9,7 +9,8 @@ import socket
 
 import pytest
 
-from cutline.runtime.control import ControlService, HandshakeError, connect
+from cutline.protocol import messages as m
+from cutline.runtime.control import CLOSED, ControlService, HandshakeError, connect
 
 
 def test_a_stranger_is_refused_and_logged_the_job_is_heard(caplog):
@@ -20,18 +21,20 @@ def test_a_stranger_is_refused_and_logged_the_job_is_heard(caplog):
         with caplog.at_level(logging.WARNING, logger="cutline.control"):
             with pytest.raises(HandshakeError):
                 conn = connect(service.address, b"x" * 32, timeout=5)
-                conn.send({"op": "ack", "task": "evil"})
+                conn.send(m.Drained("evil"))
                 conn.recv()
             raw = socket.create_connection(service.address, timeout=5)  # no handshake at all
             raw.sendall(b"\x00\x00\x00\x05hello")
             raw.close()
             ok = connect(service.address, b"s" * 32, timeout=5)
-            ok.send({"op": "register", "slot": 0})
+            ok._send_frame(b"\x92\x01\xa4nope")  # [1, "nope"]: no such message
+            ok.send(m.Register(0, 1, {}))
             conn, msg = events.get(timeout=5)
-        assert msg == {"op": "register", "slot": 0}  # the only message that got through
+        assert msg == m.Register(0, 1, {})  # the only message that got through
+        assert "unknown control message 'nope'" in caplog.text
         assert "refused control connection" in caplog.text
         ok.close()
-        assert events.get(timeout=5)[1] == {"op": "_disconnected"}
+        assert events.get(timeout=5)[1] is CLOSED
         assert events.empty()
     finally:
         service.close()

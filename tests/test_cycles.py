@@ -6,17 +6,17 @@ from collections import Counter
 import pytest
 
 from cutline.analysis import check_cut
-from cutline.sim import Process, Simulation
+from cutline.sim import SimProcess, Simulation
 from cutline.sim.dataflow import Source
 
 
-class Head(Process):
+class Head(SimProcess):
     """Iteration head: merges new records and fed-back ones, counts what it saw."""
 
     def __init__(self):
         self.state = {"seen": 0}
 
-    def on_message(self, ctx, channel, payload):
+    def on_receive(self, ctx, channel, payload):
         self.state["seen"] += 1
         if channel.startswith("src"):
             key, rid = payload
@@ -24,13 +24,13 @@ class Head(Process):
         ctx.send("head->tail", payload)
 
 
-class Tail(Process):
+class Tail(SimProcess):
     """Iteration tail: loops a record back until its rounds are done, then emits it."""
 
     def __init__(self):
         self.state = {"loops": 0}
 
-    def on_message(self, ctx, channel, payload):
+    def on_receive(self, ctx, channel, payload):
         rid, rounds = payload
         if rounds > 0:
             self.state["loops"] += 1
@@ -39,11 +39,11 @@ class Tail(Process):
             ctx.send("tail->sink", rid)
 
 
-class Sink(Process):
+class Sink(SimProcess):
     def __init__(self):
         self.state = []
 
-    def on_message(self, ctx, channel, payload):
+    def on_receive(self, ctx, channel, payload):
         self.state.append(payload)
 
 

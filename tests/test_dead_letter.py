@@ -8,7 +8,7 @@ import pytest
 
 from cutline import CheckpointConfig, Pipeline
 from cutline.connectors import CollectSink, GeneratorSource
-from cutline.spark.driver import JobFailed
+from cutline.driver.dataflow import JobFailed
 
 USERS = 7
 

@@ -26,19 +26,23 @@ SCRIPT = textwrap.dedent("""
     from pathlib import Path
     sys.path.insert(0, {tests!r})
     from pipelines import wordcount
-    from cutline.spark.driver import JobDriver
+    from cutline.driver.dataflow import JobDriver
+    from cutline.protocol import messages as m
+    from cutline.protocol.job import Send
     from cutline.spark.launcher import embedded_session
 
     tmp, when = Path({tmp!r}), {when!r}
-    original = JobDriver._broadcast
+    original = JobDriver._perform
 
-    def broadcast(self, msg):
+    def perform(self, commands):
         # die the moment checkpoint 2 is complete in storage, before any sink commits it
-        if when == "before_commit" and msg.get("op") == "complete" and msg["checkpoint"] >= 2:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return original(self, msg)
+        for cmd in commands:
+            if when == "before_commit" and type(cmd) is Send \
+                    and type(cmd.msg) is m.Complete and cmd.msg.checkpoint >= 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return original(self, commands)
 
-    JobDriver._broadcast = broadcast
+    JobDriver._perform = perform
     p, _ = wordcount(tmp, {n}, "aligned", rate=6_000, interval=0.3)
     if when == "later":
         import threading, time

@@ -50,7 +50,7 @@ def test_files_to_parquet_survives_kill_9_on_spark(spark, tmp_path):
 
 
 def test_malformed_record_fails_the_job_naming_file_and_line(tmp_path):
-    from cutline.spark.driver import JobFailed
+    from cutline.driver.dataflow import JobFailed
 
     write_events(tmp_path / "in", files=1, per_file=10)
     with open(tmp_path / "in" / "events-000.jsonl", "a") as f:

@@ -22,7 +22,7 @@ from cutline.graph import (
     terminated,
 )
 from cutline.graph.cli import load_program
-from cutline.spark.driver import JobFailed
+from cutline.driver.dataflow import JobFailed
 from graph_programs import BALANCE, Frozen, ledger_graph, ledger_problems
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

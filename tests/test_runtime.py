@@ -6,8 +6,9 @@ import pytest
 
 from cutline import CheckpointConfig, Pipeline
 from cutline.connectors import CollectSink, GeneratorSource
-from cutline.plan import key_group, key_group_range, plan, subtask_for_key_group
-from cutline.spark.driver import JobFailed
+from cutline.driver.dataflow import JobFailed
+from cutline.plan import plan
+from cutline.state.keygroups import key_group, key_group_range, subtask_for_key_group
 from pipelines import expected_rows, wordcount
 
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from cutline.cli import main
-from cutline.spark.driver import SavepointError
+from cutline.driver.dataflow import SavepointError
 from cutline.storage.checkpoints import CheckpointStorage, open_checkpoint
 
 from pipelines import expected_rows, wordcount

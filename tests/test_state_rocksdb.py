@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from cutline import CheckpointConfig
 from cutline.api import Node
-from cutline.plan import key_group, key_group_range
-from cutline.runtime.operators import StoreContext, build_operator
+from cutline.state.keygroups import key_group, key_group_range
+from cutline.runtime.operators import KeyedContext, build_operator
 from cutline.state import create_backend
 from cutline.state.keys import decode_key, decode_slot, encode_key, encode_slot
 from cutline.state.memory import MemoryStateBackend
@@ -49,8 +49,6 @@ def blob_of(backend, storage, n):
 
 def contents(backend) -> dict:
     """{(name, key): value} of a backend (normalised keys: 1.0 -> 1)."""
-    if isinstance(backend, MemoryStateBackend):
-        return {slot: v for g, t in backend._groups.items() for slot, v in t.items()}
     return {(name, key): v for _, name, key, v in backend.entries()}
 
 
@@ -239,7 +237,7 @@ def _op(kind, backend, groups=range(MAXP), **cache):
         op.state.close()
         op.state = rocks(groups, name=f"{kind}.{sub}", **cache)
         if kind == "process":
-            op.ctx = StoreContext(op.state)
+            op.ctx = KeyedContext(op.state)
     return op
 
 

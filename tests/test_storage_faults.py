@@ -11,7 +11,7 @@ import collections
 
 import pytest
 
-from cutline.spark.driver import JobFailed
+from cutline.driver.dataflow import JobFailed
 from pipelines import expected_rows, wordcount
 
 pytestmark = pytest.mark.slow

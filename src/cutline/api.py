@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .logical import FORWARD, HASH, REBALANCE, Node
 from .protocol import Mode
 
 __all__ = ["CheckpointConfig", "IterativeStream", "Pipeline", "Stream", "KeyedStream", "Node"]
@@ -96,33 +97,6 @@ class CheckpointConfig:
         if self.unaligned:
             return Mode.UNALIGNED
         return Mode.ALIGNED
-
-
-# Partitioning of an edge into an operator.
-FORWARD, REBALANCE, HASH, BROADCAST = "forward", "rebalance", "hash", "broadcast"
-
-
-@dataclass
-class Node:
-    """One logical operator."""
-
-    id: int
-    uid: str
-    kind: str  # source | map | flat_map | filter | reduce | process | count | union |
-    #            iterate | sink
-    fn: Any = None
-    parallelism: int | None = None
-    inputs: list[int] = field(default_factory=list)
-    partitioning: str = FORWARD  # how records reach this node from its inputs
-    key_fn: Callable[[Any], Any] | None = None  # hash partitioning / keyed operators
-    on_error: str = "fail"  # map / flat_map / filter: "fail" or "dead_letter"
-    # an iteration head: feedback input node id -> (partitioning, key_fn) of the back edge
-    feedback: dict[int, tuple[str, Any]] = field(default_factory=dict)
-    dead_letter: Any = None  # the pipeline's dead-letter sink, when on_error="dead_letter"
-
-    @property
-    def keyed(self) -> bool:
-        return self.kind in ("reduce", "process", "count")
 
 
 def _check_callable(name: str, fn: Any) -> None:

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "chaos":
         return _chaos(args, console)
     if args.command == "savepoint":
-        from .spark.admin import request_savepoint
+        from .driver.admin import request_savepoint
         from .storage.checkpoints import CheckpointStorage
 
         try:

@@ -5,69 +5,23 @@
 * Every other edge becomes channels: forward (subtask i -> i), rebalance / hash
   (all-to-all), broadcast (all-to-all, every record to every subtask).
 * Keys hash to ``max_parallelism`` key groups; a subtask owns a contiguous range of them
-  (Flink's assignment), so keyed state can be restored at another parallelism by moving
-  whole key groups.
+  (Flink's assignment, :mod:`cutline.state.keygroups`), so keyed state can be restored at
+  another parallelism by moving whole key groups.
 * Spark task ``k`` hosts subtask ``k`` of every chain (slot sharing): the job needs as many
   Spark slots as its largest parallelism.
 """
 
 from __future__ import annotations
 
-import pickle
-import struct
-import zlib
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .api import FORWARD, HASH, Node, Pipeline
+from .logical import FORWARD, HASH, Node
 
-__all__ = ["stable_hash", "key_group", "key_group_range", "subtask_for_key_group",
-           "ChannelId", "Chain", "Edge", "PhysicalPlan", "plan"]
+if TYPE_CHECKING:  # the planner is below the user API: it only reads a built Pipeline
+    from .api import Pipeline
 
-
-def stable_hash(key: Any) -> int:
-    """A hash of ``key`` that is the same in every process (``hash()`` of str is not)."""
-    # Equal keys hash equally, as in a dict: 1, 1.0 and True are one key.
-    if isinstance(key, bool):
-        key = int(key)
-    elif isinstance(key, float) and key.is_integer():
-        key = int(key)
-    if key is None:
-        h = 0
-    elif isinstance(key, int):
-        h = key & 0xFFFFFFFFFFFFFFFF
-    elif isinstance(key, str):
-        h = zlib.crc32(key.encode("utf-8", "surrogatepass"))
-    elif isinstance(key, bytes):
-        h = zlib.crc32(key)
-    elif isinstance(key, float):
-        h = zlib.crc32(struct.pack("<d", key))
-    elif isinstance(key, tuple):
-        h = 17
-        for item in key:
-            h = (h * 31 + stable_hash(item)) & 0xFFFFFFFFFFFFFFFF
-    else:
-        h = zlib.crc32(pickle.dumps(key, protocol=5))
-    # murmur3 finaliser: spread consecutive keys over key groups
-    h ^= h >> 33
-    h = (h * 0xFF51AFD7ED558CCD) & 0xFFFFFFFFFFFFFFFF
-    h ^= h >> 33
-    return h
-
-
-def key_group(key: Any, max_parallelism: int) -> int:
-    return stable_hash(key) % max_parallelism
-
-
-def key_group_range(subtask: int, parallelism: int, max_parallelism: int) -> range:
-    """The contiguous key groups owned by ``subtask`` (Flink's formula)."""
-    start = (subtask * max_parallelism + parallelism - 1) // parallelism
-    end = ((subtask + 1) * max_parallelism - 1) // parallelism
-    return range(start, end + 1)
-
-
-def subtask_for_key_group(group: int, parallelism: int, max_parallelism: int) -> int:
-    return group * parallelism // max_parallelism
+__all__ = ["Chain", "ChannelId", "Edge", "PhysicalPlan", "plan"]
 
 
 class ChannelId(NamedTuple):

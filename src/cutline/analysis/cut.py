@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ..sim.trace import Snapshot, TraceEvent
+from .trace import Snapshot, TraceEvent
 
 __all__ = ["CutReport", "check_cut"]
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..sim.trace import Snapshot
+from .trace import Snapshot
 
 __all__ = ["GlobalState", "total", "conserves", "terminated", "deadlock", "deadlocked"]
 

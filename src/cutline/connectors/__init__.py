@@ -9,12 +9,14 @@ from .base import (
 )
 from .collect import CollectSink, PrintSink
 from .delta import DeltaSink
+from .discard import DiscardSink
 from .files import FileSource
 from .generator import GeneratorSource
 from .parquet_sink import ParquetSink
 from .upsert import UpsertSink
 
 __all__ = [
-    "CollectSink", "CommitError", "DeltaSink", "FileSource", "GeneratorSource", "ParquetSink",
-    "PrintSink", "RecordError", "Sink", "SinkWriter", "Source", "SourceReader", "UpsertSink",
+    "CollectSink", "CommitError", "DeltaSink", "DiscardSink", "FileSource", "GeneratorSource",
+    "ParquetSink", "PrintSink", "RecordError", "Sink", "SinkWriter", "Source", "SourceReader",
+    "UpsertSink",
 ]

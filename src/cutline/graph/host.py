@@ -39,6 +39,7 @@ from ..protocol import (
     SnapshotHandler,
     TakeSnapshot,
 )
+from ..protocol import messages as m
 from ..runtime.channels import ChannelError
 from ..runtime.control import FrameConnection, connect
 from .api import Context, Process
@@ -175,24 +176,25 @@ class Host:
     def address(self) -> tuple[str, int] | None:
         return self.transport.address
 
-    def _tell(self, msg: dict) -> None:
+    def _tell(self, msg: m.Message) -> None:
         if self.conn is None:
             return
         try:
             self.conn.send(msg)
         except OSError:
-            self.control.put({"op": "stop"})  # the driver is gone: nobody to work for
+            self.control.put(m.Stop(lost=True))  # the driver is gone: nobody to work for
 
     def run(self) -> dict:
         """Register, wait for ``start``, run the processes until ``stop``."""
         try:
             self.conn = connect(self.spec.coordinator, self.spec.secret)
-            self._tell({"op": "register", "slot": self.slot, "pid": os.getpid(),
-                        "address": list(self.address) if self.address else None})
+            self._tell(m.Register(self.slot, os.getpid(),
+                                  {str(self.slot): list(self.address) if self.address
+                                   else None}))
             start = self.conn.recv()
-            if start.get("op") == "stop":  # the run ended while Spark restarted us
+            if type(start) is m.Stop:  # the run ended while Spark restarted us
                 return {"slot": self.slot, "attempt": None, "delivered": 0}
-            if start.get("op") != "start":
+            if type(start) is not m.Start:
                 raise RuntimeError(f"the graph driver did not start the run: {start}")
             threading.Thread(target=self._read_control, daemon=True,
                              name=f"cutline-host-{self.slot}-control").start()
@@ -202,13 +204,12 @@ class Host:
                 if not self.lost:
                     self._stop()
             except ProcessFailed as exc:
-                self._tell({"op": "failed", "slot": self.slot, "fatal": True,
-                            "error": str(exc), "trace": traceback.format_exc()[-4000:]})
+                self._tell(m.Failed(f"host-{self.slot}", True, str(exc),
+                                    traceback.format_exc()[-4000:]))
                 raise
             except ChannelError as exc:
                 log.warning("host %d: %s", self.slot, exc)
-                self._tell({"op": "failed", "slot": self.slot, "fatal": False,
-                            "error": str(exc)})
+                self._tell(m.Failed(f"host-{self.slot}", False, str(exc)))
                 raise
             return {"slot": self.slot, "attempt": self.attempt, "delivered": self.delivered}
         finally:
@@ -217,18 +218,21 @@ class Host:
     def _read_control(self) -> None:
         try:
             while True:
-                self.control.put(self.conn.recv())
+                try:
+                    self.control.put(self.conn.recv())
+                except m.MessageError as exc:
+                    log.error("host %d: dropped a control message: %s", self.slot, exc)
         except (ConnectionError, OSError):
-            self.control.put({"op": "stop", "lost": True})
+            self.control.put(m.Stop(lost=True))
 
-    def _start(self, start: dict) -> None:
+    def _start(self, start: m.Start) -> None:
         spec = self.spec
-        self.attempt = int(start.get("attempt", 0))
-        self.t0 = float(start.get("t0", time.time()))
+        self.attempt = start.attempt
+        self.t0 = start.t0 or time.time()
         self.mono0 = time.monotonic() - (time.time() - self.t0)
-        addresses = {int(k): tuple(v) for k, v in (start.get("addresses") or {}).items() if v}
+        addresses = {int(k): tuple(v) for k, v in start.addresses.items() if v}
         self.transport.connect(addresses)
-        restore = start.get("restore")
+        restore = start.restore
         parts = load_parts(restore, self.here) if restore else {}
         for name, p in self.procs.items():
             seed = f"{spec.seed}:{name}:{self.attempt}" if spec.seed is not None else None
@@ -322,15 +326,15 @@ class Host:
                     msg = self.control.get(timeout=max(deadline - time.monotonic(), 0.001))
                 except queue.Empty:
                     raise RuntimeError("the driver handed out no snapshot id within 30 s")
-                if msg.get("op") == "ids":
-                    self.ids.extend(msg["ids"])
+                if type(msg) is m.Ids:
+                    self.ids.extend(msg.ids)
                     self.ids_asked = False
                 else:
                     self.early.append(msg)
         n = self.ids.popleft()
         if len(self.ids) < ID_POOL_LOW:
             self._ask_ids()
-        self._tell({"op": "initiated", "checkpoint": n, "process": p.name})
+        self._tell(m.Initiated(n, p.name))
         # Recorded when the handler returns: a state is taken between events, never inside
         # one (a batch being delivered must not be split by the cut), and passivity is
         # defined there.
@@ -345,7 +349,7 @@ class Host:
     def _ask_ids(self) -> None:
         if not self.ids_asked:
             self.ids_asked = True
-            self._tell({"op": "ids", "slot": self.slot})
+            self._tell(m.IdsWanted(self.slot))
 
     def _perform(self, p: _Proc, actions: list) -> None:
         for a in actions:
@@ -464,19 +468,21 @@ class Host:
                     msg = self.control.get_nowait()
                 except queue.Empty:
                     return False
-            op = msg.get("op")
-            if op == "trigger":
-                n = msg["checkpoint"]
-                for name in msg.get("processes") or ():
+            t = type(msg)
+            if t is m.TriggerProcesses:
+                n = msg.checkpoint
+                for name in msg.processes:
                     p = self.procs.get(name)
                     if p is not None:
                         self._perform(p, p.handler.on_trigger(n))
-            elif op == "ids":
-                self.ids.extend(msg["ids"])
+            elif t is m.Ids:
+                self.ids.extend(msg.ids)
                 self.ids_asked = False
-            elif op == "stop":
-                self.lost = bool(msg.get("lost"))
+            elif t is m.Stop:
+                self.lost = msg.lost
                 return True
+            else:
+                log.error("host %d: unexpected control message %r dropped", self.slot, msg)
 
     def _fire_timers(self) -> None:
         now = time.monotonic()
@@ -520,16 +526,16 @@ class Host:
                 size += len(part["state"]) + sum(len(b) for bs in part["channels"].values()
                                                  for b in bs)
                 if size > PART_CHUNK:
-                    self._tell({"op": "parts", "slot": self.slot, "parts": batch})
+                    self._tell(m.Parts(self.slot, batch))
                     batch, size = [], 0
             if batch:
-                self._tell({"op": "parts", "slot": self.slot, "parts": batch})
+                self._tell(m.Parts(self.slot, batch))
             self.finished = []
         now = time.monotonic()
         if now - self.last_metrics >= 1.0:
             self.last_metrics = now
-            self._tell({"op": "metrics", "slot": self.slot, "delivered": self.delivered,
-                        "sent": self.sent, "cpu": time.process_time() - self._cpu0})
+            self._tell(m.HostMetrics(self.slot, self.delivered, self.sent,
+                                     time.process_time() - self._cpu0))
 
     # ------------------------------------------------------------------ the end
 
@@ -543,14 +549,14 @@ class Host:
             except Exception:  # noqa: BLE001 - a final state is a courtesy, not a duty
                 pass
         for i in range(0, len(self.trace), 50_000):
-            self._tell({"op": "trace", "slot": self.slot,
-                        "events": [list(ev) for ev in self.trace[i:i + 50_000]]})
-        self._tell({"op": "final", "slot": self.slot, "states": states,
-                    "queued": sum(len(q) for p in self.procs.values()
-                                  for q in p.inbox.values()),
-                    "timers": sum(len(p.timers) for p in self.procs.values()),
-                    "trace_dropped": self.trace_dropped, "delivered": self.delivered,
-                    "sent": self.sent, "cpu": time.process_time() - self._cpu0})
+            self._tell(m.TraceEvents(self.slot,
+                                     [list(ev) for ev in self.trace[i:i + 50_000]]))
+        self._tell(m.FinalStates(
+            self.slot, states,
+            queued=sum(len(q) for p in self.procs.values() for q in p.inbox.values()),
+            timers=sum(len(p.timers) for p in self.procs.values()),
+            trace_dropped=self.trace_dropped, delivered=self.delivered, sent=self.sent,
+            cpu=time.process_time() - self._cpu0))
         self.transport.finish()
 
     def close(self) -> None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..sim.trace import TraceEvent
+from ..analysis.trace import TraceEvent
 from .snapshot import Check, GraphSnapshot
 
 __all__ = ["RunResult", "Attempt"]

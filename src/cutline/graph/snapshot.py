@@ -24,7 +24,7 @@ from typing import Any
 import msgpack
 
 from ..analysis import GlobalState
-from ..sim.trace import Message, Snapshot as SimSnapshot
+from ..analysis.trace import Message, Snapshot as SimSnapshot
 
 __all__ = ["Check", "GraphSnapshot", "decode", "load_snapshot", "load_parts",
            "list_snapshots", "open_snapshot", "open_storage", "write_snapshot", "KIND"]

@@ -19,9 +19,14 @@ from typing import Any
 
 import msgpack
 
+from ..protocol import messages
+
 _log = logging.getLogger("cutline.control")
 
-__all__ = ["FrameConnection", "HandshakeError", "connect", "accept"]
+__all__ = ["CLOSED", "ControlService", "FrameConnection", "HandshakeError", "connect", "accept"]
+
+CLOSED = object()
+"""Put on a :class:`ControlService`'s queue as ``(conn, CLOSED)`` when ``conn`` closes."""
 
 _LEN = struct.Struct("!I")
 MAX_FRAME = 64 * 1024 * 1024
@@ -32,16 +37,27 @@ class HandshakeError(ConnectionError):
 
 
 class FrameConnection:
-    """A socket carrying msgpack frames; ``send`` is thread-safe."""
+    """A socket carrying control messages (:mod:`cutline.protocol.messages`, one per frame);
+    ``send`` is thread-safe."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._send_lock = threading.Lock()
 
-    def send(self, msg: dict[str, Any]) -> None:
-        body = msgpack.packb(msg, use_bin_type=True)
+    def send(self, msg: messages.Message) -> None:
+        self._send_frame(messages.encode(msg))
+
+    def recv(self) -> messages.Message:
+        """The next message; :class:`~cutline.protocol.messages.MessageError` for a frame
+        that is none (the connection stays usable: the caller logs it and reads on)."""
+        return messages.decode(self._recv_frame())
+
+    def _send_frame(self, body: bytes) -> None:
         with self._send_lock:
             self.sock.sendall(_LEN.pack(len(body)) + body)
+
+    def _send_raw(self, msg: dict[str, Any]) -> None:  # the handshake's own frames
+        self._send_frame(msgpack.packb(msg, use_bin_type=True))
 
     def _read_exact(self, n: int) -> bytes:
         chunks, got = [], 0
@@ -53,11 +69,14 @@ class FrameConnection:
             got += len(chunk)
         return b"".join(chunks)
 
-    def recv(self) -> dict[str, Any]:
+    def _recv_frame(self) -> bytes:
         (n,) = _LEN.unpack(self._read_exact(4))
         if n > MAX_FRAME:
             raise ConnectionError(f"control frame of {n} bytes exceeds {MAX_FRAME}")
-        msg = msgpack.unpackb(self._read_exact(n), raw=False, strict_map_key=False)
+        return self._read_exact(n)
+
+    def _recv_raw(self) -> dict[str, Any]:
+        msg = msgpack.unpackb(self._recv_frame(), raw=False, strict_map_key=False)
         if not isinstance(msg, dict):
             raise ConnectionError("malformed control frame")
         return msg
@@ -79,9 +98,9 @@ def connect(address: tuple[str, int], secret: bytes, timeout: float = 30.0) -> F
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     conn = FrameConnection(sock)
     try:
-        challenge = conn.recv()
-        conn.send({"op": "hello", "mac": _mac(secret, challenge["nonce"])})
-        reply = conn.recv()
+        challenge = conn._recv_raw()
+        conn._send_raw({"op": "hello", "mac": _mac(secret, challenge["nonce"])})
+        reply = conn._recv_raw()
     except (OSError, KeyError, ConnectionError) as exc:
         conn.close()
         raise HandshakeError(f"coordinator at {address[0]}:{address[1]} refused us: {exc}")
@@ -99,19 +118,19 @@ def accept(sock: socket.socket, secret: bytes, timeout: float = 10.0) -> FrameCo
     conn = FrameConnection(sock)
     nonce = secrets.token_bytes(16)
     try:
-        conn.send({"op": "challenge", "nonce": nonce})
-        hello = conn.recv()
+        conn._send_raw({"op": "challenge", "nonce": nonce})
+        hello = conn._recv_raw()
     except (OSError, ConnectionError, ValueError, msgpack.UnpackException) as exc:
         conn.close()
         raise HandshakeError(f"handshake failed: {exc}") from None
     mac = hello.get("mac") if isinstance(hello, dict) else None
     if not isinstance(mac, bytes) or not hmac.compare_digest(mac, _mac(secret, nonce)):
         try:
-            conn.send({"op": "refused"})
+            conn._send_raw({"op": "refused"})
         finally:
             conn.close()
         raise HandshakeError("wrong job secret")
-    conn.send({"op": "welcome"})
+    conn._send_raw({"op": "welcome"})
     sock.settimeout(None)
     return conn
 
@@ -119,7 +138,8 @@ def accept(sock: socket.socket, secret: bytes, timeout: float = 10.0) -> FrameCo
 class ControlService:
     """A driver's listening socket: connections must pass the handshake with ``secret``
     (strangers are refused and logged, never read); every message then arrives on ``events``
-    as ``(conn, msg)``, and a closed connection as ``(conn, {"op": "_disconnected"})``.
+    as ``(conn, msg)``, and a closed connection as ``(conn, CLOSED)``.  A frame that is no
+    message of this codec version is logged and dropped.
     :meth:`close` closes every connection still open, of any attempt."""
 
     def __init__(self, host: str, secret: bytes, events: Any, name: str = "cutline") -> None:
@@ -176,9 +196,14 @@ class ControlService:
             self._conns.add(conn)
         try:
             while True:
-                self.events.put((conn, conn.recv()))
+                try:
+                    msg = conn.recv()
+                except messages.MessageError as exc:
+                    _log.error("%s: dropped a control message from %s: %s", self.name, peer, exc)
+                    continue
+                self.events.put((conn, msg))
         except (ConnectionError, OSError):
-            self.events.put((conn, {"op": "_disconnected"}))
+            self.events.put((conn, CLOSED))
         finally:
             with self._lock:
                 self._conns.discard(conn)

@@ -9,10 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..api import Node
-from ..plan import key_group_range
-from ..state import create_backend
-from ..state.memory import MemoryStateBackend, ValueState
+from ..logical import Node
+from ..state import DeferredSnapshot, KeyedStateBackend, StateTable, ValueState, create_backend
+from ..state.keygroups import key_group_range
 
 __all__ = ["UserFunctionError", "build_operator", "Operator"]
 
@@ -60,7 +59,7 @@ class Operator:
     def process(self, batch: list) -> list:
         raise NotImplementedError
 
-    def snapshot(self) -> bytes | None:
+    def snapshot(self) -> bytes | DeferredSnapshot | None:
         return None
 
     def restore(self, blobs: list[bytes]) -> None:
@@ -124,11 +123,10 @@ class Passthrough(Operator):
 
 
 class Keyed(Operator):
-    """A keyed operator: state per key in a state backend (``CheckpointConfig.state_backend``).
-
-    The in-memory backend's ``table(key)`` is the key's whole key-group dict.  A backend
-    over a store (RocksDB) has ``complete_tables = False``: writes go to its ``dirty`` dict,
-    reads that miss it go to ``load()``, and ``after_batch()`` bounds what it holds.
+    """A keyed operator: state per key in a state backend (``CheckpointConfig.state_backend``),
+    through one table per state name (:mod:`cutline.state.backend`): a record reads its
+    key's entry from the table's ``fast`` dict, or on a miss with ``table.read``, and writes
+    it into ``fast``; ``after_batch()`` lets the backend bound what ``fast`` holds.
     """
 
     keyed = True
@@ -136,12 +134,11 @@ class Keyed(Operator):
     def __init__(self, node: Node, subtask: int, parallelism: int, max_parallelism: int,
                  state_backend: str = "memory", storage: Any = None):
         super().__init__(node)
-        self.state = create_backend(
+        self.state: KeyedStateBackend = create_backend(
             state_backend, key_group_range(subtask, parallelism, max_parallelism),
             max_parallelism, name=f"{node.uid}.{subtask}", storage=storage)
-        self._cached = not self.state.complete_tables
 
-    def snapshot(self) -> Any:
+    def snapshot(self) -> bytes | DeferredSnapshot:
         """Bytes, or (RocksDB) a snapshot whose ``finish(storage, checkpoint_id)`` uploads
         its files and returns the bytes: the task runs that on its upload thread."""
         return self.state.snapshot()
@@ -157,142 +154,97 @@ class Reduce(Keyed):
     _NONE = object()
 
     def process(self, batch: list) -> list:
-        if self._cached:
-            return self._process_cached(batch)
-        fn, key_fn, st, out = self.node.fn, self.node.key_fn, self.state, []
+        fn, key_fn, none, out = self.node.fn, self.node.key_fn, self._NONE, []
+        table = self.state.table("reduce")
+        fast, read, emit = table.fast, table.read, out.append
+        cached = fast.get
         record = None
         try:
             for record in batch:
                 k = key_fn(record)
-                table, slot = st.table(k), ("reduce", k)
-                cur = table.get(slot, self._NONE)
-                new = record if cur is self._NONE else fn(cur, record)
-                table[slot] = new
-                out.append(new)
-        except Exception as exc:
-            raise UserFunctionError(self.uid, "reduce", record, exc) from exc
-        return out
-
-    def _process_cached(self, batch: list) -> list:
-        fn, key_fn, st, out, none = self.node.fn, self.node.key_fn, self.state, [], self._NONE
-        dirty, load = st.dirty, st.load
-        record = None
-        try:
-            for record in batch:
-                k = key_fn(record)
-                slot = ("reduce", k)
-                cur = dirty.get(slot, none)
+                cur = cached(k, none)
                 if cur is none:
-                    cur = load(slot, none)
+                    cur = read(k, none)
                 new = record if cur is none else fn(cur, record)
-                dirty[slot] = new
-                out.append(new)
+                fast[k] = new
+                emit(new)
         except Exception as exc:
             raise UserFunctionError(self.uid, "reduce", record, exc) from exc
-        st.after_batch()
+        self.state.after_batch()
         return out
 
 
 class Count(Keyed):
-    """``KeyedStream.count()``: a running count per key, one table lookup per record."""
+    """``KeyedStream.count()``: a running count per key, one dict lookup per record."""
 
     def process(self, batch: list) -> list:
-        if self._cached:
-            return self._process_cached(batch)
-        key_fn, st, out = self.node.key_fn, self.state, []
+        key_fn, out = self.node.key_fn, []
+        table = self.state.table("count")
+        fast, read, emit = table.fast, table.read, out.append
+        cached = fast.get
         record = None
         try:
             for record in batch:
                 k = key_fn(record)
-                table, slot = st.table(k), ("count", k)
-                n = table.get(slot, 0) + 1
-                table[slot] = n
-                out.append((k, n))
+                n = cached(k)
+                n = (read(k, 0) if n is None else n) + 1
+                fast[k] = n
+                emit((k, n))
         except Exception as exc:
             raise UserFunctionError(self.uid, "count", record, exc) from exc
-        return out
-
-    def _process_cached(self, batch: list) -> list:
-        key_fn, st, out = self.node.key_fn, self.state, []
-        dirty, load = st.dirty, st.load
-        record = None
-        try:
-            for record in batch:
-                k = key_fn(record)
-                slot = ("count", k)
-                n = dirty.get(slot)
-                n = (load(slot, 0) if n is None else n) + 1
-                dirty[slot] = n
-                out.append((k, n))
-        except Exception as exc:
-            raise UserFunctionError(self.uid, "count", record, exc) from exc
-        st.after_batch()
+        self.state.after_batch()
         return out
 
 
 class KeyedContext:
     """What a ``process`` function sees: the current key and its state."""
 
-    __slots__ = ("key", "_backend", "_table")
+    __slots__ = ("key", "_state", "_values", "_lists", "_maps")
 
-    def __init__(self, backend: MemoryStateBackend) -> None:
-        self._backend = backend
+    def __init__(self, state: KeyedStateBackend) -> None:
+        self._state = state
         self.key: Any = None
-        self._table: dict = {}
-
-    def _set_key(self, key: Any) -> None:
-        self.key = key
-        self._table = self._backend.table(key)  # one key-group lookup per record
+        self._values: dict[str, StateTable] = {}  # user's state name -> its table
+        self._lists: dict[str, StateTable] = {}
+        self._maps: dict[str, StateTable] = {}
 
     def value_state(self, name: str, default: Any = None) -> ValueState:
-        return ValueState(self._table, name, self.key, default)
+        t = self._values.get(name)
+        if t is None:
+            t = self._values[name] = self._state.table(name)
+        return ValueState(t, self.key, default)
 
     def list_state(self, name: str) -> list:
-        return self._table.setdefault(("l:" + name, self.key), [])
+        t = self._lists.get(name)
+        if t is None:
+            t = self._lists[name] = self._state.table("l:" + name)
+        return t.mutable(self.key, list)
 
     def map_state(self, name: str) -> dict:
-        return self._table.setdefault(("m:" + name, self.key), {})
-
-
-class StoreContext(KeyedContext):
-    """:class:`KeyedContext` over a backend with a store behind its cache (RocksDB): state
-    objects read through to the store; list and map state handed out are written back at the
-    next spill (the function may change them in place)."""
-
-    __slots__ = ()
-
-    def _set_key(self, key: Any) -> None:
-        self.key = key
-
-    def value_state(self, name: str, default: Any = None) -> Any:
-        return self._backend.value_state(name, self.key, default)
-
-    def list_state(self, name: str) -> list:
-        return self._backend.mutable(("l:" + name, self.key), list)
-
-    def map_state(self, name: str) -> dict:
-        return self._backend.mutable(("m:" + name, self.key), dict)
+        t = self._maps.get(name)
+        if t is None:
+            t = self._maps[name] = self._state.table("m:" + name)
+        return t.mutable(self.key, dict)
 
 
 class Process(Keyed):
     def __init__(self, node: Node, subtask: int, parallelism: int, max_parallelism: int,
                  state_backend: str = "memory", storage: Any = None):
         super().__init__(node, subtask, parallelism, max_parallelism, state_backend, storage)
-        self.ctx = (StoreContext if self._cached else KeyedContext)(self.state)
+        self.ctx = KeyedContext(self.state)
 
     def process(self, batch: list) -> list:
         fn, key_fn, ctx, out = self.node.fn, self.node.key_fn, self.ctx, []
         record = None
         try:
             for record in batch:
-                ctx._set_key(key_fn(record))
+                ctx.key = key_fn(record)
                 result = fn(ctx, record)
                 if result is not None:
                     out.extend(result)
         except Exception as exc:
             raise UserFunctionError(self.uid, "process", record, exc) from exc
-        if self._cached:
-            self.state.after_batch()
+        self.state.after_batch()
         return out
 
 

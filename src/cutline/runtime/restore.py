@@ -23,7 +23,8 @@ import pickle
 from collections import defaultdict
 from collections.abc import Mapping
 
-from ..plan import HASH, Chain, ChannelId, PhysicalPlan, key_group, subtask_for_key_group
+from ..plan import HASH, Chain, ChannelId, PhysicalPlan
+from ..state.keygroups import key_group, subtask_for_key_group
 from ..storage.schema import TaskState, read_task_states
 
 __all__ = ["IncompatibleCheckpointError", "RestoreView", "check_compatible", "plan_summary",

@@ -22,7 +22,8 @@ import traceback
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..plan import HASH, Chain, ChannelId, PhysicalPlan, key_group, subtask_for_key_group
+from ..plan import HASH, Chain, ChannelId, PhysicalPlan
+from ..state.keygroups import key_group, subtask_for_key_group
 from ..protocol import (
     Barrier,
     BlockChannel,
@@ -37,6 +38,7 @@ from ..protocol import (
     TakeSnapshot,
     UnblockChannel,
 )
+from ..protocol import messages as m
 from .channels import InputGate, OutputChannel
 from .control import FrameConnection, connect
 from ..connectors.base import CommitError, RecordError
@@ -380,8 +382,7 @@ class Subtask:
                         deliver_overtaken=False))
             elif t is DeclineSnapshot:
                 self.pending.pop(a.checkpoint_id, None)
-                self.slot.send({"op": "decline", "task": self.task_id,
-                                "checkpoint": a.checkpoint_id, "reason": a.reason})
+                self.slot.send(m.Decline(self.task_id, a.checkpoint_id, a.reason))
 
     def _take_snapshot(self, n: int) -> None:
         now = time.monotonic()
@@ -418,8 +419,7 @@ class Subtask:
             snap["ops"] = {uid: deferred[uid].finish(self.slot.storage, n) if uid in deferred
                            else b for uid, b in snap["ops"].items()}
         except Exception as exc:  # storage failure declines this checkpoint only
-            self.slot.send({"op": "decline", "task": self.task_id, "checkpoint": n,
-                            "reason": f"uploading state failed: {exc}"})
+            self.slot.send(m.Decline(self.task_id, n, f"uploading state failed: {exc}"))
             return
         data = encode_task_state(TaskState(
             task=self.task_id, chain=self.chain.uid, index=self.index,
@@ -434,19 +434,20 @@ class Subtask:
         try:
             info = self.slot.storage.write_task_state(n, self.task_id, data)
         except Exception as exc:  # storage failure declines this checkpoint only
-            self.slot.send({"op": "decline", "task": self.task_id, "checkpoint": n,
-                            "reason": f"writing state failed: {exc}"})
+            self.slot.send(m.Decline(self.task_id, n, f"writing state failed: {exc}"))
             return
         if self.spec.faults:
             _fault(self, "snapshot_write", n)
-        stats = {"bytes": len(data) + sum(d.uploaded for d in deferred.values()),
-                 "in_flight": snap["in_flight"], "alignment": snap["alignment"],
-                 "duration": time.monotonic() - snap["started"], "chain": self.chain.uid,
-                 "forward_closed": snap["forward_closed"]}
-        stats.update({k: info[k] for k in ("path", "size", "sha256") if k in info})
-        if deferred:  # shared files the state references: listed in _metadata
-            stats["shared"] = {rel: ref for d in deferred.values() for rel, ref in d.shared.items()}
-        self.slot.send({"op": "ack", "task": self.task_id, "checkpoint": n, "stats": stats})
+        stats = m.SnapshotStats(
+            path=info.get("path"), size=info.get("size"), sha256=info.get("sha256"),
+            bytes=len(data) + sum(d.uploaded for d in deferred.values()),
+            in_flight=snap["in_flight"], alignment=snap["alignment"],
+            duration=time.monotonic() - snap["started"], chain=self.chain.uid,
+            forward_closed=snap["forward_closed"],
+            # shared files the state references: listed in _metadata
+            shared={rel: ref for d in deferred.values() for rel, ref in d.shared.items()}
+            if deferred else None)
+        self.slot.send(m.Ack(self.task_id, n, stats))
 
     def _commit_upto(self, n: int) -> None:
         done = sorted(k for k in self.uncommitted if k <= n)
@@ -465,24 +466,26 @@ class Subtask:
         except queue.Empty:
             return
         while True:
-            op = msg["op"]
-            if op == "trigger":
-                self.perform(self.handler.on_trigger(msg["checkpoint"]))
-            elif op == "abort":
-                self.pending.pop(msg["checkpoint"], None)
-                self.perform(self.handler.on_abort(msg["checkpoint"]))
-            elif op == "complete":
+            t = type(msg)
+            if t is m.Trigger:
+                self.perform(self.handler.on_trigger(msg.checkpoint))
+            elif t is m.Abort:
+                self.pending.pop(msg.checkpoint, None)
+                self.perform(self.handler.on_abort(msg.checkpoint))
+            elif t is m.Complete:
                 if self.spec.faults and self.writer is not None:
-                    _fault(self, "before_commit", msg["checkpoint"])
-                self._commit_upto(msg["checkpoint"])
+                    _fault(self, "before_commit", msg.checkpoint)
+                self._commit_upto(msg.checkpoint)
                 if self.spec.faults and self.writer is not None:
-                    _fault(self, "after_commit", msg["checkpoint"])
-                if msg.get("final"):
+                    _fault(self, "after_commit", msg.checkpoint)
+                if msg.final:
                     raise _Stop
-            elif op == "stop":
+            elif t is m.Stop:
                 raise _Stop
-            elif op == "close_loop":  # a checkpoint showed this iteration empty: end it
+            elif t is m.CloseLoop:  # a checkpoint showed this iteration empty: end it
                 self._close_outputs()
+            else:
+                log.error("task %s: unexpected control message %r dropped", self.task_id, msg)
             try:
                 msg = self.control.get_nowait()
             except queue.Empty:
@@ -492,8 +495,8 @@ class Subtask:
         now = time.monotonic()
         if now - self.last_metrics >= 0.5:
             self.last_metrics = now
-            self.slot.send({"op": "metrics", "task": self.task_id, "records": self.records_in,
-                            "source": self.reader is not None, "cpu": self.slot.cpu()})
+            self.slot.send(m.Metrics(self.task_id, self.records_in, self.reader is not None,
+                                     self.slot.cpu()))
 
     def _timers(self) -> None:
         now = time.monotonic()
@@ -516,7 +519,7 @@ class Subtask:
         drained, so it covers every record (no barrier can leave data behind it)."""
         self._close_outputs()
         self.drained = True
-        self.slot.send({"op": "drained", "task": self.task_id})
+        self.slot.send(m.Drained(self.task_id))
 
     def _forward_closed(self) -> bool:
         """An iteration head whose inputs from outside the loop all ended."""
@@ -541,15 +544,15 @@ class Subtask:
             if not fatal:
                 log.warning("task %s failed: %s", self.task_id, exc)
             try:
-                self.slot.send({"op": "failed", "task": self.task_id, "fatal": fatal,
-                                "error": str(exc) if fatal else f"{type(exc).__name__}: {exc}",
-                                "trace": traceback.format_exc()[-4000:]})
+                self.slot.send(m.Failed(self.task_id, fatal,
+                                        str(exc) if fatal else f"{type(exc).__name__}: {exc}",
+                                        traceback.format_exc()[-4000:]))
             except OSError:
                 pass
             return
         finally:
             self.close()
-        self.slot.send({"op": "finished", "task": self.task_id, "cpu": self.slot.cpu()})
+        self.slot.send(m.Finished(self.task_id, self.slot.cpu()))
 
     def _run_source(self) -> None:
         size = self.spec.batch_size
@@ -600,7 +603,7 @@ class Subtask:
                     continue
                 if self.back and not self.forward_closed_sent and self._forward_closed():
                     self.forward_closed_sent = True
-                    self.slot.send({"op": "forward_closed", "task": self.task_id})
+                    self.slot.send(m.ForwardClosed(self.task_id))
             self.flush_full()
             if time.monotonic() - self.last_flush > self.spec.flush_interval:
                 self.flush_all(interruptible=True)
@@ -652,14 +655,14 @@ class Slot:
         """CPU seconds this process (every thread of it) spent since the slot began."""
         return time.process_time() - self._cpu0
 
-    def send(self, msg: dict) -> None:
+    def send(self, msg: m.Message) -> None:
         if self.conn is None:
             return
         try:
             self.conn.send(msg)
         except OSError:  # the coordinator is gone: this attempt is over, nobody to tell
             for s in self.subtasks:
-                s.control.put({"op": "stop"})
+                s.control.put(m.Stop(lost=True))
 
     def run(self) -> dict:
         """Register, wait for the start signal, run every subtask to the end."""
@@ -673,15 +676,15 @@ class Slot:
 
     def _run(self) -> dict:
         self.conn = connect(self.spec.coordinator, self.spec.secret)
-        self.send({"op": "register", "slot": self.slot, "pid": os.getpid(),
-                   "tasks": {s.task_id: list(s.address) if s.address else None
-                             for s in self.subtasks}})
+        self.send(m.Register(self.slot, os.getpid(),
+                             {s.task_id: list(s.address) if s.address else None
+                              for s in self.subtasks}))
         start = self.conn.recv()
-        if start.get("op") != "start":
+        if type(start) is not m.Start:
             raise RuntimeError(f"coordinator did not start the job: {start}")
-        self.attempt = start.get("attempt", 0)
-        addresses = {k: tuple(v) for k, v in start["addresses"].items() if v}
-        view = self._load_restore(start.get("restore"))
+        self.attempt = start.attempt
+        addresses = {k: tuple(v) for k, v in start.addresses.items() if v}
+        view = self._load_restore(start.restore)
         for s in self.subtasks:
             s.connect_outputs(addresses)
         for s in self.subtasks:
@@ -697,7 +700,7 @@ class Slot:
         failed = [s.error for s in self.subtasks if s.error is not None]
         if failed and not self.stopping:  # after a stop, peers going away is expected
             raise failed[0]
-        return {"slot": self.slot, "attempt": start.get("attempt"),
+        return {"slot": self.slot, "attempt": start.attempt,
                 "records": sum(s.records_in for s in self.subtasks)}
 
     def _load_restore(self, path: str | None) -> RestoreView | None:
@@ -708,13 +711,17 @@ class Slot:
     def _read_control(self) -> None:
         try:
             while True:
-                msg = self.conn.recv()
-                target = msg.get("task")
-                if msg.get("op") == "stop" and target is None:
+                try:
+                    msg = self.conn.recv()
+                except m.MessageError as exc:
+                    log.error("slot %d: dropped a control message: %s", self.slot, exc)
+                    continue
+                target = getattr(msg, "task", None)
+                if type(msg) is m.Stop:
                     self.stopping = True
                 for s in self.subtasks:
                     if target is None or target == s.task_id:
                         s.control.put(msg)
         except (ConnectionError, OSError):
             for s in self.subtasks:  # coordinator gone: stop everything
-                s.control.put({"op": "stop"})
+                s.control.put(m.Stop(lost=True))

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from .world import Context, Process, Simulation
+from .world import SimContext, SimProcess, Simulation
 
 
 def route(key: Any, outputs: Sequence[str]) -> str:
@@ -25,7 +25,7 @@ def source_record(source: int, offset: int, keys: int) -> tuple[int, str]:
     return ((offset * 7 + source * 3) % keys, f"s{source}-{offset}")
 
 
-class Source(Process):
+class Source(SimProcess):
     """Emits ``count`` records, ``per_tick`` every ``interval``; position is its state."""
 
     def __init__(self, index: int, count: int, keys: int, interval: float, per_tick: int = 1):
@@ -33,13 +33,13 @@ class Source(Process):
         self.interval, self.per_tick = interval, per_tick
         self.state = {"offset": 0}
 
-    def on_start(self, ctx: Context) -> None:
+    def on_start(self, ctx: SimContext) -> None:
         if self.state["offset"] >= self.count:
             ctx.finish()
         else:
             ctx.schedule(self.interval, "emit")
 
-    def on_timer(self, ctx: Context, tag: Any) -> None:
+    def on_timer(self, ctx: SimContext, tag: Any) -> None:
         for _ in range(self.per_tick):
             off = self.state["offset"]
             if off >= self.count:
@@ -53,13 +53,13 @@ class Source(Process):
             ctx.schedule(self.interval, "emit")
 
 
-class KeyedCount(Process):
+class KeyedCount(SimProcess):
     """Running count per key; emits ``(key, count, record id)`` for every record."""
 
     def __init__(self) -> None:
         self.state: dict[Any, int] = {}
 
-    def on_message(self, ctx: Context, channel: str, payload: Any) -> None:
+    def on_receive(self, ctx: SimContext, channel: str, payload: Any) -> None:
         key, rid = payload
         n = self.state.get(key, 0) + 1
         self.state[key] = n
@@ -67,13 +67,13 @@ class KeyedCount(Process):
             ctx.send(out, (key, n, rid))
 
 
-class Sink(Process):
+class Sink(SimProcess):
     """Collects what reaches it; its state is the committed output."""
 
     def __init__(self) -> None:
         self.state: list[Any] = []
 
-    def on_message(self, ctx: Context, channel: str, payload: Any) -> None:
+    def on_receive(self, ctx: SimContext, channel: str, payload: Any) -> None:
         self.state.append(payload)
 
 
@@ -109,14 +109,14 @@ def compare_output(expected: list, actual: list) -> dict[str, int | bool]:
     }
 
 
-class Relay(Process):
+class Relay(SimProcess):
     """A keyed, stateful operator for arbitrary DAGs: counts records per key and routes
     each record by key to one output; with no outputs it is a sink collecting record ids."""
 
     def __init__(self) -> None:
         self.state: dict[str, Any] = {"counts": {}, "out": []}
 
-    def on_message(self, ctx: Context, channel: str, payload: Any) -> None:
+    def on_receive(self, ctx: SimContext, channel: str, payload: Any) -> None:
         key, rid = payload
         counts = self.state["counts"]
         counts[key] = counts.get(key, 0) + 1

@@ -40,28 +40,43 @@ from ..protocol import (
     UnblockChannel,
 )
 
-from .trace import Message, Snapshot, TraceEvent
+from ..analysis.trace import Message, Snapshot, TraceEvent
 
-__all__ = ["Message", "TraceEvent", "Snapshot", "Process", "Context", "Simulation"]
+__all__ = ["Message", "TraceEvent", "Snapshot", "SimProcess", "SimContext", "Simulation"]
 
 _EOF = object()
 
 
-class Process:
-    """Base class for simulated process logic.  Keep all state in ``self.state``."""
+class SimProcess:
+    """Base class for simulated process logic.  Keep all state in ``self.state``.
+
+    The simulator works on channels: :meth:`on_receive` gets the channel (``"A->B"``) a
+    message came on, and :meth:`SimContext.send` takes a channel.  Process graphs
+    (:class:`cutline.graph.Process`) have their own, process-level vocabulary
+    (``on_message(ctx, sender, msg)``, ``ctx.send(dst, msg)``); a subclass defining
+    ``on_message`` here is refused rather than silently never called.
+    """
 
     state: Any = None
 
-    def on_start(self, ctx: Context) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "on_message" in cls.__dict__:
+            raise TypeError(
+                f"{cls.__qualname__} defines on_message, which a SimProcess never calls: the "
+                f"simulator calls on_receive(ctx, channel, payload); on_message(ctx, sender, "
+                f"msg) belongs to cutline.graph.Process")
+
+    def on_start(self, ctx: SimContext) -> None:
         """Called once when the run starts (or resumes after a restore)."""
 
-    def on_message(self, ctx: Context, channel: str, payload: Any) -> None:
-        """An application message was delivered."""
+    def on_receive(self, ctx: SimContext, channel: str, payload: Any) -> None:
+        """An application message was delivered on ``channel`` (``"sender->receiver"``)."""
 
-    def on_timer(self, ctx: Context, tag: Any) -> None:
-        """A timer set with :meth:`Context.schedule` fired."""
+    def on_timer(self, ctx: SimContext, tag: Any) -> None:
+        """A timer set with :meth:`SimContext.schedule` fired."""
 
-    def on_end_of_input(self, ctx: Context) -> None:
+    def on_end_of_input(self, ctx: SimContext) -> None:
         """Every input ended; outputs are closed right after this returns."""
 
     def snapshot_state(self) -> Any:
@@ -82,7 +97,7 @@ class _Chan:
 
 
 class _Proc:
-    def __init__(self, name: str, logic: Process) -> None:
+    def __init__(self, name: str, logic: SimProcess) -> None:
         self.name = name
         self.logic = logic
         self.inputs: list[str] = []
@@ -95,8 +110,8 @@ class _Proc:
         self.done = False  # outputs closed
 
 
-class Context:
-    """What process logic may do: the only door to the simulated world."""
+class SimContext:
+    """What simulated process logic may do: the only door to the simulated world."""
 
     def __init__(self, sim: Simulation, proc: _Proc) -> None:
         self._sim, self._p = sim, proc
@@ -192,7 +207,7 @@ class Simulation:
 
     # ------------------------------------------------------------------ building
 
-    def add_process(self, name: str, logic: Process) -> None:
+    def add_process(self, name: str, logic: SimProcess) -> None:
         if name in self.procs:
             raise ValueError(f"duplicate process name {name!r}")
         self.procs[name] = _Proc(name, logic)
@@ -294,7 +309,7 @@ class Simulation:
                 aligned_timeout=self.aligned_timeout, min_checkpoint_id=self.min_checkpoint_id,
             )
         for p in self.procs.values():
-            p.logic.on_start(Context(self, p))
+            p.logic.on_start(SimContext(self, p))
         for p in self.procs.values():
             self._wake(p)
 
@@ -360,7 +375,7 @@ class Simulation:
         self._perform(p, p.handler.on_barrier(channel, barrier, overtaken))
 
     def _fire_timer(self, p: _Proc, tag: Any) -> None:
-        p.logic.on_timer(Context(self, p), tag)
+        p.logic.on_timer(SimContext(self, p), tag)
 
     def _wake(self, p: _Proc) -> None:
         """Let ``p`` take the next item from its inboxes, if it is free."""
@@ -392,7 +407,7 @@ class Simulation:
             inbox.popleft()
             self._perform(p, h.on_close(c))
             if not h.open_inputs and p.inputs:
-                p.logic.on_end_of_input(Context(self, p))
+                p.logic.on_end_of_input(SimContext(self, p))
                 self._close_outputs(p)
                 # Snapshots whose barriers never reached us (every upstream finished
                 # before it started): our final state is our part of them.
@@ -454,11 +469,11 @@ class Simulation:
         cost = 0.0
         for a in actions:
             if type(a) is Deliver:
-                ctx = Context(self, p)
+                ctx = SimContext(self, p)
                 for m in a.records:
                     ctx._current = self._app_event(
                         p, "recv", label=None, message=m.id, channel=a.channel)
-                    p.logic.on_message(ctx, a.channel, m.payload)
+                    p.logic.on_receive(ctx, a.channel, m.payload)
                     ctx._current = None
                 cost += self._service_time(p) * len(a.records)
             elif type(a) is RecordChannelState:

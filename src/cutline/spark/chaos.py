@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .driver import JobDriver
+from ..driver.dataflow import JobDriver
 
 __all__ = ["Chaos", "ChaosReport", "load_example", "run_chaos"]
 

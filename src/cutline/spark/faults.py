@@ -8,7 +8,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .driver import JobDriver
+from ..driver.dataflow import JobDriver
 
 
 @dataclass

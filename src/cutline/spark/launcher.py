@@ -1,11 +1,8 @@
-"""Run a pipeline as one Spark barrier stage, with the coordinator in the driver.
+"""Run a pipeline on Spark: the embedded session, ``run_pipeline`` and :class:`RunningJob`.
 
-The stage is ``parallelize(slots).barrier().mapPartitions(run_slot).map(..).partitionBy(1)``:
-ending the barrier stage in a shuffle makes it a ShuffleMapStage, which Spark resubmits as
-a whole when any task fails (a barrier *ResultStage* is never retried).  Each Spark task
-hosts one slot: subtask ``k`` of every chain.  The rows the stage returns are not trusted
-as proof of anything: the driver knows which checkpoint committed and which tasks
-finished, and decides from that.
+The tasks run as one Spark barrier stage (:mod:`cutline.spark.stage`); each Spark task
+hosts one slot: subtask ``k`` of every chain.  The driver side, the same on every engine,
+is :mod:`cutline.driver`.
 """
 
 from __future__ import annotations
@@ -13,20 +10,20 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import sysconfig
-import types
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
+from ..driver.dataflow import JobDriver, JobFailed
+from ..driver.run import JobCancelled, JobResult, run_job
+from ..driver.threads import ThreadsEngine
 from ..plan import plan as make_plan
-from ..runtime.task import JobSpec, Slot
-from .driver import CheckpointRecord, JobDriver, JobFailed
+from .stage import SparkStage, ship_user_code
 
 log = logging.getLogger("cutline.spark")
 
-__all__ = ["run_pipeline", "run_threads", "JobResult", "JobCancelled", "embedded_session"]
+__all__ = ["run_pipeline", "run_threads", "JobResult", "JobCancelled", "JobFailed",
+           "RunningJob", "embedded_session"]
 
 _SESSION = None
 
@@ -60,69 +57,6 @@ def embedded_session(slots: int, max_failures: int = 8, stage_attempts: int = 8)
     return _SESSION
 
 
-@dataclass
-class JobResult:
-    job: str
-    checkpoints: list[CheckpointRecord]
-    attempts: int
-    duration: float
-    restored_from: str | None
-    plan: str
-    task_pids: dict[int, int] = field(default_factory=dict)
-    # the savepoint the job stopped with (RunningJob.stop_with_savepoint), else None
-    savepoint: str | None = None
-    # CPU seconds per slot (one Spark task's Python process, every thread) in the last attempt
-    cpu_seconds: dict[int, float] = field(default_factory=dict)
-
-    @property
-    def latest_checkpoint(self) -> CheckpointRecord | None:
-        return self.checkpoints[-1] if self.checkpoints else None
-
-
-def _ship_user_code(pipeline: Any) -> None:
-    """Pickle the user's own modules by value, so Spark workers need not import them.
-
-    Functions from installed packages (and cutline) stay by reference; a user's
-    ``mymodule.parse`` used in ``map()`` travels with the job, as ``__main__`` code does.
-    """
-    from pyspark import cloudpickle
-
-    installed = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib")}
-    seen: set[str] = set()
-
-    def visit(obj: Any, depth: int = 0) -> None:
-        if obj is None or depth > 2:
-            return
-        mod_name = getattr(obj, "__module__", None)
-        if isinstance(mod_name, str) and mod_name not in seen:
-            seen.add(mod_name)
-            mod = sys.modules.get(mod_name)
-            path = getattr(mod, "__file__", None) or ""
-            top = mod_name.split(".")[0]
-            if (mod is not None and path and top not in ("cutline", "__main__")
-                    and not any(path.startswith(d) for d in installed)):
-                cloudpickle.register_pickle_by_value(mod)
-        if not isinstance(obj, (types.FunctionType, type)) and hasattr(obj, "__dict__"):
-            for value in vars(obj).values():
-                if callable(value):
-                    visit(value, depth + 1)
-
-    for node in pipeline.nodes:
-        visit(node.fn)
-        visit(node.key_fn)
-
-
-def _slot_main(spec: JobSpec):
-    def run(_: Any):
-        from pyspark import BarrierTaskContext
-
-        ctx = BarrierTaskContext.get()
-        slot = Slot(spec, ctx.partitionId())
-        yield slot.run()
-
-    return run
-
-
 def run_threads(pipeline: Any, *, restore_from: str | None = None,
                 timeout: float | None = None,
                 allow_non_restored_state: bool = False, on_start: Any = None) -> JobResult:
@@ -132,51 +66,9 @@ def run_threads(pipeline: Any, *, restore_from: str | None = None,
     restarting from checkpoints in a new run.
     """
     plan = make_plan(pipeline)
-    driver = JobDriver(plan, pipeline.checkpoint, pipeline.name, restore_from)
-    driver.check_restore(allow_non_restored_state)
-    spec = JobSpec(plan=plan, job=pipeline.name, secret=driver.secret,
-                   coordinator=driver.address, mode=pipeline.checkpoint.protocol_mode.value,
-                   aligned_timeout=pipeline.checkpoint.aligned_timeout,
-                   storage_url=pipeline.checkpoint.storage,
-                   storage_options=pipeline.checkpoint.storage_options)
-    driver.start()
-    errors: list[BaseException] = []
-
-    def slot_main(k: int) -> None:
-        try:
-            Slot(spec, k).run()
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-
-    t0 = time.monotonic()
-    threads = [threading.Thread(target=slot_main, args=(k,), daemon=True)
-               for k in range(plan.slots)]
-    for t in threads:
-        t.start()
-    if on_start is not None:
-        on_start(driver)
-    try:
-        while not driver.done.wait(0.05):
-            if errors:
-                raise JobFailed(f"job {pipeline.name!r} failed: {errors[0]}") from errors[0]
-            if timeout is not None and time.monotonic() - t0 > timeout:
-                raise JobCancelled(f"job {pipeline.name!r} cancelled: not finished within "
-                                   f"{timeout}s")
-            if driver.cancel_requested:
-                raise JobCancelled(f"job {pipeline.name!r} cancelled: "
-                                   f"{driver.cancel_requested}")
-        if driver.error:
-            raise JobFailed(f"job {pipeline.name!r} failed: {driver.error}")
-        for t in threads:
-            t.join(timeout=30)
-    except (KeyboardInterrupt, JobCancelled):
-        _cancelled(pipeline, driver)
-        raise
-    finally:
-        driver.stop()
-    return JobResult(pipeline.name, driver.checkpoints, driver.attempts,
-                     time.monotonic() - t0, driver.restored_from, plan.describe(),
-                     savepoint=driver.stopped_with_savepoint)
+    return run_job(pipeline, plan, ThreadsEngine(plan.slots), restore_from=restore_from,
+                   timeout=timeout, on_start=on_start, progress=False, faults=(),
+                   allow_non_restored_state=allow_non_restored_state)
 
 
 def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None = None,
@@ -204,99 +96,12 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
     plan = make_plan(pipeline)
     if spark is None:
         spark = embedded_session(plan.slots)
-    sc = spark.sparkContext
-    slots_available = sc.defaultParallelism
-    if slots_available < plan.slots:
-        raise ValueError(f"pipeline {pipeline.name!r} needs {plan.slots} task slots for its "
-                         f"barrier stage, the Spark session offers {slots_available}")
-    _ship_user_code(pipeline)
-    local = sc.master.startswith("local")
-    host = "127.0.0.1" if local else spark.conf.get("spark.driver.host")
-    driver = JobDriver(plan, pipeline.checkpoint, pipeline.name, restore_from, host=host)
-    driver.check_restore(allow_non_restored_state)
-    spec = JobSpec(plan=plan, job=pipeline.name, secret=driver.secret,
-                   coordinator=driver.address, mode=pipeline.checkpoint.protocol_mode.value,
-                   aligned_timeout=pipeline.checkpoint.aligned_timeout,
-                   storage_url=pipeline.checkpoint.storage,
-                   storage_options=pipeline.checkpoint.storage_options,
-                   host="127.0.0.1" if local else "", faults=tuple(faults))
-    driver.start()
-    stage_error: list[BaseException] = []
-
-    def stage() -> None:
-        try:
-            (sc.parallelize(range(plan.slots), plan.slots).barrier()
-             .mapPartitions(_slot_main(spec)).map(lambda r: (0, r)).partitionBy(1).collect())
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            stage_error.append(exc)
-        finally:
-            driver.events.put((None, {"op": "_stage_ended"}))
-
-    t0 = time.monotonic()
-    sc.setJobGroup(f"cutline-{pipeline.name}-{os.getpid()}", f"cutline job {pipeline.name}")
-    runner = threading.Thread(target=stage, name="cutline-stage", daemon=True)
-    runner.start()
-    if on_start is not None:
-        on_start(driver)
-    from contextlib import nullcontext
-
-    from ..report import Progress
-
-    display = (Progress(progress if not isinstance(progress, bool) else None)
-               if progress else None)
-    try:
-        with display or nullcontext():
-            _wait(driver, stage_error, pipeline.name, t0, timeout, display)
-        if driver.error:
-            if stage_error:  # Spark's own reason says more than "the stage ended"
-                raise JobFailed(f"job {pipeline.name!r} failed: Spark gave up on the stage: "
-                                f"{_first_line(stage_error[0])}")
-            raise JobFailed(f"job {pipeline.name!r} failed: {driver.error}")
-        runner.join(timeout=60)
-    except (KeyboardInterrupt, JobCancelled):
-        _cancelled(pipeline, driver)
-        raise
-    finally:
-        if not driver.done.is_set() or driver.error:
-            sc.cancelJobGroup(f"cutline-{pipeline.name}-{os.getpid()}")
-        driver.stop()
-    return JobResult(pipeline.name, driver.checkpoints, driver.attempts,
-                     time.monotonic() - t0, driver.restored_from, plan.describe(),
-                     task_pids=driver.task_pids, cpu_seconds=driver.cpu_seconds,
-                     savepoint=driver.stopped_with_savepoint)
-
-
-def _wait(driver: JobDriver, stage_error: list, name: str, t0: float,
-          timeout: float | None, display: Any) -> None:
-    while not driver.done.wait(0.1):
-        if display is not None:
-            display.update(driver)
-        if stage_error:
-            raise JobFailed(f"job {name!r} failed: Spark gave up on the stage: "
-                            f"{_first_line(stage_error[0])}")
-        if timeout is not None and time.monotonic() - t0 > timeout:
-            raise JobCancelled(f"job {name!r} cancelled: not finished within {timeout}s")
-        if driver.cancel_requested:
-            raise JobCancelled(f"job {name!r} cancelled: {driver.cancel_requested}")
-    if display is not None:
-        display.update(driver)
-
-
-class JobCancelled(JobFailed):
-    """The job was stopped before it finished (timeout or interrupt)."""
-
-
-def _cancelled(pipeline: Any, driver: JobDriver) -> None:
-    """Cancellation keeps the checkpoints unless ``retain_on_cancel=False``."""
-    if not pipeline.checkpoint.retain_on_cancel:
-        driver.stop()
-        deleted = driver.storage.discard_all()
-        log.info("job %s cancelled: deleted checkpoints %s", pipeline.name, deleted)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    stage = SparkStage(spark, plan.slots, f"pipeline {pipeline.name!r}",
+                       f"cutline-{pipeline.name}")
+    ship_user_code(n for node in pipeline.nodes for n in (node.fn, node.key_fn))
+    return run_job(pipeline, plan, stage, restore_from=restore_from, timeout=timeout,
+                   on_start=on_start, progress=progress, faults=faults,
+                   allow_non_restored_state=allow_non_restored_state)
 
 
 class RunningJob:

@@ -7,20 +7,26 @@
   checkpoints uploaded in the background.
 
 Both hold entries ``(state name, key) -> value`` in key groups, and restore the key groups a
-subtask owns from any number of snapshots of either kind.
+subtask owns from any number of snapshots of either kind.  Both implement
+:class:`~cutline.state.backend.KeyedStateBackend`: operators use one table per state name
+(a dict in front of the backend), the same on either.  Keys find their key group and
+subtask with :mod:`cutline.state.keygroups`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["STATE_BACKENDS", "create_backend", "read"]
+from .backend import DeferredSnapshot, KeyedStateBackend, StateTable, ValueState
+
+__all__ = ["STATE_BACKENDS", "DeferredSnapshot", "KeyedStateBackend", "StateTable",
+           "ValueState", "create_backend", "read"]
 
 STATE_BACKENDS = ("memory", "rocksdb")
 
 
 def create_backend(kind: str, key_groups: range, max_parallelism: int, *,
-                   name: str = "state", storage: Any = None) -> Any:
+                   name: str = "state", storage: Any = None) -> KeyedStateBackend:
     """The state backend ``kind`` for a keyed operator subtask owning ``key_groups``;
     ``name`` (``<operator uid>.<subtask>``) and ``storage`` (the job's checkpoint storage)
     matter to RocksDB only."""

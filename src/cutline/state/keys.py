@@ -7,7 +7,8 @@ A state entry ``(state name, key)`` of key group ``g`` is stored under::
 so all entries of a key group are one contiguous range: a subtask restores, or drops, a
 range of key groups with one seek or one range delete.  Keys that are equal as dict keys
 encode equally (``1``, ``1.0`` and ``True`` are one key, as in the in-memory backend and
-in :func:`cutline.plan.stable_hash`), and every encoding decodes back to an equal key.
+in :func:`cutline.state.keygroups.stable_hash`), and every encoding decodes back to an
+equal key.
 Keys of types other than None / bool / int / float / str / bytes / tuple are pickled:
 they must pickle the same way every time they are equal (most do; a set may not).
 """

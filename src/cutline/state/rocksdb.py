@@ -9,23 +9,25 @@ that machine: a directory whose lock nobody holds is stale).  Entries are keyed 
 of the key space.  Values are pickled.  The write-ahead log is off: after a failure the
 job restores a checkpoint, never the local database.
 
-In front of the database sit two bounded dicts, so hot keys cost a dict lookup:
+In front of the database sit, per state name, two bounded dicts, so hot keys cost a dict
+lookup:
 
-* ``dirty``: entries written since the last spill (``_DELETED`` marks a delete), and
+* ``fast`` (:mod:`cutline.state.backend`): entries written since the last spill (and
+  ``deleted``, the keys deleted since), and
 * ``clean``: entries read from or spilled to the database (the oldest half is dropped
   when it is full).
 
-A read looks in ``dirty``, then ``clean``, then the database.  ``dirty`` is written to the
-database in one batch when it passes its bound and at every snapshot.  List and map state
-are stored whole (one entry each) and count as written whenever a function asks for them;
-a value-state object changed in place without ``update()`` is not written back (as in
-Flink's RocksDB backend: state values are copies).
+A read looks in ``fast``, then ``clean``, then the database.  ``fast`` is written to the
+database in one batch when the tables pass their bound and at every snapshot.  List and
+map state are stored whole (one entry each) and count as written whenever a function asks
+for them; a value-state object changed in place without ``update()`` is not written back
+(as in Flink's RocksDB backend: state values are copies).
 
 Snapshots (Flink's asynchronous incremental checkpoints):
 
-* synchronous part, :meth:`~RocksDBStateBackend.snapshot`: spill ``dirty`` (bounded) and
-  create a RocksDB checkpoint (flush the memtable, hard-link the SST files into a local
-  directory);
+* synchronous part, :meth:`~RocksDBStateBackend.snapshot`: spill the ``fast`` dicts
+  (bounded) and create a RocksDB checkpoint (flush the memtable, hard-link the SST files
+  into a local directory);
 * asynchronous part, :meth:`RocksDBSnapshot.finish`, on the task's upload thread while
   records keep flowing: upload the SST files the previous checkpoints have not uploaded to
   ``shared/<operator>.<subtask>/`` of the checkpoint storage, and return a small manifest
@@ -54,7 +56,7 @@ from typing import Any
 
 import msgpack
 
-from ..plan import key_group
+from .backend import MISSING, KeyedStateBackend, StateTable
 from .keys import decode_slot, encode_key, encode_slot
 
 __all__ = ["RocksDBStateBackend", "RocksDBSnapshot", "is_rocksdb_snapshot", "read_entries"]
@@ -63,8 +65,6 @@ log = logging.getLogger(__name__)
 
 MAGIC = b"cutline-rocksdb\x00"
 FORMAT_VERSION = 1
-_MISSING = object()
-_DELETED = object()  # a delete waiting in ``dirty``
 _GROUP = struct.Struct(">H")
 _BATCH = 10_000  # entries per write batch when copying
 
@@ -149,28 +149,25 @@ def _make_workdir(name: str, root: str | None) -> tuple[str, int]:
     return path, fd
 
 
-class RocksDBStateBackend:
-    """State of one keyed operator subtask in RocksDB; the same role (and, with
-    :meth:`get` / :meth:`put` / :meth:`delete`, the same interface) as
-    :class:`~cutline.state.memory.MemoryStateBackend`.
+class RocksDBStateBackend(KeyedStateBackend):
+    """State of one keyed operator subtask in RocksDB, behind the tables of
+    :mod:`cutline.state.backend` (as :class:`~cutline.state.memory.MemoryStateBackend`).
 
     ``name`` names the working directory and the shared files (``<operator uid>.<subtask>``).
-    ``cache_entries`` bounds ``clean`` and ``dirty_entries`` bounds ``dirty`` (what a snapshot
-    writes to the database in its synchronous part).  ``incremental=False``
-    uploads every file at every checkpoint (a full checkpoint; for comparison).
-    ``directory``: where working directories go (default: see the module docstring).
-    ``storage``: the job's checkpoint storage, to fetch a restored snapshot's files with
-    its filesystem options (without it, the snapshot's URL is opened as it is).
+    ``cache_entries`` bounds ``clean`` (shared out between the state names) and
+    ``dirty_entries`` the tables' ``fast`` dicts (what a snapshot writes to the database in
+    its synchronous part).  ``incremental=False`` uploads every file at every checkpoint (a
+    full checkpoint; for comparison).  ``directory``: where working directories go (default:
+    see the module docstring).  ``storage``: the job's checkpoint storage, to fetch a
+    restored snapshot's files with its filesystem options (without it, the snapshot's URL is
+    opened as it is).
     """
-
-    complete_tables = False  # table() is a write-back cache, not the whole state
 
     def __init__(self, key_groups: range, max_parallelism: int, *, name: str = "state",
                  directory: str | None = None, cache_entries: int = 100_000,
                  dirty_entries: int = 20_000, incremental: bool = True,
                  storage: Any = None) -> None:
-        self.key_groups = key_groups
-        self.max_parallelism = max_parallelism
+        super().__init__(key_groups, max_parallelism, dirty_entries)
         self.name = name
         self.incremental = incremental
         self.storage = storage  # the job's CheckpointStorage: opens what restore fetches
@@ -180,12 +177,8 @@ class RocksDBStateBackend:
         self._db_path = os.path.join(self._work, "db")
         self._db = self._r.Rdict(self._db_path, self._opts)
         self._closed = False
-        self.dirty: dict[tuple[str, Any], Any] = {}
-        self._clean: dict[tuple[str, Any], Any] = {}
-        self._enc: dict[tuple[str, Any], bytes] = {}  # slot -> its database key
-        self._names: dict[str, bytes] = {}  # state name -> its part of a database key
         self._prefix = [_GROUP.pack(g) for g in range(max_parallelism)]
-        self._dirty_max, self._clean_max = dirty_entries, cache_entries
+        self._clean_max = cache_entries
         self._enc_max = cache_entries + 2 * dirty_entries
         self._seq = 0
         # local SST file -> {"path", "size", "sha256"} in shared storage, for the files of the
@@ -202,100 +195,35 @@ class RocksDBStateBackend:
 
     # ------------------------------------------------------------------ access
 
-    def table(self, key: Any) -> dict:
-        """The dict that takes writes (``dirty``); reads that miss it go to :meth:`load`."""
-        return self.dirty
+    def _new_table(self, name: str) -> StateTable:
+        return _RocksTable(self, name)
 
-    def _encode(self, slot: tuple[str, Any]) -> bytes:
-        enc = self._enc
-        try:
-            return enc[slot]
-        except KeyError:
-            pass
-        name, key = slot
-        g = key_group(key, self.max_parallelism)
-        if g not in self.key_groups:
-            raise RuntimeError(f"key {key!r} (key group {g}) is not owned by this subtask "
-                               f"(groups {self.key_groups.start}..{self.key_groups.stop - 1})")
-        part = self._names.get(name)
-        if part is None:
-            part = self._names[name] = encode_slot(0, name, None)[2:-1]
-        data = self._prefix[g] + part + encode_key(key)
-        if len(enc) >= self._enc_max:
-            enc.clear()
-        enc[slot] = data
-        return data
+    def _tables_changed(self) -> None:
+        n = len(self._tables)
+        for t in self._tables.values():
+            assert isinstance(t, _RocksTable)
+            t.clean_max = max(1, self._clean_max // n)
+            t.enc_max = max(1, self._enc_max // n)
 
-    def load(self, slot: tuple[str, Any], default: Any = None) -> Any:
-        """``slot``'s value from ``clean`` or the database (not from ``dirty``)."""
-        v = self._clean.get(slot, _MISSING)
-        if v is not _MISSING:
-            return v
-        raw = self._db.get(self._encode(slot))
-        if raw is None:
-            return default
-        v = pickle.loads(raw)
-        clean = self._clean
-        if len(clean) >= self._clean_max:
-            self._evict()
-        clean[slot] = v
-        return v
-
-    def get(self, name: str, key: Any, default: Any = None) -> Any:
-        slot = (name, key)
-        v = self.dirty.get(slot, _MISSING)
-        if v is _MISSING:
-            return self.load(slot, default)
-        return default if v is _DELETED else v
-
-    def put(self, name: str, key: Any, value: Any) -> None:
-        self.dirty[(name, key)] = value
-
-    def delete(self, name: str, key: Any) -> None:
-        self.dirty[(name, key)] = _DELETED
-
-    def mutable(self, slot: tuple[str, Any], factory: type) -> Any:
-        """A list / dict state object: created if absent, and dirty from now on (the
-        caller may change it in place)."""
-        dirty = self.dirty
-        v = dirty.get(slot, _MISSING)
-        if v is _MISSING:
-            v = self.load(slot, _MISSING)
-            dirty[slot] = v = factory() if v is _MISSING else v
-        elif v is _DELETED:
-            dirty[slot] = v = factory()
-        return v
-
-    def value_state(self, name: str, key: Any, default: Any) -> "ValueState":
-        return ValueState(self, (name, key), default)
-
-    def after_batch(self) -> None:
-        if len(self.dirty) > self._dirty_max:
-            self.spill()
-
-    def spill(self) -> None:
-        """Write ``dirty`` to the database in one batch; it becomes ``clean``."""
-        dirty = self.dirty
-        if not dirty:
-            return
+    def _write(self, tables: list[StateTable]) -> None:
+        """One write batch; what it writes becomes ``clean``."""
         wb = self._r.WriteBatch(raw_mode=True)
-        enc, dumps, clean = self._encode, pickle.dumps, self._clean
-        for slot, v in dirty.items():
-            if v is _DELETED:
-                wb.delete(enc(slot))
-                clean.pop(slot, None)
-            else:
-                wb.put(enc(slot), dumps(v, 5))
-                clean[slot] = v
+        dumps = pickle.dumps
+        for t in tables:
+            assert isinstance(t, _RocksTable)
+            enc, clean, fast = t.encode, t.clean, t.fast
+            for k in t.deleted:
+                if k not in fast:
+                    wb.delete(enc(k))
+                    clean.pop(k, None)
+            for k, v in fast.items():
+                wb.put(enc(k), dumps(v, 5))
+                clean[k] = v
         self._db.write(wb, self._wopt)
-        dirty.clear()
-        if len(clean) > self._clean_max:
-            self._evict()
-
-    def _evict(self) -> None:
-        clean = self._clean
-        for slot in list(itertools.islice(clean, len(clean) // 2 + 1)):
-            del clean[slot]
+        for t in tables:
+            assert isinstance(t, _RocksTable)
+            if len(t.clean) > t.clean_max:
+                t.evict()
 
     def keys(self) -> int:
         """Number of entries (reads the whole database: for tests and tools)."""
@@ -322,8 +250,7 @@ class RocksDBStateBackend:
     def restore(self, blobs: Iterable[bytes]) -> None:
         """Load the key groups this subtask owns from any number of snapshots (rescaling):
         RocksDB snapshots of this backend and in-memory ones (a job may switch backends)."""
-        self.dirty.clear()
-        self._clean.clear()
+        self._reset()
         manifests, memory = [], []
         for blob in blobs:
             if is_rocksdb_snapshot(blob):
@@ -397,28 +324,56 @@ class RocksDBStateBackend:
             os.close(self._lock_fd)
 
 
-class ValueState:
-    """One value per key over a :class:`RocksDBStateBackend`: ``.value``, ``.update(v)``,
-    ``.clear()``."""
+class _RocksTable(StateTable):
+    """A state name's entries: ``fast`` (written since the last spill), ``clean`` (read
+    from or spilled to the database; the oldest half dropped when full), then the
+    database."""
 
-    __slots__ = ("_backend", "_slot", "_default")
+    __slots__ = ("_backend", "clean", "clean_max", "_enc", "enc_max", "_part")
 
-    def __init__(self, backend: RocksDBStateBackend, slot: tuple[str, Any], default: Any):
-        self._backend, self._slot, self._default = backend, slot, default
+    def __init__(self, backend: RocksDBStateBackend, name: str) -> None:
+        super().__init__(name)
+        self._backend = backend
+        self.clean: dict[Any, Any] = {}
+        self._enc: dict[Any, bytes] = {}  # key -> its database key
+        self.clean_max = self.enc_max = 1  # set by the backend: its bounds shared out
+        self._part = encode_slot(0, name, None)[2:-1]  # the name's part of a database key
 
-    @property
-    def value(self) -> Any:
-        b = self._backend
-        v = b.dirty.get(self._slot, _MISSING)
-        if v is _MISSING:
-            return b.load(self._slot, self._default)
-        return self._default if v is _DELETED else v
+    def encode(self, key: Any) -> bytes:
+        enc = self._enc
+        data = enc.get(key)
+        if data is None:
+            b = self._backend
+            data = b._prefix[b.owned_group(key)] + self._part + encode_key(key)
+            if len(enc) >= self.enc_max:
+                enc.clear()
+            enc[key] = data
+        return data
 
-    def update(self, value: Any) -> None:
-        self._backend.dirty[self._slot] = value
+    def read(self, key: Any, default: Any = None) -> Any:
+        if self.deleted and key in self.deleted:
+            return default
+        v = self.clean.get(key, MISSING)
+        if v is not MISSING:
+            return v
+        raw = self._backend._db.get(self.encode(key))
+        if raw is None:
+            return default
+        v = pickle.loads(raw)
+        clean = self.clean
+        if len(clean) >= self.clean_max:
+            self.evict()
+        clean[key] = v
+        return v
 
-    def clear(self) -> None:
-        self._backend.dirty[self._slot] = _DELETED
+    def evict(self) -> None:
+        clean = self.clean
+        for key in list(itertools.islice(clean, len(clean) // 2 + 1)):
+            del clean[key]
+
+    def reset(self) -> None:
+        super().reset()
+        self.clean.clear()
 
 
 class RocksDBSnapshot:

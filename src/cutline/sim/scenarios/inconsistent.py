@@ -27,8 +27,8 @@ from typing import Any
 
 from ...analysis import check_cut
 from ..graphs import strongly_connected
-from ..trace import Snapshot
-from ..world import Context, Process, Simulation
+from ...analysis.trace import Snapshot
+from ..world import SimContext, SimProcess, Simulation
 from . import tokens as tokens_scenario
 
 
@@ -119,26 +119,26 @@ def run_tokens(seed: int = 0, processes: int = 5, tokens: int = 100, reads: int 
     return rows, totals
 
 
-class _Worker(Process):
+class _Worker(SimProcess):
     """A diffusing computation that counts the work messages it sent and received."""
 
     def __init__(self, root: bool, budget: int) -> None:
         self.root, self.budget = root, budget
         self.state = {"pending": 0, "sent": 0, "received": 0}
 
-    def on_start(self, ctx: Context) -> None:
+    def on_start(self, ctx: SimContext) -> None:
         if self.root:
             self._take(ctx, self.budget)
 
-    def _take(self, ctx: Context, budget: int) -> None:
+    def _take(self, ctx: SimContext, budget: int) -> None:
         self.state["pending"] += 1
         ctx.schedule(ctx.rng.uniform(0.3, 1.0), budget)
 
-    def on_message(self, ctx: Context, channel: str, budget: Any) -> None:
+    def on_receive(self, ctx: SimContext, channel: str, budget: Any) -> None:
         self.state["received"] += 1
         self._take(ctx, budget)
 
-    def on_timer(self, ctx: Context, budget: Any) -> None:
+    def on_timer(self, ctx: SimContext, budget: Any) -> None:
         self.state["pending"] -= 1
         ctx.internal("work")
         if budget > 0:

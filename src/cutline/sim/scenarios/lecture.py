@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...protocol import Barrier
-from ..world import Context, Process, Simulation, Snapshot
+from ..world import SimContext, SimProcess, Simulation, Snapshot
 
 PROCESSES = ("P1", "P2", "P3")
 
@@ -38,19 +38,19 @@ MARKER_DELAY = {
 }
 
 
-class Scripted(Process):
+class Scripted(SimProcess):
     """Performs its part of ``SCRIPT``; its state is the history of its events."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.state: list[str] = []
 
-    def on_start(self, ctx: Context) -> None:
+    def on_start(self, ctx: SimContext) -> None:
         for step in SCRIPT:
             if step[1] == self.name:
                 ctx.schedule(step[0] - ctx.now, step)
 
-    def on_timer(self, ctx: Context, step: Any) -> None:
+    def on_timer(self, ctx: SimContext, step: Any) -> None:
         _, _, event, kind, dest = step
         if kind == "initiate":
             ctx.initiate_snapshot(1)
@@ -61,7 +61,7 @@ class Scripted(Process):
             self.state.append(event)
             ctx.internal(event)
 
-    def on_message(self, ctx: Context, channel: str, payload: Any) -> None:
+    def on_receive(self, ctx: SimContext, channel: str, payload: Any) -> None:
         event = RECEIVES[payload]
         self.state.append(event)
         ctx.label(event)

@@ -19,31 +19,31 @@ from typing import Any
 
 from ...analysis import GlobalState, check_cut, terminated
 from ..graphs import strongly_connected
-from ..world import Context, Process, Simulation, Snapshot
+from ..world import SimContext, SimProcess, Simulation, Snapshot
 
 
 def is_passive(state: dict) -> bool:
     return not state["active"]
 
 
-class Worker(Process):
+class Worker(SimProcess):
     def __init__(self, root: bool, budget: int, fanout: int, work_time: float) -> None:
         self.root, self.budget, self.fanout, self.work_time = root, budget, fanout, work_time
         self.state = {"active": False, "pending": 0, "processed": 0}
 
-    def on_start(self, ctx: Context) -> None:
+    def on_start(self, ctx: SimContext) -> None:
         if self.root:
             self._take(ctx, self.budget)
 
-    def _take(self, ctx: Context, budget: int) -> None:
+    def _take(self, ctx: SimContext, budget: int) -> None:
         self.state["pending"] += 1
         self.state["active"] = True
         ctx.schedule(ctx.rng.uniform(0.5, 1.5) * self.work_time, budget)
 
-    def on_message(self, ctx: Context, channel: str, payload: Any) -> None:
+    def on_receive(self, ctx: SimContext, channel: str, payload: Any) -> None:
         self._take(ctx, payload)
 
-    def on_timer(self, ctx: Context, budget: Any) -> None:
+    def on_timer(self, ctx: SimContext, budget: Any) -> None:
         self.state["pending"] -= 1
         self.state["processed"] += 1
         ctx.internal("work")

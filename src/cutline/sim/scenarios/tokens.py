@@ -14,27 +14,27 @@ from typing import Any
 
 from ...analysis import GlobalState, check_cut, total
 from ..graphs import strongly_connected
-from ..world import Context, Process, Simulation, Snapshot
+from ..world import SimContext, SimProcess, Simulation, Snapshot
 
 
-class Bank(Process):
+class Bank(SimProcess):
     """State: the tokens held.  Messages: token amounts."""
 
     def __init__(self, tokens: int, period: float) -> None:
         self.state = tokens
         self.period = period
 
-    def on_start(self, ctx: Context) -> None:
+    def on_start(self, ctx: SimContext) -> None:
         ctx.schedule(ctx.rng.expovariate(1 / self.period), "transfer")
 
-    def on_timer(self, ctx: Context, tag: Any) -> None:
+    def on_timer(self, ctx: SimContext, tag: Any) -> None:
         if self.state > 0 and ctx.outputs:
             amount = ctx.rng.randint(1, self.state)
             self.state -= amount
             ctx.send(ctx.rng.choice(ctx.outputs), amount)
         ctx.schedule(ctx.rng.expovariate(1 / self.period), "transfer")
 
-    def on_message(self, ctx: Context, channel: str, payload: Any) -> None:
+    def on_receive(self, ctx: SimContext, channel: str, payload: Any) -> None:
         self.state += payload
 
 

@@ -33,15 +33,20 @@ from typing import Any
 from ..graph.predicates import Predicate, terminated
 from ..graph.result import Attempt, RunResult
 from ..graph.snapshot import KIND, decode, open_snapshot, write_snapshot
-from ..runtime.control import ControlService, FrameConnection
-from ..sim.trace import TraceEvent
+from ..analysis.trace import TraceEvent
+from ..protocol import messages as m
+from ..runtime.control import CLOSED, ControlService, FrameConnection
 from ..storage.checkpoints import CheckpointStorage
+from .dataflow import STAGE_ENDED
 
 log = logging.getLogger("cutline.graph.driver")
 
 __all__ = ["GraphDriver", "RunOptions"]
 
 ID_POOL = 8
+
+CANCEL = object()
+"""Put on the driver's queue as ``(None, CANCEL)``: stop the run (the caller gave up)."""
 
 
 @dataclass(frozen=True)
@@ -100,9 +105,9 @@ class _Attempt:
     conns: dict[int, FrameConnection] = field(default_factory=dict)
     pids: dict[int, int] = field(default_factory=dict)
     addresses: dict[int, Any] = field(default_factory=dict)
-    finals: dict[int, dict] = field(default_factory=dict)
+    finals: dict[int, m.FinalStates] = field(default_factory=dict)
     trace: list = field(default_factory=list)
-    metrics: dict[int, dict] = field(default_factory=dict)
+    metrics: dict[int, m.HostMetrics] = field(default_factory=dict)
     started: bool = False
     lost: bool = False  # a host went away: no more triggers until the next attempt
 
@@ -214,7 +219,7 @@ class GraphDriver:
         for t in self._threads:
             t.start()
 
-    def _send(self, conn: FrameConnection | None, msg: dict) -> None:
+    def _send(self, conn: FrameConnection | None, msg: m.Message) -> None:
         if conn is None:
             return
         try:
@@ -222,7 +227,7 @@ class GraphDriver:
         except OSError:
             pass
 
-    def _broadcast(self, msg: dict) -> None:
+    def _broadcast(self, msg: m.Message) -> None:
         for conn in list(self.attempt.conns.values()):
             self._send(conn, msg)
 
@@ -281,19 +286,18 @@ class GraphDriver:
         for name in names:
             by_host.setdefault(self.placement[name], []).append(name)
         for slot, who in by_host.items():
-            self._send(self.attempt.conns.get(slot),
-                       {"op": "trigger", "checkpoint": n, "processes": who})
+            self._send(self.attempt.conns.get(slot), m.TriggerProcesses(n, who))
 
-    def _handle(self, conn: FrameConnection | None, msg: dict) -> None:
-        op = msg.get("op")
-        if op == "register":
+    def _handle(self, conn: FrameConnection | None, msg: Any) -> None:
+        t = type(msg)
+        if t is m.Register:
             self._register(conn, msg)
             return
-        if op == "_cancel":
+        if msg is CANCEL:
             if self.stopping is None:
                 self._stop("cancelled")
             return
-        if op == "_stage_ended":
+        if msg is STAGE_ENDED:
             if not self.done.is_set():
                 got = sorted(self.attempt.finals)
                 self.error = self.error or ("the Spark stage ended before the run did "
@@ -303,38 +307,38 @@ class GraphDriver:
         if conn not in self.attempt.conns.values():
             return  # from an earlier attempt
         slot = next(s for s, c in self.attempt.conns.items() if c is conn)
-        if op == "parts":
-            for n, name, part in msg["parts"]:
+        if t is m.Parts:
+            for n, name, part in msg.parts:
                 pending = self.pending.get(n)
                 if pending is None:
                     pending = self.pending[n] = _Pending(time.monotonic())
                 pending.parts[name] = part
                 if len(pending.parts) == len(self.names):
                     self._complete(n)
-        elif op == "initiated":
-            n, name = msg["checkpoint"], msg["process"]
+        elif t is m.Initiated:
+            n, name = msg.checkpoint, msg.process
             pending = self.pending.setdefault(n, _Pending(time.monotonic()))
             pending.initiators.append(name)
             extra = self._cover([name])
             if extra:
                 self._trigger(n, extra)
-        elif op == "ids":
-            self._send(conn, {"op": "ids", "ids": self._alloc(ID_POOL)})
-        elif op == "metrics":
+        elif t is m.IdsWanted:
+            self._send(conn, m.Ids(self._alloc(ID_POOL)))
+        elif t is m.HostMetrics:
             self.attempt.metrics[slot] = msg
-        elif op == "trace":
-            self.attempt.trace.extend(msg["events"])
-        elif op == "final":
+        elif t is m.TraceEvents:
+            self.attempt.trace.extend(msg.events)
+        elif t is m.FinalStates:
             self.attempt.finals[slot] = msg
             if self.stopping is not None and len(self.attempt.finals) == self.hosts:
                 self.done.set()
-        elif op == "failed":
-            if msg.get("fatal"):
-                self.error = msg.get("error") or "a process failed"
+        elif t is m.Failed:
+            if msg.fatal:
+                self.error = msg.error or "a process failed"
                 self.done.set()
             else:
-                log.warning("host %s failed: %s", slot, msg.get("error"))
-        elif op == "_disconnected":
+                log.warning("host %s failed: %s", slot, msg.error)
+        elif msg is CLOSED:
             if slot in self.attempt.finals:
                 return
             self.attempt.lost = True
@@ -344,22 +348,22 @@ class GraphDriver:
                 log.warning("attempt %d lost host %d; waiting for Spark to restart the stage",
                             self.attempt.number, slot)
 
-    def _register(self, conn: FrameConnection, msg: dict) -> None:
-        slot = int(msg["slot"])
+    def _register(self, conn: FrameConnection, msg: m.Register) -> None:
+        slot = msg.slot
         if self.stopping is not None or self.done.is_set():
-            self._send(conn, {"op": "stop"})
+            self._send(conn, m.Stop())
             return
         if self.attempt.started or slot in self.attempt.conns:
             self._new_attempt()
         self.attempt.conns[slot] = conn
-        self.attempt.pids[slot] = msg.get("pid")
-        self.attempt.addresses[slot] = msg.get("address")
+        self.attempt.pids[slot] = msg.pid
+        self.attempt.addresses[slot] = msg.addresses.get(str(slot))
         if len(self.attempt.conns) == self.hosts:
             self._start_attempt()
 
     def _new_attempt(self) -> None:
         for c in self.attempt.conns.values():
-            self._send(c, {"op": "stop"})
+            self._send(c, m.Stop())
         self.attempt = _Attempt(self.attempt.number + 1)
         self.pending.clear()  # markers of the lost attempt will never arrive
 
@@ -382,10 +386,9 @@ class GraphDriver:
                                      redelivered=info[1]))
         self.last_trigger = time.monotonic()
         for slot, conn in self.attempt.conns.items():
-            self._send(conn, {"op": "start", "attempt": self.attempt.number, "t0": t0,
-                              "addresses": {str(k): v for k, v in
-                                            self.attempt.addresses.items()},
-                              "restore": path})
+            self._send(conn, m.Start(self.attempt.number,
+                                     {str(k): v for k, v in self.attempt.addresses.items()},
+                                     path, t0))
         log.info("attempt %d started%s", self.attempt.number, f" from {path}" if path else "")
 
     # ------------------------------------------------------------------ snapshots
@@ -437,7 +440,7 @@ class GraphDriver:
     def _stop(self, reason: str) -> None:
         self.stopping = reason
         self.stop_deadline = time.monotonic() + 30.0
-        self._broadcast({"op": "stop"})
+        self._broadcast(m.Stop())
 
     def close(self) -> None:
         self.done.set()
@@ -458,14 +461,14 @@ class GraphDriver:
                         duration=duration, storage=self.storage.fs.unstrip_protocol(
                             self.storage.dir), restored_from=self.restore_path,
                         task_pids=self.task_pids, started_at=self.t_run)
-        for msg in self.attempt.finals.values():
-            for name, blob in (msg.get("states") or {}).items():
+        for final in self.attempt.finals.values():
+            for name, blob in final.states.items():
                 try:
                     res.final_states[name] = pickle.loads(blob)
                 except Exception:  # noqa: BLE001
                     pass
-            res.trace_dropped += int(msg.get("trace_dropped") or 0)
-            res.delivered += int(msg.get("delivered") or 0)
+            res.trace_dropped += final.trace_dropped
+            res.delivered += final.delivered
         events = sorted(self.attempt.trace, key=lambda ev: ev[0])
         res.trace = [TraceEvent(t, p, k, index=i, message=m, channel=c, checkpoint=n)
                      for t, p, k, i, m, c, n in events]

@@ -1,7 +1,8 @@
 """What a run leaves behind: messages, the event trace, and recorded snapshots.
 
-Plain data shared by the simulator (which writes it), the checker and the diagrams (which
-read it).
+Plain data written by the drivers (the simulator, the process-graph hosts) and read by the
+consistent-cut checker, the predicates and the diagrams.  It lives here, beside its readers,
+so that ``cutline.analysis`` depends on nothing but itself and the simulator sits above it.
 """
 
 from __future__ import annotations

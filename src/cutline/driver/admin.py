@@ -17,6 +17,7 @@ import socket
 import threading
 from typing import Any
 
+from ..protocol import messages as m
 from ..runtime.control import HandshakeError, accept, connect
 
 log = logging.getLogger("cutline.admin")
@@ -27,7 +28,7 @@ JOB_FILE = "_job.json"
 
 
 class AdminServer:
-    """Serves ``{"op": "savepoint", "stop": bool}`` for one driver."""
+    """Answers :class:`~cutline.protocol.messages.SavepointRequest` for one driver."""
 
     def __init__(self, driver: Any, host: str) -> None:
         self.driver = driver
@@ -85,16 +86,22 @@ class AdminServer:
             log.warning("refused admin connection from %s: %s", peer, exc)
             return
         try:
-            msg = conn.recv()
-            if msg.get("op") != "savepoint":
-                conn.send({"ok": False, "error": f"unknown request {msg.get('op')!r}"})
-                return
-            future = self.driver.savepoint(stop=bool(msg.get("stop")))
             try:
-                path = future.result(timeout=float(msg.get("timeout") or 600))
-                conn.send({"ok": True, "path": path})
+                msg = conn.recv()
+            except m.MessageError as exc:
+                log.error("admin request from %s refused: %s", peer, exc)
+                conn.send(m.SavepointReply(False, error=f"request refused: {exc}"))
+                return
+            if type(msg) is not m.SavepointRequest:
+                log.error("admin request from %s refused: unexpected %r", peer, msg)
+                conn.send(m.SavepointReply(False, error=f"unknown request {type(msg).TAG!r}"))
+                return
+            future = self.driver.savepoint(stop=msg.stop)
+            try:
+                path = future.result(timeout=msg.timeout)
+                conn.send(m.SavepointReply(True, path=path))
             except Exception as exc:  # noqa: BLE001 - reported to the caller
-                conn.send({"ok": False, "error": str(exc)})
+                conn.send(m.SavepointReply(False, error=str(exc)))
         except (ConnectionError, OSError):
             pass
         finally:
@@ -118,11 +125,13 @@ def request_savepoint(storage: Any, stop: bool = False, timeout: float = 600.0) 
                            f") at {address[0]}:{address[1]} does not answer ({exc}); "
                            f"{JOB_FILE} is left from a run that died") from None
     try:
-        conn.send({"op": "savepoint", "stop": stop, "timeout": timeout})
+        conn.send(m.SavepointRequest(stop, float(timeout)))
         conn.sock.settimeout(timeout + 10)
         reply = conn.recv()
     finally:
         conn.close()
-    if not reply.get("ok"):
-        raise RuntimeError(reply.get("error") or "the savepoint failed")
-    return reply["path"]
+    if type(reply) is not m.SavepointReply:
+        raise RuntimeError(f"the job's driver answered {reply!r} to a savepoint request")
+    if not reply.ok or reply.path is None:
+        raise RuntimeError(reply.error or "the savepoint failed")
+    return reply.path

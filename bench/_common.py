@@ -1,0 +1,449 @@
+"""What the benchmarks share: arguments, statistics, rounds, progress, tables, results files,
+temporary directories, the Spark session, plots, and versions of the code to compare.
+
+Import it first (``from _common import ...``): it makes ``cutline`` importable from a
+checkout that has not installed it.  Nothing here runs on a Spark worker except
+``LegacyDiscardSink`` (shipped by value when an older cutline is measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+
+try:
+    import cutline  # noqa: F401 - installed, or run from a checkout
+except ImportError:  # running from a checkout without an installed package
+    sys.path.insert(0, str(ROOT / "src"))
+
+from rich.console import Console  # noqa: E402 - after the sys.path fix above
+from rich.table import Table  # noqa: E402
+
+# --------------------------------------------------------------------------- arguments
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _number(text: str, allow_zero: bool) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number {'>= 0' if allow_zero else '> 0'}, got {text}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    return _number(text, allow_zero=False)
+
+
+def non_negative_float(text: str) -> float:
+    return _number(text, allow_zero=True)
+
+
+def bench_parser(doc: str, out: Path | None, rounds: tuple[int, int], *,
+                 quick: str = "short run (smoke test)", rounds_help: str = "rounds",
+                 out_help: str | None = None) -> argparse.ArgumentParser:
+    """A parser with the options every benchmark has: ``--quick``, ``--rounds`` (``rounds``
+    is (full, quick) default) and ``--out``; add the rest, then call :func:`parse_bench_args`."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help=quick)
+    ap.add_argument("--rounds", type=positive_int, default=None,
+                    help=f"{rounds_help} (default {rounds[0]}, quick {rounds[1]})")
+    ap.add_argument("--out", type=Path, default=out,
+                    help=out_help or ("JSON results file" if out is not None
+                                      else "also write JSON results here"))
+    ap.set_defaults(default_rounds=rounds)
+    return ap
+
+
+def parse_bench_args(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``ap.parse_args(argv)`` with ``rounds`` filled in from ``--quick``."""
+    args = ap.parse_args(argv)
+    full, quick = args.default_rounds
+    args.rounds = args.rounds or (quick if args.quick else full)
+    return args
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def median(xs: Sequence[float | None]) -> float | None:
+    ys = [x for x in xs if x is not None]
+    return statistics.median(ys) if ys else None
+
+
+def percentile(xs: Sequence[float | None], p: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    ys = sorted(x for x in xs if x is not None)
+    if not ys:
+        return None
+    k = (len(ys) - 1) * p / 100
+    lo = int(k)
+    hi = min(lo + 1, len(ys) - 1)
+    return ys[lo] + (ys[hi] - ys[lo]) * (k - lo)
+
+
+def noise_of(per_round: Sequence[float | None]) -> float | None:
+    """Half the spread of per-round ratios; None when there is one round (not measured)."""
+    ys = [x for x in per_round if x is not None]
+    if len(ys) < 2:
+        return None
+    return (max(ys) - min(ys)) / 2
+
+
+def verdict(value: float | None, target: float, at_least: bool, noise: float | None,
+            paired: float | None = None) -> str:
+    """PASS / FAIL; "undecided" when ``value`` is within ``noise`` of the target, or when the
+    median of the per-round (paired) ratios lands on the other side of the target."""
+    if value is None:
+        return "n/a"
+
+    def ok(x: float) -> bool:
+        return x >= target if at_least else x <= target
+
+    if noise is not None and abs(value - target) <= noise:
+        return "undecided"
+    if paired is not None and ok(paired) != ok(value):
+        return "undecided"
+    return "PASS" if ok(value) else "FAIL"
+
+
+STYLE = {"PASS": "green", "FAIL": "red", "undecided": "yellow", "n/a": "dim", "-": "dim",
+         "within noise": "green", "better": "green", "worse": "red",
+         "noise not measured": "yellow"}
+
+
+def fmt(x: float | None, spec: str = ".3f", suffix: str = "") -> str:
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def ms(x: float | None, spec: str = ",.0f") -> str:
+    return "-" if x is None else f"{x * 1000:{spec}} ms"
+
+
+def styled(word: str) -> str:
+    style = STYLE.get(word, "")
+    return f"[{style}]{word}[/]" if style else word
+
+
+def before_after(before: Sequence[float | None], after: Sequence[float | None], *,
+                 higher_is_better: bool = True) -> dict:
+    """After against before, measured side by side in the same rounds: ``ratio`` of the
+    medians, ``per_round`` after/before ratios (rounds where both ran), ``paired`` their
+    median, ``noise`` half their spread, and a ``verdict``: "within noise" when the paired
+    ratio is within the noise of 1, else "better" or "worse" (by ``higher_is_better``);
+    "noise not measured" with fewer than two rounds."""
+    b, a = median(before), median(after)
+    per = [y / x for x, y in zip(before, after) if x and y is not None]
+    paired, noise = median(per), noise_of(per)
+    if paired is None:
+        word = "n/a"
+    elif noise is None:
+        word = "noise not measured"
+    elif abs(paired - 1) <= noise:
+        word = "within noise"
+    else:
+        word = "better" if (paired > 1) == higher_is_better else "worse"
+    return {"before": b, "after": a, "ratio": a / b if a is not None and b else None,
+            "per_round": per, "paired": paired, "noise": noise,
+            "spread": [min(per), max(per)] if per else None,
+            "higher_is_better": higher_is_better, "verdict": word}
+
+
+# --------------------------------------------------------------------------- rounds
+
+
+def rotated(cases: Sequence[Any], shift: int) -> list[Any]:
+    """``cases`` starting at ``shift`` (mod their number): rotate each round, so that no case
+    always runs first or last."""
+    k = shift % len(cases) if cases else 0
+    return list(cases[k:]) + list(cases[:k])
+
+
+def side_by_side(versions: Sequence[str], r: int) -> list[str]:
+    """The order of the versions in round ``r``: reversed every other round, so that neither
+    always runs first (warmer caches, a quieter machine)."""
+    return list(versions) if r % 2 == 0 else list(reversed(versions))
+
+
+class Runner:
+    """Runs cases, records their results per case name (``None`` for a failure, which is
+    logged in ``errors`` and does not stop the benchmark) and prints a progress line."""
+
+    def __init__(self, console: Console, width: int = 26,
+                 runs: dict[str, list] | None = None) -> None:
+        self.console, self.width = console, width
+        self.runs: dict[str, list] = runs if runs is not None else {}
+        self.errors: list[dict] = []
+
+    def run(self, name: str, fn: Callable[[], Any], r: int | None = None,
+            rounds: int | None = None, describe: Callable[[Any], str] | None = None) -> Any:
+        t0 = time.monotonic()
+        try:
+            out = fn()
+        except Exception as exc:  # noqa: BLE001 - a benchmark reports and goes on
+            error = {"case": name, "error": repr(exc), "trace": traceback.format_exc()[-3000:]}
+            if r is not None:
+                error["round"] = r + 1
+            self.errors.append(error)
+            where = f"round {r + 1}: " if r is not None else ""
+            self.console.print(f"  {where}{name} FAILED: {exc}", style="red")
+            if r is not None:
+                self.runs.setdefault(name, []).append(None)
+            return None
+        dt = time.monotonic() - t0
+        if r is None:
+            self.console.print(f"  {name:<{self.width}} {dt:6.1f} s", style="dim")
+            return out
+        out["round"] = r + 1
+        self.runs.setdefault(name, []).append(out)
+        extra = describe(out) if describe is not None else ""
+        self.console.print(f"  round {r + 1}/{rounds}: {name:<{self.width}} {dt:5.1f} s  "
+                           f"{extra}", style="dim")
+        return out
+
+
+# --------------------------------------------------------------------------- output
+
+
+def console(width: int = 150) -> Console:
+    """Rich console; piped output (CI logs, subprocess) gets a width that fits the tables."""
+    return Console() if sys.stdout.isatty() else Console(width=width)
+
+
+def table(title: str, columns: Sequence[str], left: Sequence[str] = ("case",),
+          no_wrap: bool | Sequence[str] = True) -> Table:
+    """A table whose ``left`` columns are left-justified and the rest (numbers) right;
+    ``no_wrap`` for every column, or only the columns named."""
+    t = Table(title=title)
+    for col in columns:
+        nw = no_wrap if isinstance(no_wrap, bool) else col in no_wrap
+        t.add_column(col, justify="left" if col in left else "right", no_wrap=nw)
+    return t
+
+
+def stamp() -> dict:
+    """When and on what a benchmark ran."""
+    return {"when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "python": platform.python_version(), "machine": platform.machine()}
+
+
+def git_state() -> dict:
+    """Which code was measured: HEAD and any uncommitted changes under src/; ``cutline``,
+    the package this process imports (``bench/ab.py`` points it at another checkout)."""
+    import cutline as _cutline
+
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True,
+                                  timeout=10).stdout.rstrip("\n")
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    dirty = [line[3:] for line in git("status", "--porcelain", "--", "src").splitlines()]
+    return {"commit": git("rev-parse", "HEAD") or None, "src_uncommitted": dirty,
+            "cutline": str(Path(_cutline.__file__).parent)}
+
+
+def write_results(path: Path, result: dict, console: Console, indent: int = 2,
+                  note: str = "") -> bool:
+    """Write ``result`` as JSON; a benchmark reports a failure to write, it does not raise."""
+    import json
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=indent, default=str) + "\n")
+        console.print(f"results written to {path}{note}", style="dim")
+        return True
+    except OSError as exc:
+        console.print(f"could not write {path}: {exc}", style="yellow")
+        return False
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+class Workdir:
+    """A fresh temporary directory per run, removed after: a job resumes from checkpoints
+    left under its storage, so no two runs may share one."""
+
+    def __init__(self, prefix: str = "cutline-bench-") -> None:
+        self.prefix = prefix
+
+    def __enter__(self) -> Path:
+        self.path = Path(tempfile.mkdtemp(prefix=self.prefix))
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- Spark
+
+
+def spark_session(slots: int, shuffle_partitions: int | None = None) -> Any:
+    """cutline's embedded ``local[slots,8]`` session; ``shuffle_partitions`` gives Spark's
+    own stateful queries as many partitions as cutline has subtasks."""
+    from pyspark import cloudpickle
+
+    from cutline.spark.launcher import embedded_session
+
+    # Spark workers cannot import this module (bench/ is not on their path): what of it
+    # travels to them (LegacyDiscardSink, the cutline.__file__ probe) goes by value.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    spark = embedded_session(slots=slots)
+    if shuffle_partitions is not None:
+        spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "1000")
+    return spark
+
+
+def stop_quietly(spark: Any) -> None:
+    try:
+        spark.stop()
+    except Exception:  # noqa: BLE001 - the results are written; nothing left to save
+        pass
+
+
+def _cutline_file(_: Any) -> list[str]:
+    import cutline as _cutline
+
+    return [_cutline.__file__]
+
+
+def cutline_in_spark_task(spark: Any) -> str:
+    """``cutline.__file__`` as a Spark task's Python worker imports it: the code the
+    benchmark's jobs run (``bench/ab.py`` checks it is the version it meant to measure)."""
+    return spark.sparkContext.parallelize([0], 1).mapPartitions(_cutline_file).collect()[0]
+
+
+class AttemptWatcher:
+    """``on_start`` hook: polls the driver every 5 ms and stamps (``time.monotonic()``) when
+    each attempt started; ``then(driver)`` runs once, when the first one has."""
+
+    def __init__(self, then: Callable[[Any], None] | None = None) -> None:
+        self.starts: dict[int, float] = {}
+        self.then = then
+
+    @property
+    def started(self) -> float | None:
+        """When the first attempt started."""
+        return min(self.starts.values()) if self.starts else None
+
+    def __call__(self, driver: Any) -> None:
+        threading.Thread(target=self._run, args=(driver,), daemon=True).start()
+
+    def _run(self, driver: Any) -> None:
+        while not driver.done.is_set():
+            a = driver.attempt
+            if a.started and a.number not in self.starts:
+                self.starts[a.number] = time.monotonic()
+                if self.then is not None and len(self.starts) == 1:
+                    self.then(driver)
+            time.sleep(0.005)
+
+
+def discard_sink() -> Any:
+    """``cutline.DiscardSink``, or, measuring a revision from before it, the same thing."""
+    try:
+        from cutline.connectors import DiscardSink
+    except ImportError:
+        return LegacyDiscardSink()
+    return DiscardSink()
+
+
+class LegacyDiscardSink:
+    """Counts and drops records, commits nothing: ``DiscardSink`` for a cutline that has none
+    (``bench/ab.py --before`` an older revision).  Shipped to Spark by value."""
+
+    name = "discard"
+
+    def create_writer(self) -> LegacyDiscardWriter:
+        return LegacyDiscardWriter()
+
+
+class LegacyDiscardWriter:
+    def open(self, subtask: int, parallelism: int, job: str) -> None:
+        self.records = 0
+
+    def write(self, batch: list) -> None:
+        self.records += len(batch)
+
+    def pre_commit(self, checkpoint_id: int) -> dict:
+        return {"records": self.records}
+
+    def commit(self, handles: list) -> None:
+        pass
+
+    abort = recover = commit
+
+    def close(self) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------- versions
+
+
+def git_show(rev: str, path: str) -> str:
+    """The text of ``path`` at revision ``rev`` of this checkout."""
+    try:
+        return subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True,
+                              text=True, check=True, timeout=30).stdout
+    except subprocess.CalledProcessError as exc:
+        raise SystemExit(
+            f"cannot read {path} at revision {rev!r}: {exc.stderr.strip()}") from None
+
+
+def resolve(rev: str) -> str:
+    """The commit ``rev`` names, or SystemExit naming it."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT,
+                              capture_output=True, text=True, check=True,
+                              timeout=30).stdout.strip()
+    except subprocess.CalledProcessError:
+        raise SystemExit(f"{rev!r} is not a commit of {ROOT}") from None
+
+
+def checkout_src(rev: str, dest: Path) -> Path:
+    """Revision ``rev``'s ``src/`` (the cutline package) extracted under ``dest``; put the
+    returned directory first on ``PYTHONPATH`` to run that version."""
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "archive", "--format=tar", resolve(rev), "src"], cwd=ROOT,
+                             capture_output=True, check=True, timeout=120).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True, timeout=120)
+    return dest / "src"

@@ -1,0 +1,255 @@
+"""The dataflow job's driver: a thin shell around :class:`~cutline.protocol.job.JobController`.
+
+Tasks connect (per-job secret) and talk typed messages (:mod:`cutline.protocol.messages`).
+One thread takes what arrives, hands it to the controller, and carries out the commands it
+returns: send a message, write a checkpoint's ``_metadata`` (the commit point) and apply
+retention, resolve a savepoint's waiter, end the job.  Every decision (attempts, triggers,
+the final checkpoint, iteration probes, savepoints) is the controller's, tested as data.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import secrets
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from ..api import CheckpointConfig
+from ..plan import PhysicalPlan
+from ..protocol import messages as m
+from ..protocol.coordinator import CheckpointPolicy
+from ..protocol.job import (
+    Attempt,
+    CheckpointRecord,
+    CommitCheckpoint,
+    Done,
+    JobController,
+    JobShape,
+    SavepointFailed,
+    SavepointReady,
+    Send,
+)
+from ..runtime.control import CLOSED, ControlService
+from ..runtime.restore import check_compatible, plan_summary, read_states
+from ..storage.checkpoints import CheckpointStorage
+
+log = logging.getLogger("cutline.driver")
+
+__all__ = ["CheckpointRecord", "JobDriver", "JobFailed", "SavepointError", "STAGE_ENDED"]
+
+STAGE_ENDED = object()
+"""Put on a driver's queue as ``(None, STAGE_ENDED)`` when Spark's stage call returned."""
+
+
+class JobFailed(RuntimeError):
+    pass
+
+
+class SavepointError(RuntimeError):
+    """A savepoint could not be taken (job not running, finishing, restarted, or aborted)."""
+
+
+@dataclass(frozen=True)
+class _SavepointWanted:
+    future: Future
+    stop: bool
+
+
+class JobDriver:
+    def __init__(self, plan: PhysicalPlan, config: CheckpointConfig, job: str,
+                 restore_from: str | None = None, host: str = "127.0.0.1") -> None:
+        self.plan, self.config, self.job = plan, config, job
+        self.storage = CheckpointStorage(config.storage, job, config.storage_options)
+        self.secret = secrets.token_bytes(32)
+        first_id = 1
+        if restore_from is not None:
+            handle = self.storage.open(restore_from)
+            first_id = handle.id + 1
+            restore_from = handle.path
+        shape = JobShape(
+            tasks=tuple(c.task_id(i) for c, i in plan.tasks()),
+            sources=frozenset(c.task_id(i) for c, i in plan.tasks() if c.is_source),
+            slot_of={c.task_id(i): i for c, i in plan.tasks()},  # slot k hosts subtask k
+            slots=plan.slots,
+            loop_heads=frozenset(c.task_id(i) for c in plan.loop_heads
+                                 for i in range(c.parallelism)))
+        policy = CheckpointPolicy(
+            interval=config.interval, timeout=config.timeout, min_pause=config.min_pause,
+            max_concurrent=config.max_concurrent,
+            tolerable_failures=config.tolerable_failures)
+        self.controller = JobController(shape, policy, job=job, restore=restore_from,
+                                         first_id=max(first_id, self.storage.next_id()),
+                                         metadata=self._metadata)
+        self._restore_checked = restore_from is not None
+        self._restore_from = restore_from
+        self.events: queue.Queue = queue.Queue()
+        self.done = threading.Event()
+        self.error: str | None = None
+        self.cancel_requested: str | None = None  # RunningJob.cancel(): why
+        self._control = ControlService(host, self.secret, self.events, "cutline-driver")
+        self.address = self._control.address
+
+    # ------------------------------------------------------------------ what callers read
+
+    @property
+    def attempt(self) -> Attempt:
+        return self.controller.attempt
+
+    @property
+    def attempts(self) -> int:
+        return self.controller.started_attempts
+
+    @property
+    def checkpoints(self) -> list[CheckpointRecord]:
+        return self.controller.checkpoints
+
+    @property
+    def restored_from(self) -> str | None:
+        """The checkpoint attempt 0 restored (or will restore, given ``restore_from``)."""
+        return self.controller.restored_from or self._restore_from
+
+    @property
+    def stopped_with_savepoint(self) -> str | None:
+        return self.controller.stopped_with_savepoint
+
+    @property
+    def source_records_before(self) -> int:
+        return self.controller.source_records_before
+
+    def source_records(self) -> int:
+        """Records read by the sources in the current attempt."""
+        return self.controller.source_records()
+
+    @property
+    def cpu_seconds(self) -> dict[int, float]:
+        """CPU seconds each slot's process spent in the current attempt (all its threads)."""
+        return dict(self.attempt.cpu)
+
+    @property
+    def task_pids(self) -> dict[int, int]:
+        return dict(self.attempt.pids)
+
+    # ------------------------------------------------------------------ running
+
+    def start(self) -> None:
+        from .admin import AdminServer
+
+        if not self._restore_checked:  # no check_restore(): resume from the latest, if any
+            latest = self.storage.latest()
+            self.controller.restore = latest.path if latest is not None else None
+        self.admin = AdminServer(self, self.address[0])  # cutline savepoint from outside
+        self.admin.start()
+        self._control.start()
+        self._thread = threading.Thread(target=self._main_loop, name="cutline-driver",
+                                        daemon=True)
+        self._thread.start()
+
+    def savepoint(self, stop: bool = False) -> Future:
+        """Trigger a savepoint; the future's result is its path.  With ``stop``, the job stops
+        once the savepoint is complete and its sink transactions are committed (Flink's
+        stop-with-savepoint): a run restored from it continues exactly once."""
+        future: Future = Future()
+        self.events.put((None, _SavepointWanted(future, stop)))
+        return future
+
+    def _main_loop(self) -> None:
+        c = self.controller
+        try:
+            while not self.done.is_set():
+                try:
+                    conn, msg = self.events.get(timeout=0.02)
+                except queue.Empty:
+                    pass
+                else:
+                    now = time.monotonic()
+                    if msg is CLOSED:
+                        self._perform(c.on_closed(conn, now))
+                    elif msg is STAGE_ENDED:
+                        self._perform(c.on_stage_ended(now))
+                    elif type(msg) is _SavepointWanted:
+                        self._perform(c.request_savepoint(msg.future, msg.stop, now))
+                    else:
+                        self._perform(c.on_message(conn, msg, now))
+                self._perform(c.tick(time.monotonic()))
+        except Exception as exc:  # pragma: no cover - reported to the caller
+            log.exception("driver failed")
+            self.error = f"driver failed: {exc}"
+            self.done.set()
+
+    def _perform(self, commands: list) -> None:
+        for cmd in commands:
+            t = type(cmd)
+            if t is Send:
+                try:
+                    cmd.conn.send(cmd.msg)
+                except OSError:
+                    pass
+            elif t is CommitCheckpoint:
+                self._perform(self._commit(cmd))
+            elif t is SavepointReady:
+                if not cmd.token.done():
+                    cmd.token.set_result(cmd.path)
+            elif t is SavepointFailed:
+                if not cmd.token.done():
+                    cmd.token.set_exception(SavepointError(cmd.reason))
+            elif t is Done:
+                self.error = cmd.error
+                self.done.set()
+
+    def _commit(self, cmd: CommitCheckpoint) -> list:
+        n = cmd.checkpoint_id
+        try:
+            path = self.storage.commit(n, cmd.metadata, savepoint=cmd.savepoint,
+                                       states=cmd.states)
+        except Exception as exc:  # noqa: BLE001 - the coordinator counts it
+            return self.controller.commit_failed(n, str(exc), time.monotonic())
+        commands = self.controller.committed(n, path, time.monotonic())
+        self.storage.retain(self.config.retained)
+        return commands
+
+    def _metadata(self, n: int, attempt: int, stats: dict) -> dict:
+        return {
+            "job": self.job, "checkpoint": n, "attempt": attempt,
+            "mode": self.config.protocol_mode.value,
+            "tasks": {t: {k: s.get(k) for k in ("path", "size", "sha256", "chain")}
+                      for t, s in stats.items()},
+            "chains": {c.uid: c.parallelism for c in self.plan.chains},
+            "max_parallelism": self.plan.max_parallelism, "time": time.time(),
+            "plan": plan_summary(self.plan),
+        }
+
+    def check_restore(self, allow_non_restored_state: bool = False) -> str | None:
+        """Before the run: the checkpoint attempt 0 will restore (``restore_from``, else the
+        latest under the job's storage) must fit the pipeline; raises
+        :class:`~cutline.runtime.restore.IncompatibleCheckpointError` naming what changed."""
+        try:
+            if self.controller.restore is not None:
+                handle = self.storage.open(self.controller.restore)
+            else:
+                handle = self.storage.latest()
+            self._restore_checked = True
+            self.controller.restore = handle.path if handle is not None else None
+            if handle is None:
+                return None
+            for warning in check_compatible(handle.metadata, read_states(handle), self.plan,
+                                            handle.path, allow_non_restored_state):
+                log.warning("%s", warning)
+            return handle.path
+        except BaseException:
+            self._control.close()  # the run does not start: leave no listener behind
+            raise
+
+    def stop(self) -> None:
+        self.done.set()
+        if getattr(self, "admin", None) is not None:
+            self.admin.stop()
+        thread = getattr(self, "_thread", None)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=2)
+        self._perform(self.controller.shutdown("the job stopped"))
+        self._control.close()  # and every task connection, of this attempt or older ones
+

@@ -1,0 +1,66 @@
+"""Run a job's tasks on threads of this process instead of Spark: for tests and debugging.
+
+The same driver, tasks, channels and storage as on Spark; no restarts (a failed task fails
+the run, which a new run resumes from its checkpoints).  Same interface as
+:class:`cutline.spark.stage.SparkStage`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("cutline.threads")
+
+__all__ = ["ThreadsEngine"]
+
+
+class ThreadsEngine:
+    driver_host = "127.0.0.1"
+    task_host = "127.0.0.1"
+    local = True
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.errors: list[BaseException] = []
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def error(self) -> BaseException | None:
+        return self.errors[0] if self.errors else None
+
+    def submit(self, task_main: Callable[[Any, int], Any], spec: Any, description: str,
+               on_end: Callable[[], None]) -> None:
+        def main(k: int) -> None:
+            try:
+                task_main(spec, k)
+            except BaseException as exc:  # noqa: BLE001 - reported by the run loop
+                log.debug("task slot %d failed", k, exc_info=True)
+                self.errors.append(exc)
+
+        self._threads = [threading.Thread(target=main, args=(k,), name=f"cutline-slot-{k}",
+                                          daemon=True) for k in range(self.slots)]
+        for t in self._threads:
+            t.start()
+
+    def failure(self) -> str | None:
+        return None if self.error is None else str(self.error)
+
+    def explain(self, driver_error: str) -> str:
+        return driver_error
+
+    def failed(self, message: str) -> Exception:
+        from .dataflow import JobFailed
+
+        exc = JobFailed(message)
+        exc.__cause__ = self.error
+        return exc
+
+    def join(self, timeout: float) -> None:
+        for t in self._threads:
+            t.join(timeout)
+
+    def cancel(self) -> None:
+        pass  # the driver's stop closes the tasks' connections: they end on their own

@@ -1,0 +1,488 @@
+"""A job's decisions, sans-IO: events in, commands out, beside the checkpoint coordinator.
+
+:class:`AttemptTracker` keeps the run's attempts (which connection is which slot, when an
+attempt is complete and starts, when a registration means Spark restarted the stage); both
+drivers, the dataflow's and the process graph's, use it.  :class:`JobController` owns
+everything else a dataflow job decides: the coordinator of each attempt, triggering at the
+sources (and directly at tasks no barrier can reach), the final checkpoint of a bounded
+job, iteration-end probes, savepoints and their waiters, and when the job is done.
+
+Connections are opaque hashable handles (the driver's sockets; plain strings in tests).
+Every method takes ``now`` (the driver's monotonic clock) and returns the commands to carry
+out in order.  The driver performs them: sends messages, writes ``_metadata`` and reports
+back with :meth:`JobController.committed` or :meth:`JobController.commit_failed`, resolves
+savepoint waiters.  Nothing here reads a clock, a socket or a file.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+from . import messages as m
+from .coordinator import (
+    Abort,
+    CheckpointCoordinator,
+    CheckpointPolicy,
+    Complete,
+    FailJob,
+    Trigger,
+)
+
+log = logging.getLogger("cutline.driver")
+
+__all__ = [
+    "Attempt", "AttemptTracker", "CheckpointRecord", "CommitCheckpoint", "Conn", "Done",
+    "JobCommand", "JobController", "JobShape", "SavepointFailed", "SavepointReady", "Send",
+]
+
+Conn: TypeAlias = Hashable
+
+
+# ---------------------------------------------------------------- commands
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send ``msg`` on ``conn`` (a lost connection is no error: the attempt is over)."""
+    conn: Conn
+    msg: Any
+
+
+@dataclass(frozen=True, slots=True)
+class CommitCheckpoint:
+    """Write ``_metadata`` of checkpoint ``checkpoint_id`` (the commit point; a savepoint's
+    files move to its own directory), apply retention, then report
+    :meth:`JobController.committed` or :meth:`JobController.commit_failed`."""
+    checkpoint_id: int
+    metadata: dict = field(hash=False)
+    states: dict = field(hash=False)
+    savepoint: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SavepointReady:
+    token: Hashable
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class SavepointFailed:
+    token: Hashable
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The job is over: finished (``error`` None), stopped with a savepoint, or failed."""
+    error: str | None = None
+
+
+JobCommand: TypeAlias = Send | CommitCheckpoint | SavepointReady | SavepointFailed | Done
+
+
+# ---------------------------------------------------------------- attempts
+
+
+@dataclass
+class Attempt:
+    number: int
+    conns: dict[int, Conn] = field(default_factory=dict)  # slot -> connection
+    pids: dict[int, int] = field(default_factory=dict)
+    addresses: dict[str, Any] = field(default_factory=dict)
+    slot_tasks: dict[int, set[str]] = field(default_factory=dict)
+    cpu: dict[int, float] = field(default_factory=dict)
+    started: bool = False
+
+    def slot_of(self, conn: Conn) -> int | None:
+        return next((s for s, c in self.conns.items() if c == conn), None)
+
+
+class AttemptTracker:
+    """Which connections form the current attempt.
+
+    Spark restarts a failed barrier stage as a whole: its tasks register again.  A
+    registration after the attempt started, or a second one for a slot, opens the next
+    attempt; the connections of the old one are returned so the driver can stop them.  An
+    attempt starts when all ``slots`` registered.  Messages from connections that are not
+    the current attempt's are stale (:meth:`current`)."""
+
+    def __init__(self, slots: int, first: int = 0) -> None:
+        self.slots = slots
+        self.attempt = Attempt(first)
+
+    @property
+    def number(self) -> int:
+        return self.attempt.number
+
+    def register(self, conn: Conn, msg: m.Register) -> tuple[list[Conn], bool]:
+        """Returns (connections of an attempt this registration replaced, all registered)."""
+        stale: list[Conn] = []
+        a = self.attempt
+        if a.started or msg.slot in a.conns:
+            stale = list(a.conns.values())
+            a = self.attempt = Attempt(a.number + 1)
+        a.conns[msg.slot] = conn
+        a.pids[msg.slot] = msg.pid
+        a.addresses.update(msg.addresses)
+        a.slot_tasks[msg.slot] = set(msg.addresses)
+        return stale, len(a.conns) == self.slots
+
+    def current(self, conn: Conn) -> bool:
+        return conn in self.attempt.conns.values()
+
+
+# ---------------------------------------------------------------- the dataflow job
+
+
+@dataclass
+class CheckpointRecord:
+    id: int
+    started: float
+    completed: float
+    bytes: int
+    in_flight: int
+    path: str
+    final: bool = False
+    attempt: int = 0
+    alignment: float = 0.0  # longest alignment of any task
+
+    @property
+    def duration(self) -> float:
+        return self.completed - self.started
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """What the controller knows of the physical plan."""
+    tasks: tuple[str, ...]
+    sources: frozenset[str]
+    slot_of: Mapping[str, int]  # task -> slot hosting it
+    slots: int
+    loop_heads: frozenset[str] = frozenset()
+
+
+class JobController:
+    """The decisions of one dataflow job, across its attempts.
+
+    ``restore``: the checkpoint attempt 0 starts from (the user's ``restore_from``, or the
+    latest one verified before the run); later attempts restart from the newest checkpoint
+    this run completed, else from ``restore``.  ``first_id``: the first checkpoint id
+    (above every id in storage).  ``metadata``: called with ``(checkpoint id, attempt,
+    stats by task)`` to build a checkpoint's ``_metadata`` body (the plan summary lives in
+    the driver)."""
+
+    def __init__(self, shape: JobShape, policy: CheckpointPolicy, *, job: str,
+                 restore: str | None, first_id: int,
+                 metadata: Any = None) -> None:
+        self.shape, self.policy, self.job = shape, policy, job
+        self.restore = restore
+        self.next_id = first_id
+        self.metadata = metadata or (lambda n, attempt, stats: {"checkpoint": n})
+        self.attempts = AttemptTracker(shape.slots)
+        self.coordinator: CheckpointCoordinator | None = None
+        self.checkpoints: list[CheckpointRecord] = []
+        self.restored_from: str | None = None
+        self.started_attempts = 0
+        self.done = False
+        self.error: str | None = None
+        self.stopped_with_savepoint: str | None = None
+        self.metrics: dict[str, tuple[int, bool]] = {}  # task -> (records in, is source)
+        self.source_records_before = 0
+        self._savepoints: dict[int, tuple[Hashable, bool]] = {}  # id -> (token, stop after)
+        self._committing: dict[int, Complete] = {}
+        self._reset_attempt_state()
+
+    def _reset_attempt_state(self) -> None:
+        self.drained: set[str] = set()
+        self.finished: set[str] = set()
+        self.forward_closed: set[str] = set()
+        self.loop_closed = False
+        self.probe_at: float | None = None
+        self.final: int | None = None
+        self.triggered: dict[int, float] = {}
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def attempt(self) -> Attempt:
+        return self.attempts.attempt
+
+    @property
+    def running(self) -> bool:
+        return self.attempt.started and not self.done
+
+    def source_records(self) -> int:
+        """Records read by the sources in the current attempt."""
+        return sum(n for n, is_source in self.metrics.values() if is_source)
+
+    # ------------------------------------------------------------------ events
+
+    def on_message(self, conn: Conn, msg: Any, now: float) -> list[JobCommand]:
+        """A message from a task's connection (typed: :mod:`cutline.protocol.messages`)."""
+        cmds: list[JobCommand] = []
+        t = type(msg)
+        if t is m.Register:
+            self._register(conn, msg, now, cmds)
+            return cmds
+        if self.done or not self.attempts.current(conn) or self.coordinator is None:
+            return cmds  # stale: a previous attempt's, or the job is over
+        if t is m.Ack:
+            self._run(self.coordinator.on_ack(msg.task, msg.checkpoint, now,
+                                              msg.stats.as_dict()), now, cmds)
+        elif t is m.Decline:
+            self._run(self.coordinator.on_decline(msg.task, msg.checkpoint, msg.reason, now),
+                      now, cmds)
+        elif t is m.Drained:
+            self.drained.add(msg.task)
+            self._trigger_pending_at(msg.task, cmds)
+            self._maybe_final(now, cmds)
+        elif t is m.ForwardClosed:
+            self.forward_closed.add(msg.task)
+            # it snapshots, sends the barrier round the loop and logs the feedback edge
+            self._trigger_pending_at(msg.task, cmds)
+            if self.forward_closed >= self.shape.loop_heads:
+                self.probe_at = now
+        elif t is m.Metrics:
+            self.metrics[msg.task] = (msg.records, msg.source)
+            self._note_cpu(conn, msg.cpu)
+        elif t is m.Finished:
+            self._note_cpu(conn, msg.cpu)
+            self.finished.add(msg.task)
+            if self.finished >= set(self.shape.tasks):
+                self._finish(None, cmds)
+        elif t is m.Failed:
+            if msg.fatal:
+                self._finish(f"task {msg.who}: {msg.error}", cmds)
+            else:
+                log.warning("task %s failed: %s", msg.who, msg.error)
+        else:
+            log.error("job %s: unexpected %r from a task dropped", self.job, msg)
+        return cmds
+
+    def on_closed(self, conn: Conn, now: float) -> list[JobCommand]:
+        """A task connection closed."""
+        a = self.attempt
+        slot = a.slot_of(conn)
+        if slot is None:
+            return []
+        done_tasks = a.slot_tasks.get(slot)
+        if done_tasks and done_tasks <= self.finished:
+            return []  # a slot whose tasks all finished closes its connection
+        if a.started and not self.done:
+            log.warning("attempt %d lost a task; waiting for Spark to restart the stage",
+                        a.number)
+        return []
+
+    def on_stage_ended(self, now: float) -> list[JobCommand]:
+        """Spark's stage call returned: every task is gone, finished or not."""
+        cmds: list[JobCommand] = []
+        if not self.done:
+            self._finish("the Spark stage ended before every task finished "
+                         f"(finished: {sorted(self.finished)})", cmds)
+        return cmds
+
+    def request_savepoint(self, token: Hashable, stop: bool, now: float) -> list[JobCommand]:
+        """Take a savepoint; :class:`SavepointReady` (or :class:`SavepointFailed`) for
+        ``token`` follows.  With ``stop`` the job ends once it is committed."""
+        cmds: list[JobCommand] = []
+        if self.done:
+            cmds.append(SavepointFailed(token, f"job {self.job!r} is not running"))
+        elif not self.attempt.started or self.coordinator is None:
+            cmds.append(SavepointFailed(token, (
+                f"job {self.job!r} has not started yet (attempt {self.attempt.number} is "
+                "waiting for its tasks): try again in a moment")))
+        elif self.final is not None or self.drained:
+            cmds.append(SavepointFailed(token, (
+                f"job {self.job!r} is finishing (its input is exhausted): the final "
+                "checkpoint holds its last state")))
+        else:
+            commands = self.coordinator.trigger_savepoint(now)
+            for c in commands:
+                if isinstance(c, Trigger) and c.savepoint:
+                    self._savepoints[c.checkpoint_id] = (token, stop)
+            self._run(commands, now, cmds)
+        return cmds
+
+    def tick(self, now: float) -> list[JobCommand]:
+        cmds: list[JobCommand] = []
+        if self.coordinator is not None and self.attempt.started and not self.done:
+            self._run(self.coordinator.tick(now), now, cmds)
+            self._maybe_probe(now, cmds)
+        return cmds
+
+    def committed(self, checkpoint_id: int, path: str, now: float) -> list[JobCommand]:
+        """The driver wrote ``_metadata`` of ``checkpoint_id`` at ``path``."""
+        cmds: list[JobCommand] = []
+        cmd = self._committing.pop(checkpoint_id, None)
+        if cmd is None:
+            return cmds
+        n, stats = checkpoint_id, cmd.stats_by_task
+        final = n == self.final
+        self.checkpoints.append(CheckpointRecord(
+            n, self.triggered.get(n, cmd.triggered_at), now,
+            sum(int(s.get("bytes") or 0) for s in stats.values()),
+            sum(int(s.get("in_flight") or 0) for s in stats.values()), path, final,
+            self.attempt.number,
+            max((float(s.get("alignment") or 0) for s in stats.values()), default=0.0)))
+        self._broadcast(m.Complete(n, final), cmds)
+        self._check_loop(stats, now, cmds)
+        waiter = self._savepoints.pop(n, None)
+        if waiter is not None:
+            token, stop = waiter
+            if stop:  # after Complete on the same connections: sinks commit, then stop
+                self.stopped_with_savepoint = path
+                self._broadcast(m.Stop(), cmds)
+                self._finish(None, cmds)
+            cmds.append(SavepointReady(token, path))
+        return cmds
+
+    def commit_failed(self, checkpoint_id: int, reason: str, now: float) -> list[JobCommand]:
+        cmds: list[JobCommand] = []
+        if self._committing.pop(checkpoint_id, None) is not None and self.coordinator:
+            self._run(self.coordinator.on_storage_failure(checkpoint_id, reason, now), now,
+                      cmds)
+        return cmds
+
+    def shutdown(self, why: str) -> list[JobCommand]:
+        """The run is over (the driver stops): fail whatever still waits."""
+        cmds: list[JobCommand] = []
+        self._fail_savepoints(why, cmds)
+        self.done = True
+        return cmds
+
+    # ------------------------------------------------------------------ attempts
+
+    def _register(self, conn: Conn, msg: m.Register, now: float,
+                  cmds: list[JobCommand]) -> None:
+        before = self.attempt
+        stale, ready = self.attempts.register(conn, msg)
+        if self.attempt is not before:
+            self._fail_savepoints(f"the job restarted (attempt {self.attempt.number}) before "
+                                  "it completed; trigger it again", cmds)
+            cmds.extend(Send(c, m.Stop()) for c in stale)
+            self.source_records_before += self.source_records()
+            self.metrics.clear()
+            self._reset_attempt_state()
+        if ready:
+            self._start_attempt(now, cmds)
+
+    def _start_attempt(self, now: float, cmds: list[JobCommand]) -> None:
+        a = self.attempt
+        # a restart: the newest checkpoint this run completed; else the one chosen up front
+        path = self.checkpoints[-1].path if self.checkpoints else self.restore
+        if a.number == 0 and path is not None:
+            self.restored_from = path
+        self.coordinator = CheckpointCoordinator(self.policy, set(self.shape.tasks),
+                                                 first_id=self.next_id, started_at=now)
+        a.started = True
+        self.started_attempts = a.number + 1
+        for conn in a.conns.values():
+            cmds.append(Send(conn, m.Start(a.number, dict(a.addresses), path)))
+        log.info("attempt %d started%s", a.number, f" from {path}" if path else "")
+
+    def _note_cpu(self, conn: Conn, cpu: float) -> None:
+        slot = self.attempt.slot_of(conn)
+        if slot is not None:
+            self.attempt.cpu[slot] = max(self.attempt.cpu.get(slot, 0.0), cpu)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _send_to_task(self, task: str, msg: Any, cmds: list[JobCommand]) -> None:
+        conn = self.attempt.conns.get(self.shape.slot_of[task])
+        if conn is not None:
+            cmds.append(Send(conn, msg))
+
+    def _broadcast(self, msg: Any, cmds: list[JobCommand]) -> None:
+        cmds.extend(Send(c, msg) for c in self.attempt.conns.values())
+
+    def _trigger_pending_at(self, task: str, cmds: list[JobCommand]) -> None:
+        """Checkpoints in flight whose barriers can no longer reach ``task`` (its inputs
+        ended, or its inputs from outside a loop did): trigger them there directly."""
+        assert self.coordinator is not None
+        for n in list(self.coordinator.pending):
+            pending = self.coordinator.pending.get(n)
+            if pending is not None and task in pending.missing:
+                self._send_to_task(task, m.Trigger(n, task), cmds)
+
+    def _maybe_final(self, now: float, cmds: list[JobCommand]) -> None:
+        """Every task drained: the final checkpoint, triggered at every task directly."""
+        if self.final is None and self.drained >= set(self.shape.tasks):
+            assert self.coordinator is not None
+            self._run(self.coordinator.trigger_now(now), now, cmds, final=True)
+
+    def _maybe_probe(self, now: float, cmds: list[JobCommand]) -> None:
+        """Every iteration head's outside inputs ended: checkpoint until the loop is empty."""
+        if self.probe_at is None or now < self.probe_at or self.loop_closed:
+            return
+        assert self.coordinator is not None
+        if list(self.coordinator.pending):
+            return  # the one in flight is the probe
+        self.probe_at = None
+        self._run(self.coordinator.trigger_now(now), now, cmds)
+
+    def _check_loop(self, stats: Mapping[str, Mapping[str, Any]], now: float,
+                    cmds: list[JobCommand]) -> None:
+        """A completed checkpoint: is every iteration empty on it?  Sound because the
+        checkpoint is a consistent cut: every head had taken all its outside input before
+        its snapshot, and no record crossed the cut anywhere (nothing in flight recorded,
+        feedback included), so nothing will ever enter the loop again."""
+        heads = self.shape.loop_heads
+        if not heads or self.loop_closed or not self.forward_closed >= heads:
+            return
+        empty = all(stats.get(h, {}).get("forward_closed") for h in heads) and \
+            sum(int(s.get("in_flight") or 0) for s in stats.values()) == 0
+        if not empty:
+            self.probe_at = now + 0.05
+            return
+        self.loop_closed = True
+        log.info("iteration empty on its checkpoint: closing it")
+        for h in sorted(heads):
+            self._send_to_task(h, m.CloseLoop(h), cmds)
+
+    def _run(self, commands: Iterable[Any], now: float, cmds: list[JobCommand],
+             final: bool = False) -> None:
+        for cmd in commands:
+            if isinstance(cmd, Trigger):
+                n = cmd.checkpoint_id
+                self.next_id = max(self.next_id, n + 1)
+                self.triggered[n] = now
+                if final and self.final is None:
+                    self.final = n  # only the checkpoint trigger_now started
+                # sources inject the barrier; drained tasks snapshot directly
+                for task in sorted(self.shape.sources | self.drained | self.forward_closed):
+                    self._send_to_task(task, m.Trigger(n, task), cmds)
+            elif isinstance(cmd, Complete):
+                self._committing[cmd.checkpoint_id] = cmd
+                stats = {t: dict(s) for t, s in cmd.stats_by_task.items()}
+                cmds.append(CommitCheckpoint(
+                    cmd.checkpoint_id, self.metadata(cmd.checkpoint_id, self.attempt.number,
+                                                     stats), stats, cmd.savepoint))
+            elif isinstance(cmd, Abort):
+                self._broadcast(m.Abort(cmd.checkpoint_id), cmds)
+                self._fail_savepoints(cmd.reason, cmds, only=cmd.checkpoint_id)
+                heads = self.shape.loop_heads
+                if heads and self.forward_closed >= heads and not self.loop_closed:
+                    self.probe_at = now + 0.05  # the probe failed: again
+                if cmd.checkpoint_id == self.final:  # the job still needs a last one
+                    self.final = None
+                    self._maybe_final(now, cmds)
+            elif isinstance(cmd, FailJob):
+                self._finish(cmd.reason, cmds)
+
+    def _fail_savepoints(self, why: str, cmds: list[JobCommand],
+                         only: int | None = None) -> None:
+        for n in [n for n in self._savepoints if only is None or n == only]:
+            token, _ = self._savepoints.pop(n)
+            cmds.append(SavepointFailed(token, f"savepoint {n} of job {self.job!r} "
+                                               f"failed: {why}"))
+
+    def _finish(self, error: str | None, cmds: list[JobCommand]) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.error = error
+        cmds.append(Done(error))
+

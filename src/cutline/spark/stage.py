@@ -1,0 +1,130 @@
+"""The one place a job's tasks become a Spark barrier stage, for pipelines and process graphs.
+
+The stage is ``parallelize(slots).barrier().mapPartitions(main).map(..).partitionBy(1)``:
+ending the barrier stage in a shuffle makes it a ShuffleMapStage, which Spark resubmits as
+a whole when any task fails (a barrier *ResultStage* is never retried).  Each Spark task
+runs ``task_main(spec, k)`` for its partition ``k``.  The rows the stage returns are not
+trusted as proof of anything: the driver knows what committed and which tasks finished.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import threading
+import types
+from collections.abc import Callable, Iterable
+from typing import Any
+
+__all__ = ["SparkStage", "ship_user_code"]
+
+
+def ship_user_code(objects: Iterable[Any]) -> None:
+    """Pickle the user's own modules by value, so Spark workers need not import them.
+
+    Functions and classes from installed packages (and cutline) stay by reference; a user's
+    ``mymodule.parse`` used in ``map()``, or the module of a process class, travels with the
+    job, as ``__main__`` code does.  Follows a class's bases and an object's callables.
+    """
+    from pyspark import cloudpickle
+
+    installed = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib")}
+    seen: set[str] = set()
+
+    def by_value(mod_name: str) -> None:
+        if mod_name in seen:
+            return
+        seen.add(mod_name)
+        mod = sys.modules.get(mod_name)
+        path = getattr(mod, "__file__", None) or ""
+        if (mod is not None and path and mod_name.split(".")[0] not in ("cutline", "__main__")
+                and not any(path.startswith(d) for d in installed)):
+            cloudpickle.register_pickle_by_value(mod)
+
+    def visit(obj: Any, depth: int = 0) -> None:
+        if obj is None or depth > 2:
+            return
+        mod_name = getattr(obj, "__module__", None)
+        if isinstance(mod_name, str):
+            by_value(mod_name)
+        if not isinstance(obj, (types.FunctionType, type)):
+            for cls in type(obj).__mro__:
+                by_value(cls.__module__)
+            if hasattr(obj, "__dict__"):
+                for value in vars(obj).values():
+                    if callable(value):
+                        visit(value, depth + 1)
+
+    for obj in objects:
+        visit(obj)
+
+
+def _partition_main(task_main: Callable[[Any, int], Any], spec: Any):
+    def run(_: Any):
+        from pyspark import BarrierTaskContext
+
+        yield task_main(spec, BarrierTaskContext.get().partitionId())
+
+    return run
+
+
+class SparkStage:
+    """Runs ``task_main(spec, k)`` for k in ``range(slots)`` as one barrier stage of
+    ``spark``'s context, on a thread of the driver; ``on_end()`` is called when Spark's call
+    returns, however it ends (its exception, if any, is :attr:`error`)."""
+
+    def __init__(self, spark: Any, slots: int, what: str, group: str) -> None:
+        self.sc = spark.sparkContext
+        if self.sc.defaultParallelism < slots:
+            raise ValueError(f"{what} needs {slots} task slots for its barrier stage, the "
+                             f"Spark session offers {self.sc.defaultParallelism}")
+        self.slots = slots
+        self.local = self.sc.master.startswith("local")
+        # where the driver listens: loopback for an embedded session, else the address the
+        # executors reach the Spark driver on
+        self.driver_host = "127.0.0.1" if self.local else spark.conf.get("spark.driver.host")
+        # where tasks listen: loopback, or "" (each finds its address towards the driver)
+        self.task_host = "127.0.0.1" if self.local else ""
+        self.group = f"{group}-{os.getpid()}"  # Spark job group: cancel() ends its tasks
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def submit(self, task_main: Callable[[Any, int], Any], spec: Any, description: str,
+               on_end: Callable[[], None]) -> None:
+        def stage() -> None:
+            try:
+                self.sc.setJobGroup(self.group, description)
+                (self.sc.parallelize(range(self.slots), self.slots).barrier()
+                 .mapPartitions(_partition_main(task_main, spec))
+                 .map(lambda r: (0, r)).partitionBy(1).collect())
+            except BaseException as exc:  # noqa: BLE001 - the driver decides what happened
+                self.error = exc
+            finally:
+                on_end()
+
+        self._thread = threading.Thread(target=stage, name="cutline-stage", daemon=True)
+        self._thread.start()
+
+    def failure(self) -> str | None:
+        """Spark's reason for giving up on the stage, first line only (no Java frames)."""
+        if self.error is None:
+            return None
+        text = str(self.error).strip().splitlines()
+        return f"Spark gave up on the stage: {text[0] if text else type(self.error).__name__}"
+
+    def explain(self, driver_error: str) -> str:
+        """Why the job failed: Spark's own reason says more than "the stage ended"."""
+        return self.failure() or driver_error
+
+    def failed(self, message: str) -> Exception:
+        from ..driver.dataflow import JobFailed
+
+        return JobFailed(message)  # not chained: Py4J's exception carries Java frames
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def cancel(self) -> None:
+        self.sc.cancelJobGroup(self.group)

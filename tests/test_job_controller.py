@@ -1,0 +1,215 @@
+"""The job controller as data: events in, commands out; no sockets, threads or Spark."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings, strategies as st
+
+from cutline.protocol import messages as m
+from cutline.protocol.coordinator import CheckpointPolicy
+from cutline.protocol.job import (
+    CommitCheckpoint,
+    Done,
+    JobController,
+    JobShape,
+    SavepointFailed,
+    SavepointReady,
+    Send,
+)
+
+# two slots: slot 0 hosts src.0 and sink.0, slot 1 hosts src.1 and sink.1
+TASKS = ("src.0", "src.1", "sink.0", "sink.1")
+SHAPE = JobShape(tasks=TASKS, sources=frozenset({"src.0", "src.1"}),
+                 slot_of={"src.0": 0, "sink.0": 0, "src.1": 1, "sink.1": 1}, slots=2)
+
+
+def controller(interval: float = 1.0, restore: str | None = None, **kw) -> JobController:
+    return JobController(SHAPE, CheckpointPolicy(interval=interval, **kw), job="j",
+                         restore=restore, first_id=5)
+
+
+def register(c: JobController, attempt: int, now: float = 0.0) -> list:
+    cmds = []
+    for slot in (0, 1):
+        tasks = [t for t in TASKS if SHAPE.slot_of[t] == slot]
+        cmds += c.on_message(f"a{attempt}s{slot}", m.Register(slot, 100 + slot,
+                                                             {t: None for t in tasks}), now)
+    return cmds
+
+
+def sent(cmds, kind=None) -> list[tuple]:
+    return [(c.conn, c.msg) for c in cmds if type(c) is Send
+            and (kind is None or type(c.msg) is kind)]
+
+
+def ack_all(c: JobController, n: int, now: float, conn_of=lambda t: f"a0s{SHAPE.slot_of[t]}"):
+    cmds = []
+    for t in TASKS:
+        cmds += c.on_message(conn_of(t), m.Ack(t, n, m.SnapshotStats(bytes=1)), now)
+    return cmds
+
+
+def test_an_attempt_starts_when_every_slot_registered():
+    c = controller(restore="/ckpt/chk-4")
+    cmds = c.on_message("a0s0", m.Register(0, 1, {"src.0": ["h", 1], "sink.0": None}), 0.0)
+    assert cmds == [] and not c.attempt.started
+    cmds = c.on_message("a0s1", m.Register(1, 2, {"src.1": None, "sink.1": ["h", 2]}), 0.0)
+    starts = sent(cmds, m.Start)
+    assert [conn for conn, _ in starts] == ["a0s0", "a0s1"]
+    assert starts[0][1] == m.Start(0, {"src.0": ["h", 1], "sink.0": None, "src.1": None,
+                                       "sink.1": ["h", 2]}, "/ckpt/chk-4")
+    assert c.restored_from == "/ckpt/chk-4" and c.started_attempts == 1
+
+
+def test_a_checkpoint_is_triggered_at_the_sources_committed_then_completed():
+    c = controller(interval=1.0)
+    register(c, 0)
+    assert c.tick(0.5) == []
+    cmds = c.tick(1.0)
+    assert sent(cmds) == [("a0s0", m.Trigger(5, "src.0")), ("a0s1", m.Trigger(5, "src.1"))]
+    cmds = ack_all(c, 5, 1.2)
+    commits = [x for x in cmds if type(x) is CommitCheckpoint]
+    assert [x.checkpoint_id for x in commits] == [5] and set(commits[0].states) == set(TASKS)
+    assert sent(cmds, m.Complete) == []  # not before _metadata is written
+    cmds = c.committed(5, "/s/chk-5", 1.3)
+    assert sent(cmds) == [("a0s0", m.Complete(5, False)), ("a0s1", m.Complete(5, False))]
+    assert [r.id for r in c.checkpoints] == [5] and c.checkpoints[0].bytes == 4
+
+
+def test_a_failed_commit_is_no_checkpoint():
+    c = controller(interval=1.0, tolerable_failures=0)
+    register(c, 0)
+    c.tick(1.0)
+    ack_all(c, 5, 1.1)
+    cmds = c.commit_failed(5, "disk full", 1.2)
+    assert Done("Exceeded checkpoint tolerable failure threshold (0): 1 consecutive "
+                "checkpoint failures; last: checkpoint 5 storage failure: disk full") in cmds
+    assert c.checkpoints == [] and c.done
+
+
+def test_a_bounded_job_ends_with_a_final_checkpoint_at_every_task():
+    c = controller(interval=100.0)
+    register(c, 0)
+    cmds = []
+    for t in TASKS:
+        cmds += c.on_message(f"a0s{SHAPE.slot_of[t]}", m.Drained(t), 1.0)
+    assert sorted(msg.task for _, msg in sent(cmds, m.Trigger)) == sorted(TASKS)
+    ack_all(c, 5, 1.1)
+    assert sent(c.committed(5, "/s/chk-5", 1.2), m.Complete)[0][1] == m.Complete(5, True)
+    cmds = []
+    for t in TASKS:
+        cmds += c.on_message(f"a0s{SHAPE.slot_of[t]}", m.Finished(t, 0.1), 1.3)
+    assert cmds == [Done(None)]
+
+
+def test_a_restart_stops_the_old_attempt_and_resumes_from_this_runs_checkpoint():
+    c = controller(interval=1.0)
+    register(c, 0)
+    c.tick(1.0)
+    ack_all(c, 5, 1.1)
+    c.committed(5, "/s/chk-5", 1.2)
+    c.tick(2.0)  # checkpoint 6 in flight when slot 1 dies
+    cmds = c.on_message("a1s0", m.Register(0, 7, {"src.0": None, "sink.0": None}), 3.0)
+    assert sorted(sent(cmds, m.Stop)) == [("a0s0", m.Stop()), ("a0s1", m.Stop())]
+    # stale messages of attempt 0 change nothing
+    assert c.on_message("a0s1", m.Ack("src.1", 6, m.SnapshotStats()), 3.1) == []
+    cmds = c.on_message("a1s1", m.Register(1, 8, {"src.1": None, "sink.1": None}), 3.2)
+    assert {msg.restore for _, msg in sent(cmds, m.Start)} == {"/s/chk-5"}
+    assert c.attempt.number == 1 and c.started_attempts == 2
+    # ids never repeat across attempts
+    trig = sent(c.tick(10.0), m.Trigger)
+    assert trig and all(msg.checkpoint >= 7 for _, msg in trig)
+
+
+def test_savepoints_answer_their_waiter_and_stop_the_job_when_asked():
+    c = controller(interval=100.0)
+    assert type(c.request_savepoint("early", False, 0.0)[0]) is SavepointFailed
+    register(c, 0)
+    cmds = c.request_savepoint("w", True, 1.0)
+    (n,) = {msg.checkpoint for _, msg in sent(cmds, m.Trigger)}
+    ack_all(c, n, 1.1)
+    cmds = c.committed(n, "/s/savepoint-5", 1.2)
+    kinds = [type(x.msg) if type(x) is Send else type(x) for x in cmds]
+    assert kinds == [m.Complete, m.Complete, m.Stop, m.Stop, Done, SavepointReady]
+    assert c.stopped_with_savepoint == "/s/savepoint-5"
+
+
+def test_a_restart_fails_the_savepoints_in_flight():
+    c = controller(interval=100.0)
+    register(c, 0)
+    c.request_savepoint("w", False, 1.0)
+    cmds = register(c, 1, 2.0)
+    failed = [x for x in cmds if type(x) is SavepointFailed]
+    assert [x.token for x in failed] == ["w"] and "restarted" in failed[0].reason
+
+
+def test_a_fatal_task_failure_fails_the_job_once():
+    c = controller()
+    register(c, 0)
+    cmds = c.on_message("a0s1", m.Failed("sink.1", True, "bad record at file x line 3"), 1.0)
+    assert cmds == [Done("task sink.1: bad record at file x line 3")]
+    assert c.on_message("a0s0", m.Failed("src.0", True, "again"), 1.1) == []
+    assert c.on_stage_ended(1.2) == []
+
+
+EVENTS = st.lists(st.one_of(
+    st.tuples(st.just("tick"), st.floats(0.0, 0.7)),
+    st.tuples(st.just("ack"), st.sampled_from(TASKS)),
+    st.tuples(st.just("decline"), st.sampled_from(TASKS)),
+    st.tuples(st.just("drained"), st.sampled_from(TASKS)),
+    st.tuples(st.just("restart"), st.just(None)),
+    st.tuples(st.just("savepoint"), st.booleans()),
+), max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(EVENTS)
+def test_any_order_of_events_keeps_the_job_consistent(events):
+    """Whatever happens: messages go to the current attempt only (an old attempt just gets
+    Stop); Complete follows its commit; checkpoint ids never repeat; Done comes once; once
+    every task drained, a final checkpoint is in flight or committed."""
+    c = controller(interval=0.5, max_concurrent=2, tolerable_failures=100)
+    now, attempt = 0.0, 0
+    register(c, 0, now)
+    committed: list[int] = []
+    done = 0
+    for kind, arg in events:
+        cmds = []
+        conns = dict(c.attempt.conns)
+        if kind == "tick":
+            now += arg
+            cmds = c.tick(now)
+        elif kind in ("ack", "decline"):
+            pending = list(c.coordinator.pending) if c.coordinator else []
+            for n in pending:
+                conn = conns[SHAPE.slot_of[arg]]
+                msg = (m.Ack(arg, n, m.SnapshotStats()) if kind == "ack"
+                       else m.Decline(arg, n, "x"))
+                cmds += c.on_message(conn, msg, now)
+        elif kind == "drained":
+            cmds = c.on_message(conns[SHAPE.slot_of[arg]], m.Drained(arg), now)
+        elif kind == "restart":
+            attempt += 1
+            cmds = register(c, attempt, now)
+        else:
+            cmds = c.request_savepoint(object(), arg, now)
+        while cmds:
+            more = []
+            for cmd in cmds:
+                if type(cmd) is Send:
+                    current = cmd.conn in c.attempt.conns.values()
+                    assert current or type(cmd.msg) is m.Stop, cmd
+                    if type(cmd.msg) is m.Complete:
+                        assert cmd.msg.checkpoint in committed
+                elif type(cmd) is CommitCheckpoint:
+                    assert cmd.checkpoint_id not in committed
+                    committed.append(cmd.checkpoint_id)
+                    more += c.committed(cmd.checkpoint_id, f"/s/chk-{cmd.checkpoint_id}", now)
+                elif type(cmd) is Done:
+                    done += 1
+            cmds = more
+        assert done <= 1
+        if c.done:
+            break
+        if c.drained >= set(TASKS) and c.attempt.started:
+            assert c.final is not None
+    assert len(committed) == len(set(committed))
