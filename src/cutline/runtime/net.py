@@ -156,7 +156,10 @@ def client_handshake(sock: socket.socket, secret: bytes, purpose: str,
     sets the socket's timeout; it is left blocking (no timeout) on success."""
     where = f"{address[0]}:{address[1]}"
     try:
-        kind, nonce = read_frame(sock, MAX_HELLO)
+        try:
+            kind, nonce = read_frame(sock, MAX_HELLO)
+        except ValueError:  # too long for a HELLO
+            kind, nonce = -1, b""
         if kind != HELLO or len(nonce) != NONCE_BYTES:
             raise NotAListener(f"{where} is not a cutline listener")
         send_frame(sock, HELLO, make_mac(secret, purpose, bytes(nonce)) + purpose.encode())
