@@ -36,7 +36,6 @@ import pickle
 import platform
 import queue
 import secrets
-import socket
 import statistics
 import struct
 import subprocess
@@ -52,9 +51,9 @@ try:
 except ImportError:  # running from a checkout without an installed package
     sys.path.insert(0, str(ROOT / "src"))
 
-from cutline.runtime import channels as new_channels  # noqa: E402
-from cutline.runtime import control as new_control  # noqa: E402
-from cutline.runtime import net  # noqa: E402
+from cutline.runtime import channels as new_channels
+from cutline.runtime import control as new_control
+from cutline.runtime import net
 
 CREDITS, GRANT = 8, 2
 _COUNT = struct.Struct("!I")
@@ -209,7 +208,7 @@ def transport_asyncio(bs: int, n: int) -> float:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonce = secrets.token_bytes(net.NONCE_BYTES)
         writer.write(net.HEADER.pack(net.HELLO, len(nonce)) + nonce)
-        kind, length = net.HEADER.unpack(await reader.readexactly(net.HEADER.size))
+        _, length = net.HEADER.unpack(await reader.readexactly(net.HEADER.size))
         hello = await reader.readexactly(length)
         if hello[:net.MAC_BYTES] != net.make_mac(secret, hello[net.MAC_BYTES:].decode(), nonce):
             writer.close()
@@ -217,7 +216,7 @@ def transport_asyncio(bs: int, n: int) -> float:
         writer.write(net.HEADER.pack(net.WELCOME, 0))
         ready.put(writer)
         while True:
-            kind, length = net.HEADER.unpack(await reader.readexactly(net.HEADER.size))
+            _, length = net.HEADER.unpack(await reader.readexactly(net.HEADER.size))
             if not length:
                 hand.put(None)
                 break
@@ -308,7 +307,7 @@ def _channels_module(which: str, tmp: str):
     if which == "new":
         return new_channels
     sys.path.insert(0, tmp)
-    import old_channels  # noqa: PLC0415
+    import old_channels
     return old_channels
 
 

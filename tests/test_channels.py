@@ -394,7 +394,7 @@ def test_sender_closing_without_eof_is_a_channel_error():
 def _raw_sender(address, channel):
     """A hand-made sender: handshake by the wire format, then the bare socket."""
     s = socket.create_connection(address, timeout=T)
-    kind, length = struct.unpack("!BI", s.recv(5))
+    _, length = struct.unpack("!BI", s.recv(5))
     nonce = s.recv(length)
     mac = channel_mac(SECRET, channel, nonce)
     s.sendall(_frame(HELLO, mac + channel_purpose(channel).encode()))

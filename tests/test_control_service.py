@@ -50,7 +50,7 @@ def test_a_stranger_is_refused_and_logged_the_job_is_heard(caplog):
 def _hello(address, secret, purpose):
     """The handshake by hand (cutline.runtime.net's wire format): the reply frame's kind."""
     with socket.create_connection(address, timeout=5) as s:
-        kind, length = struct.unpack("!BI", s.recv(5))
+        _, length = struct.unpack("!BI", s.recv(5))
         nonce = s.recv(length)
         s.sendall(struct.pack("!BI", net.HELLO, 32 + len(purpose))
                   + net.make_mac(secret, purpose, nonce) + purpose.encode())
@@ -72,7 +72,7 @@ def test_tokens_do_not_cross_purposes_between_control_and_channels(caplog):
             assert _hello(service.address, secret, CONTROL) == net.WELCOME
         assert "test-driver: refused control connection" in caplog.text
         assert "wrong purpose" in caplog.text and "not a channel" in caplog.text
-        conn, msg = events.get(timeout=5)
+        _, msg = events.get(timeout=5)
         assert msg == {"op": "_disconnected"} and events.empty()  # nothing else got through
     finally:
         gate.close()

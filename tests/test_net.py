@@ -9,6 +9,7 @@ import socket
 import struct
 import threading
 import time
+from typing import Self
 
 import pytest
 
@@ -48,7 +49,7 @@ class Served:
         self.listener.start()
         self.address = self.listener.address
 
-    def __enter__(self) -> "Served":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -58,7 +59,7 @@ class Served:
 def _raw_hello(address, mac_purpose: str, sent_purpose: str, secret: bytes = SECRET) -> bytes:
     """Handshake by hand; returns the listener's reply frame kind and payload."""
     with socket.create_connection(address, timeout=T) as s:
-        kind, length = struct.unpack("!BI", s.recv(5))
+        _, length = struct.unpack("!BI", s.recv(5))
         nonce = s.recv(length)
         s.sendall(_frame(net.HELLO, net.make_mac(secret, mac_purpose, nonce)
                          + sent_purpose.encode()))
@@ -221,11 +222,10 @@ def test_a_failing_serve_is_logged_and_its_connection_closed(caplog):
     def serve(conn: net.Connection) -> None:
         raise RuntimeError("bug in serve")
 
-    with caplog.at_level(logging.ERROR, logger="test.net"):
-        with Served(serve=serve) as srv:
-            conn = net.connect(srv.address, SECRET, "p", timeout=T)
-            conn.sock.settimeout(T)
-            with pytest.raises((EOFError, ConnectionResetError)):
-                conn.recv()
-            conn.close()
+    with caplog.at_level(logging.ERROR, logger="test.net"), Served(serve=serve) as srv:
+        conn = net.connect(srv.address, SECRET, "p", timeout=T)
+        conn.sock.settimeout(T)
+        with pytest.raises((EOFError, ConnectionResetError)):
+            conn.recv()
+        conn.close()
     assert "bug in serve" in caplog.text

@@ -88,6 +88,9 @@ class _Closing:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def close(self) -> None:
+        raise NotImplementedError
+
 
 def channel_purpose(channel_id: str) -> str:
     """What a channel's handshake is for: its MAC is worthless for another channel (or for
@@ -102,7 +105,7 @@ def channel_mac(secret: bytes, channel_id: str, nonce: bytes) -> bytes:
 class _Input:
     """One input channel of a gate; guarded by the gate's condition."""
 
-    __slots__ = ("queue", "batches", "owed", "conn", "eof", "local", "unbounded")
+    __slots__ = ("batches", "conn", "eof", "local", "owed", "queue", "unbounded")
 
     def __init__(self) -> None:
         self.queue: collections.deque = collections.deque()  # (kind, payload, credits)
@@ -293,6 +296,7 @@ class InputGate(_Closing):
         if st.local is not None:
             st.local._add_credits(n)
             return
+        assert st.conn is not None  # earned by a batch that came through it
         try:
             st.conn.send(CREDIT, _COUNT.pack(n))
         except OSError as exc:
@@ -322,14 +326,14 @@ class InputGate(_Closing):
                 st.conn = conn
                 self._cond.notify_all()
         if reason is not None:
-            return self._listener.refuse(conn, conn.peer, reason)
+            self._listener.refuse(conn, conn.peer, reason)
+            return
         try:
             conn.send(CREDIT, _COUNT.pack(self._initial_credits(cid)))
         except OSError as exc:
             self._fail(cid, f"connection lost after handshake: {exc}")
-            return None
+            return
         self._read_loop(conn, cid)
-        return None
 
     def _enqueue(self, st: _Input, cid: str, item: tuple) -> None:
         with self._cond:
@@ -383,7 +387,8 @@ class OutputChannel(_Closing):
 
     def __init__(self, channel_id: str, address: tuple[str, int], secret: bytes,
                  connect_timeout: float = 30.0) -> None:
-        self.channel_id, self.address = channel_id, tuple(address)
+        self.channel_id = channel_id
+        self.address: tuple[str, int] = (address[0], address[1])
         self._cond = threading.Condition()
         self._credits = 0
         self._encoded: tuple | None = None  # (batch, len, bytes) of a send that timed out

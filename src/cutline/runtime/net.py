@@ -119,7 +119,7 @@ class Connection:
     """An authenticated connection carrying frames.  :meth:`send` is thread-safe (one
     sender at a time); :meth:`recv` belongs to one reader thread."""
 
-    __slots__ = ("sock", "peer", "purpose", "_send_lock")
+    __slots__ = ("_send_lock", "peer", "purpose", "sock")
 
     def __init__(self, sock: socket.socket, peer: Any, purpose: str) -> None:
         self.sock, self.peer, self.purpose = sock, peer, purpose
@@ -159,7 +159,7 @@ def client_handshake(sock: socket.socket, secret: bytes, purpose: str,
         try:
             kind, nonce = read_frame(sock, MAX_HELLO)
         except ValueError:  # too long for a HELLO
-            kind, nonce = -1, b""
+            kind, nonce = -1, bytearray()
         if kind != HELLO or len(nonce) != NONCE_BYTES:
             raise NotAListener(f"{where} is not a cutline listener")
         send_frame(sock, HELLO, make_mac(secret, purpose, bytes(nonce)) + purpose.encode())
@@ -317,18 +317,22 @@ class Listener:
             send_frame(sock, HELLO, nonce)
             kind, payload = read_frame(sock, MAX_HELLO)
             if kind != HELLO:
-                return self.refuse(sock, peer, f"expected HELLO, got frame type {kind}")
+                self.refuse(sock, peer, f"expected HELLO, got frame type {kind}")
+                return None
             if len(payload) < MAC_BYTES:
                 raise ValueError(f"HELLO of {len(payload)} bytes")
             mac, purpose = bytes(payload[:MAC_BYTES]), payload[MAC_BYTES:].decode()
-        except Exception as exc:  # untrusted input: whatever goes wrong, refuse
-            return self.refuse(sock, peer, f"bad handshake ({type(exc).__name__}: {exc})")
+        except Exception as exc:  # noqa: BLE001 - untrusted input: whatever goes wrong, refuse
+            self.refuse(sock, peer, f"bad handshake ({type(exc).__name__}: {exc})")
+            return None
         if not hmac.compare_digest(mac, make_mac(self._secret, purpose, nonce)):
             shown = purpose if purpose.isprintable() and len(purpose) <= 200 else \
                 repr(purpose[:200])  # a stranger's text: no control characters in the log
-            return self.refuse(sock, peer, f"wrong mac for {shown}")
+            self.refuse(sock, peer, f"wrong mac for {shown}")
+            return None
         if (reason := self._admit(purpose)) is not None:
-            return self.refuse(sock, peer, reason)
+            self.refuse(sock, peer, reason)
+            return None
         try:
             send_frame(sock, WELCOME)
         except OSError:
