@@ -15,12 +15,12 @@ import sys
 import threading
 import time
 
-import msgpack
 import pytest
 
 from cutline.protocol import Barrier
 from cutline.runtime.channels import (
-    CREDIT, HELLO, RECORDS, REJECT, ChannelError, InputGate, OutputChannel, channel_mac,
+    CREDIT, HELLO, RECORDS, REJECT, WELCOME, ChannelError, InputGate, OutputChannel, channel_mac,
+    channel_purpose,
 )
 
 SECRET = b"s3cret-for-tests"
@@ -328,7 +328,7 @@ def test_strangers_are_refused_and_good_channels_keep_working(caplog):
             with socket.create_connection(gate.address, timeout=T) as s:
                 s.recv(5 + 16)
                 mac = channel_mac(SECRET, "b", b"\0" * 16)
-                s.sendall(_frame(HELLO, msgpack.packb({"channel_id": "b", "mac": mac})))
+                s.sendall(_frame(HELLO, mac + channel_purpose("b").encode()))
                 assert _refused(s)
             # the gate still serves its good channels
             good_b = OutputChannel("b", gate.address, SECRET)
@@ -394,10 +394,11 @@ def test_sender_closing_without_eof_is_a_channel_error():
 def _raw_sender(address, channel):
     """A hand-made sender: handshake by the wire format, then the bare socket."""
     s = socket.create_connection(address, timeout=T)
-    kind, length = struct.unpack("!BI", s.recv(5))
+    _, length = struct.unpack("!BI", s.recv(5))
     nonce = s.recv(length)
     mac = channel_mac(SECRET, channel, nonce)
-    s.sendall(_frame(HELLO, msgpack.packb({"channel_id": channel, "mac": mac})))
+    s.sendall(_frame(HELLO, mac + channel_purpose(channel).encode()))
+    assert struct.unpack("!BI", s.recv(5))[0] == WELCOME
     assert struct.unpack("!BI", s.recv(5))[0] == CREDIT
     s.recv(4)
     return s

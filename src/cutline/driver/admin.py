@@ -1,7 +1,8 @@
 """Control of a running job from outside its process: ``cutline savepoint STORAGE JOB``.
 
 While a job runs, its driver listens on one more port for *admin* connections, checked by
-the same HMAC handshake as the tasks' but with its own token, and announces itself in
+the same HMAC handshake as the tasks' (:mod:`cutline.runtime.net`, purpose ``"admin"``) but
+with its own token, and announces itself in
 ``<storage>/<job>/_job.json`` (address, token, pid).  Whoever can read the job's checkpoint
 storage can already read and restore its state; that is who may ask for a savepoint.  The
 file is removed when the run ends; a stale one (the driver died) gives a clear error.
@@ -13,18 +14,19 @@ import json
 import logging
 import os
 import secrets
-import socket
 import threading
 from typing import Any
 
 from ..protocol import messages as m
-from ..runtime.control import HandshakeError, accept, connect
+from ..runtime import net
+from ..runtime.control import FrameConnection, HandshakeError
 
 log = logging.getLogger("cutline.admin")
 
 __all__ = ["AdminServer", "JOB_FILE", "request_savepoint"]
 
 JOB_FILE = "_job.json"
+ADMIN = "admin"  # the handshake's purpose: a control-port answer is refused here
 
 
 class AdminServer:
@@ -33,12 +35,11 @@ class AdminServer:
     def __init__(self, driver: Any, host: str) -> None:
         self.driver = driver
         self.token = secrets.token_bytes(32)
-        self._sock = socket.create_server((host, 0))
-        self._sock.settimeout(0.2)
-        self.address = self._sock.getsockname()[:2]
-        self._stopping = False
+        self._listener = net.Listener(host, self.token, admit=net.only(ADMIN), serve=self._serve,
+                                      name="cutline-admin", log=log,
+                                      refusal="refused admin connection")
+        self.address = self._listener.address
         self._path = f"{driver.storage.dir}/{JOB_FILE}"
-        self._thread = threading.Thread(target=self._loop, name="cutline-admin", daemon=True)
 
     def start(self) -> None:
         info = {"job": self.driver.job, "host": self.address[0], "port": self.address[1],
@@ -53,14 +54,14 @@ class AdminServer:
         except Exception as exc:  # noqa: BLE001 - the job runs without outside control
             log.warning("could not write %s (cutline savepoint will not find the job): %s",
                         self._path, exc)
-        self._thread.start()
+        self._listener.start()
 
     def stop(self) -> None:
-        self._stopping = True
-        try:
-            self._sock.close()
-        except OSError:
-            pass
+        """Stop listening at once; a request in progress still gets its answer (the driver
+        fails pending savepoints right after this) for up to 10 s, then its connection is
+        closed: in the background, so the driver's stop never waits for an admin client."""
+        threading.Thread(target=self._listener.close, kwargs={"wait": 10.0}, daemon=True,
+                         name="cutline-admin-close").start()
         try:
             fs = self.driver.storage.fs
             raw = fs.cat_file(self._path)
@@ -69,31 +70,17 @@ class AdminServer:
         except Exception:  # noqa: BLE001 - already gone
             pass
 
-    def _loop(self) -> None:
-        while not self._stopping:
-            try:
-                sock, peer = self._sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(sock, peer), daemon=True).start()
-
-    def _serve(self, sock: socket.socket, peer: Any) -> None:
-        try:
-            conn = accept(sock, self.token)
-        except HandshakeError as exc:
-            log.warning("refused admin connection from %s: %s", peer, exc)
-            return
+    def _serve(self, raw: net.Connection) -> None:
+        conn = FrameConnection(raw)  # closed by the listener when this returns
         try:
             try:
                 msg = conn.recv()
             except m.MessageError as exc:
-                log.error("admin request from %s refused: %s", peer, exc)
+                log.error("admin request from %s refused: %s", raw.peer, exc)
                 conn.send(m.SavepointReply(False, error=f"request refused: {exc}"))
                 return
             if type(msg) is not m.SavepointRequest:
-                log.error("admin request from %s refused: unexpected %r", peer, msg)
+                log.error("admin request from %s refused: unexpected %r", raw.peer, msg)
                 conn.send(m.SavepointReply(False, error=f"unknown request {type(msg).TAG!r}"))
                 return
             future = self.driver.savepoint(stop=msg.stop)
@@ -104,8 +91,6 @@ class AdminServer:
                 conn.send(m.SavepointReply(False, error=str(exc)))
         except (ConnectionError, OSError):
             pass
-        finally:
-            conn.close()
 
 
 def request_savepoint(storage: Any, stop: bool = False, timeout: float = 600.0) -> str:
@@ -119,7 +104,8 @@ def request_savepoint(storage: Any, stop: bool = False, timeout: float = 600.0) 
                            f"{storage.fs.unstrip_protocol(storage.dir)}") from None
     address = (info["host"], int(info["port"]))
     try:
-        conn = connect(address, bytes.fromhex(info["token"]), timeout=10.0)
+        conn = FrameConnection(net.connect(address, bytes.fromhex(info["token"]), ADMIN,
+                                           timeout=10.0))
     except (OSError, HandshakeError) as exc:
         raise RuntimeError(f"job {storage.job!r} is not running: its driver (pid {info.get('pid')}"
                            f") at {address[0]}:{address[1]} does not answer ({exc}); "

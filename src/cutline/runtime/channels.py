@@ -5,10 +5,10 @@ each upstream subtask opens one :class:`OutputChannel` to it per edge.  Records 
 batches (Python lists) as pickle protocol 5; barriers and EOF are control frames queued in
 order with the records, so every channel is FIFO end to end.
 
-Wire format: frames ``struct "!BI"`` (type, payload length) + payload.  The gate sends
-HELLO(16-byte random nonce); the sender answers HELLO(msgpack {channel_id, mac}) with
-mac = HMAC-SHA256(secret, channel_id + nonce); the gate answers CREDIT(initial credits), or
-REJECT(reason) and closes.  Then RECORDS(pickle), BARRIER(msgpack [checkpoint_id,
+Wire format: the frames and handshake of :mod:`.net` (``struct "!BI"`` kind + length;
+HMAC challenge/response with the job secret), purpose ``channel '<channel id>'``.  After
+WELCOME the gate sends CREDIT(initial credits), or REJECT(reason) (unknown or already
+connected channel) and closes.  Then RECORDS(pickle), BARRIER(msgpack [checkpoint_id,
 unaligned]) and EOF flow downstream and CREDIT(n) upstream.  A batch costs one credit,
 control frames none.  Peers are authenticated once at connect; frames are not encrypted.
 
@@ -27,11 +27,8 @@ side, on one core, is the bottleneck).
 from __future__ import annotations
 
 import collections
-import hashlib
-import hmac
 import logging
 import pickle
-import secrets
 import socket
 import struct
 import threading
@@ -40,16 +37,17 @@ import time
 import msgpack
 
 from ..protocol.events import Barrier
+from . import net
+from .net import HELLO, MAX_HELLO, REJECT, WELCOME
 
 log = logging.getLogger(__name__)
 
-HELLO, RECORDS, BARRIER, EOF, CREDIT, REJECT = range(1, 7)
-_HEADER = struct.Struct("!BI")
+__all__ = ["BARRIER", "CREDIT", "EOF", "HELLO", "RECORDS", "REJECT", "WELCOME", "ChannelError",
+           "InputGate", "LocalChannel", "OutputChannel", "channel_mac", "channel_purpose"]
+
+RECORDS, BARRIER, EOF, CREDIT = range(net.FIRST_KIND, net.FIRST_KIND + 4)
 _COUNT = struct.Struct("!I")
 _UNBOUNDED = 2**31  # credits of a feedback channel: never runs out
-NONCE_BYTES = 16
-MAX_HELLO = 4096  # longest frame accepted from a peer that has not authenticated (yet)
-HANDSHAKE_TIMEOUT = 10.0
 
 
 class ChannelError(RuntimeError):
@@ -90,57 +88,30 @@ class _Closing:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+def channel_purpose(channel_id: str) -> str:
+    """What a channel's handshake is for: its MAC is worthless for another channel (or for
+    the control and admin ports)."""
+    return f"channel {channel_id!r}"
+
 
 def channel_mac(secret: bytes, channel_id: str, nonce: bytes) -> bytes:
-    return hmac.new(secret, channel_id.encode() + nonce, hashlib.sha256).digest()
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytearray:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise EOFError("connection closed" + (" mid-frame" if got else ""))
-        got += k
-    return buf
-
-
-def _read_frame(sock: socket.socket, max_len: int = 2**32) -> tuple[int, bytearray]:
-    kind, length = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-    if length > max_len:
-        raise ValueError(f"frame of type {kind} too long ({length} bytes)")
-    return kind, _recv_exact(sock, length)
-
-
-def _send_frame(sock: socket.socket, kind: int, payload: bytes = b"") -> None:
-    header = _HEADER.pack(kind, len(payload))
-    if len(payload) < 65536:
-        sock.sendall(header + payload)
-    else:  # don't copy a big payload to prepend five bytes
-        sock.sendall(header)
-        sock.sendall(payload)
-
-
-def _tune(sock: socket.socket) -> None:
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
-        if hasattr(socket, name):  # a peer host that vanishes is noticed in ~25 s
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    return net.make_mac(secret, channel_purpose(channel_id), nonce)
 
 
 class _Input:
     """One input channel of a gate; guarded by the gate's condition."""
 
-    __slots__ = ("queue", "batches", "owed", "sock", "send_lock", "eof", "local", "unbounded")
+    __slots__ = ("batches", "conn", "eof", "local", "owed", "queue", "unbounded")
 
     def __init__(self) -> None:
         self.queue: collections.deque = collections.deque()  # (kind, payload, credits)
         self.batches = 0  # record batches in the queue
         self.owed = 0  # credits earned back, not sent yet
-        self.sock: socket.socket | None = None
-        self.send_lock = threading.Lock()
+        self.conn: net.Connection | None = None
         self.eof = False  # EOF frame received
         self.local: LocalChannel | None = None  # a sender in this process (no socket)
         self.unbounded = False  # a feedback channel: credit never runs out
@@ -169,15 +140,12 @@ class InputGate(_Closing):
         self._announced: list[tuple[str, Barrier]] = []
         self._error: ChannelError | None = None
         self._closed = False
-        self._socks: set[socket.socket] = set()
-        self._threads: list[threading.Thread] = []
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._listener = socket.create_server((host, 0), family=family, backlog=128)
-        self._listener.settimeout(0.5)
-        self.address: tuple[str, int] = (host, self._listener.getsockname()[1])
-        self._acceptor = threading.Thread(target=self._accept_loop, daemon=True,
-                                          name=f"cutline-gate-{task_id}")
-        self._acceptor.start()
+        self._by_purpose = {channel_purpose(c): c for c in channel_ids}
+        self._listener = net.Listener(host, secret, admit=self._admit, serve=self._serve,
+                                      name=f"cutline-gate-{task_id}", log=log,
+                                      refusal=f"task {task_id}: refused connection")
+        self.address: tuple[str, int] = (host, self._listener.address[1])
+        self._listener.start()
 
     # ------------------------------------------------------------------ task side
 
@@ -187,7 +155,7 @@ class InputGate(_Closing):
             while True:
                 self._raise_if_broken()
                 missing = [c for c in self._order
-                           if self._ch[c].sock is None and self._ch[c].local is None]
+                           if self._ch[c].conn is None and self._ch[c].local is None]
                 if not missing:
                     return
                 if not _wait(self._cond, deadline):
@@ -306,14 +274,8 @@ class InputGate(_Closing):
             if self._closed:
                 return
             self._closed = True
-            for s in self._socks:  # wakes the reader threads; each closes its socket
-                _shutdown(s)
             self._cond.notify_all()
-        _shutdown(self._listener)  # wakes accept() at once on Linux
-        self._acceptor.join(2.0)
-        self._listener.close()
-        for t in list(self._threads):
-            t.join(2.0)
+        self._listener.close()  # every connection too: wakes the reader threads
 
     def _raise_if_broken(self) -> None:
         if self._error is not None:
@@ -334,89 +296,44 @@ class InputGate(_Closing):
         if st.local is not None:
             st.local._add_credits(n)
             return
+        assert st.conn is not None  # earned by a batch that came through it
         try:
-            with st.send_lock:
-                _send_frame(st.sock, CREDIT, _COUNT.pack(n))
+            st.conn.send(CREDIT, _COUNT.pack(n))
         except OSError as exc:
             self._fail(cid, f"cannot return credit to the sender: {exc}")
 
     # ------------------------------------------------------------------ network side
 
-    def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                sock, peer = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                if self._closed:
-                    return
-                time.sleep(0.05)  # e.g. out of file descriptors: don't spin
-                continue
-            with self._cond:
-                if self._closed:
-                    sock.close()
-                    return
-                self._socks.add(sock)
-                self._threads = [t for t in self._threads if t.is_alive()]
-                t = threading.Thread(target=self._serve, args=(sock, peer), daemon=True,
-                                     name=f"cutline-gate-{self.task_id}-{peer}")
-                self._threads.append(t)
-            t.start()
+    def _admit(self, purpose: str) -> str | None:
+        """Refuse (the reason) a connection for an unknown or already connected channel."""
+        cid = self._by_purpose.get(purpose)
+        if cid is None:
+            return f"unknown {purpose}" if purpose.startswith("channel ") else \
+                f"not a channel: {purpose!r}"
+        st = self._ch[cid]
+        if st.conn is not None or st.local is not None:
+            return f"already connected: channel {cid!r}"
+        return None
 
-    def _serve(self, sock: socket.socket, peer) -> None:
-        try:
-            if (cid := self._handshake(sock, peer)) is not None:
-                self._read_loop(sock, cid)
-        finally:
-            with self._cond:
-                self._socks.discard(sock)
-            sock.close()
-
-    def _handshake(self, sock: socket.socket, peer) -> str | None:
-        nonce = secrets.token_bytes(NONCE_BYTES)
-        try:
-            sock.settimeout(HANDSHAKE_TIMEOUT)
-            _tune(sock)
-            _send_frame(sock, HELLO, nonce)
-            kind, payload = _read_frame(sock, MAX_HELLO)
-            if kind != HELLO:
-                return self._reject(sock, peer, f"expected HELLO, got frame type {kind}")
-            hello = msgpack.unpackb(payload)
-            cid, mac = hello["channel_id"], hello["mac"]
-            if not isinstance(cid, str) or not isinstance(mac, bytes):
-                raise TypeError("channel_id must be str and mac bytes")
-        except Exception as exc:  # untrusted input: whatever goes wrong, refuse
-            return self._reject(sock, peer, f"bad handshake ({type(exc).__name__}: {exc})")
-        if not hmac.compare_digest(mac, channel_mac(self._secret, cid, nonce)):
-            return self._reject(sock, peer, f"wrong mac for channel {cid!r}")
+    def _serve(self, conn: net.Connection) -> None:
+        """An authenticated connection for one of our channels: grant the initial credits,
+        then read its frames (in the listener's thread for this connection)."""
+        cid = self._by_purpose[conn.purpose]
         with self._cond:
-            st = self._ch.get(cid)
-            taken = st is None or st.sock is not None
-            if not taken:
-                st.sock = sock
+            st = self._ch[cid]
+            reason = self._admit(conn.purpose)  # again: a twin may have won meanwhile
+            if reason is None:
+                st.conn = conn
                 self._cond.notify_all()
-        if taken:
-            what = "unknown channel" if st is None else "already connected: channel"
-            return self._reject(sock, peer, f"{what} {cid!r}")
-        sock.settimeout(None)
+        if reason is not None:
+            self._listener.refuse(conn, conn.peer, reason)
+            return
         try:
-            with st.send_lock:
-                _send_frame(sock, CREDIT, _COUNT.pack(self._initial_credits(cid)))
+            conn.send(CREDIT, _COUNT.pack(self._initial_credits(cid)))
         except OSError as exc:
             self._fail(cid, f"connection lost after handshake: {exc}")
-            return None
-        return cid
-
-    def _reject(self, sock: socket.socket, peer, reason: str) -> None:
-        if not self._closed:
-            log.warning("task %s: refused connection from %s: %s", self.task_id, peer, reason)
-            try:
-                sock.settimeout(1.0)
-                _send_frame(sock, REJECT, reason.encode()[:MAX_HELLO])
-            except OSError:
-                pass
-        return None
+            return
+        self._read_loop(conn, cid)
 
     def _enqueue(self, st: _Input, cid: str, item: tuple) -> None:
         with self._cond:
@@ -432,18 +349,20 @@ class InputGate(_Closing):
         with self._cond:
             self._raise_if_broken()
             st = self._ch.get(channel_id)
-            if st is None or st.sock is not None or st.local is not None:
+            if st is None or st.conn is not None or st.local is not None:
                 raise ChannelError(channel_id, "unknown or already connected channel")
             st.local = LocalChannel(channel_id, self, st)
             self._cond.notify_all()
         st.local._add_credits(self._initial_credits(channel_id))
         return st.local
 
-    def _read_loop(self, sock: socket.socket, cid: str) -> None:
+    def _read_loop(self, conn: net.Connection, cid: str) -> None:
         st = self._ch[cid]
+        sock = conn.sock
+        read_frame = net.read_frame
         try:
             while not st.eof:
-                kind, payload = _read_frame(sock)
+                kind, payload = read_frame(sock)
                 if kind == RECORDS:
                     item = ("records", decode_records(payload), 1)
                 elif kind == BARRIER:
@@ -468,9 +387,9 @@ class OutputChannel(_Closing):
 
     def __init__(self, channel_id: str, address: tuple[str, int], secret: bytes,
                  connect_timeout: float = 30.0) -> None:
-        self.channel_id, self.address = channel_id, tuple(address)
+        self.channel_id = channel_id
+        self.address: tuple[str, int] = (address[0], address[1])
         self._cond = threading.Condition()
-        self._send_lock = threading.Lock()
         self._credits = 0
         self._encoded: tuple | None = None  # (batch, len, bytes) of a send that timed out
         self._error: str | None = None
@@ -478,7 +397,7 @@ class OutputChannel(_Closing):
         deadline = time.monotonic() + connect_timeout
         while True:  # the gate may not listen yet: retry until the deadline
             try:
-                self._sock = socket.create_connection(
+                sock = socket.create_connection(
                     self.address, timeout=max(deadline - time.monotonic(), 0.01))
                 break
             except OSError as exc:
@@ -487,11 +406,12 @@ class OutputChannel(_Closing):
                                        f"cannot connect to {self.address}: {exc}") from exc
                 time.sleep(0.05)
         try:
-            _tune(self._sock)
-            self._handshake(secret, deadline)
+            net.tune(sock)
+            self._conn = self._handshake(sock, secret, deadline)
         except BaseException:
-            self._sock.close()
+            sock.close()
             raise
+        self._sock = sock
         self._reader = threading.Thread(target=self._read_loop, daemon=True,
                                         name=f"cutline-out-{channel_id}")
         self._reader.start()
@@ -500,30 +420,37 @@ class OutputChannel(_Closing):
     def credits(self) -> int:
         return self._credits
 
-    def _handshake(self, secret: bytes, deadline: float) -> None:
-        sock, cid = self._sock, self.channel_id
+    def _handshake(self, sock: socket.socket, secret: bytes,
+                   deadline: float) -> net.Connection:
+        cid, where = self.channel_id, self.address
         try:
             sock.settimeout(max(deadline - time.monotonic(), 1.0))
-            kind, nonce = _read_frame(sock, MAX_HELLO)
-            if kind != HELLO or len(nonce) != NONCE_BYTES:
-                raise ChannelError(cid, f"{self.address} is not a cutline input gate")
-            mac = channel_mac(secret, cid, bytes(nonce))
-            _send_frame(sock, HELLO, msgpack.packb({"channel_id": cid, "mac": mac}))
-            kind, payload = _read_frame(sock, MAX_HELLO)
+            conn = net.client_handshake(sock, secret, channel_purpose(cid), where)
+            sock.settimeout(max(deadline - time.monotonic(), 1.0))
+            kind, payload = conn.recv(MAX_HELLO)  # the initial credits, or REJECT
+        except net.Refused as exc:
+            raise ChannelError(cid, f"refused by {where}: {exc.reason}") from None
+        except net.NotAListener:
+            raise ChannelError(cid, f"{where} is not a cutline input gate") from None
+        except net.HandshakeError as exc:  # lost on the way, or an unexpected reply
+            cause = exc.__cause__
+            text = f"handshake with {where} failed: {cause}" if cause else str(exc)
+            raise ChannelError(cid, text) from exc
         except (OSError, EOFError, ValueError) as exc:
-            raise ChannelError(cid, f"handshake with {self.address} failed: {exc}") from exc
+            raise ChannelError(cid, f"handshake with {where} failed: {exc}") from exc
         if kind == REJECT:
             reason = payload.decode(errors="replace")
-            raise ChannelError(cid, f"refused by {self.address}: {reason}")
+            raise ChannelError(cid, f"refused by {where}: {reason}")
         if kind != CREDIT or len(payload) != _COUNT.size:
             raise ChannelError(cid, f"unexpected handshake reply (frame type {kind})")
         self._credits = _COUNT.unpack(payload)[0]
         sock.settimeout(None)
+        return conn
 
     def _read_loop(self) -> None:
         try:
             while True:
-                kind, payload = _read_frame(self._sock, MAX_HELLO)
+                kind, payload = net.read_frame(self._sock, MAX_HELLO)
                 if kind != CREDIT or len(payload) != _COUNT.size:
                     raise ValueError(f"unexpected frame type {kind} from the receiver")
                 with self._cond:
@@ -577,8 +504,7 @@ class OutputChannel(_Closing):
 
     def _send(self, kind: int, payload: bytes = b"") -> None:
         try:
-            with self._send_lock:
-                _send_frame(self._sock, kind, payload)
+            self._conn.send(kind, payload)
         except OSError as exc:
             with self._cond:
                 self._error = self._error or f"send failed ({exc})"
