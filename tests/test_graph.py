@@ -128,7 +128,7 @@ def test_restore_redelivers_messages_in_transit_exactly_once(tmp_path):
     assert again.stopped == "terminated" and again.restored_from == source.path
     expected = {a: s["balance"] for a, s in source.states.items()}
     seen = {a: collections.Counter(map(tuple, s["seen"])) for a, s in source.states.items()}
-    for (src, dst), msgs in source.channels.items():
+    for (_src, dst), msgs in source.channels.items():
         for sender, seq, amount in msgs:
             expected[dst] += amount
             seen[dst][(sender, seq)] += 1

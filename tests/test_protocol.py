@@ -72,7 +72,8 @@ def test_chandy_lamport_concurrent_snapshots_record_independently():
     assert h.on_barrier("a", B(1)) == snap(1)
     assert h.on_barrier("a", B(2)) == snap(2)
     assert h.on_records("b", ("m",)) == [
-        RecordChannelState(1, "b", ("m",)), RecordChannelState(2, "b", ("m",)), Deliver("b", ("m",))]
+        RecordChannelState(1, "b", ("m",)), RecordChannelState(2, "b", ("m",)),
+        Deliver("b", ("m",))]
     assert h.on_barrier("b", B(1)) == [FinishSnapshot(1)]
     assert h.on_records("b", ("n",)) == [RecordChannelState(2, "b", ("n",)), Deliver("b", ("n",))]
     assert h.on_barrier("b", B(2)) == [FinishSnapshot(2)]
@@ -123,7 +124,8 @@ def test_back_edges_are_logged_not_aligned():
     h = SnapshotHandler(["fwd", "loop"], "aligned", back_edges=["loop"])
     # forward barrier alone completes alignment: never wait on the cycle
     assert h.on_barrier("fwd", B(1)) == snap(1)
-    assert h.on_records("loop", (5,)) == [RecordChannelState(1, "loop", (5,)), Deliver("loop", (5,))]
+    assert h.on_records("loop", (5,)) == [
+        RecordChannelState(1, "loop", (5,)), Deliver("loop", (5,))]
     assert h.on_records("fwd", (6,)) == [Deliver("fwd", (6,))]
     assert h.on_barrier("loop", B(1)) == [FinishSnapshot(1)]
 
@@ -139,7 +141,8 @@ def test_at_least_once_newer_checkpoint_subsumes_older():
     h = SnapshotHandler(["a", "b"], "at_least_once")
     h.on_barrier("a", B(1))
     h.on_barrier("a", B(2))
-    assert h.on_barrier("b", B(2)) == [DeclineSnapshot(1, "subsumed by checkpoint 2")] + snap(2) + [FinishSnapshot(2)]
+    assert h.on_barrier("b", B(2)) == (
+        [DeclineSnapshot(1, "subsumed by checkpoint 2")] + snap(2) + [FinishSnapshot(2)])
 
 
 def test_trigger_at_task_with_open_inputs_is_an_error_for_aligned():
@@ -169,7 +172,8 @@ def test_bad_arguments_get_clear_errors():
 def test_handle_dispatches_every_event_type():
     h = SnapshotHandler(["a"], Mode.CHANDY_LAMPORT)
     assert h.handle(TriggerCheckpoint(1)) == snap(1)
-    assert h.handle(RecordsArrived("a", (1,))) == [RecordChannelState(1, "a", (1,)), Deliver("a", (1,))]
+    assert h.handle(RecordsArrived("a", (1,))) == [
+        RecordChannelState(1, "a", (1,)), Deliver("a", (1,))]
     assert h.handle(BarrierArrived("a", B(1))) == [FinishSnapshot(1)]
 
 

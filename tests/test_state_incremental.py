@@ -122,7 +122,7 @@ def test_no_orphaned_shared_files_after_many_checkpoints_with_retention(tmp_path
         counts = {}
         for state in read_states(handle).values():
             for blob in state.ops.values():
-                for _, (name, word), v in read_entries(blob):
+                for _, (_name, word), v in read_entries(blob):
                     counts[word] = v
         if n == kept[-1]:  # the final checkpoint: every word fully counted
             assert counts == collections.Counter(w for w, _ in expected_rows(30_000))

@@ -24,7 +24,8 @@ def _positive(name: str, minimum: int = 1) -> Callable[[str], int]:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a whole number, got {text!r}")
+            raise argparse.ArgumentTypeError(
+                f"{name} must be a whole number, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{name} must be >= {minimum}, got {value}")
         return value

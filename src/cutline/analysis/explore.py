@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..protocol import (
@@ -276,10 +276,14 @@ class _Explorer:
                 expected = tuple(m for m in on_c
                                  if m in w.sent_white[k] and m not in w.recv_white[k])
                 if expected != w.recorded[k][c]:
-                    fmt = lambda ms: "[" + ", ".join(f"m{s + 1}.{j + 1}" for s, j in ms) + "]"
                     found.append(f"snapshot {k + 1}: channel {self.chan_names[c]} recorded "
-                                 f"{fmt(w.recorded[k][c])}, in transit {fmt(expected)}")
+                                 f"{_messages(w.recorded[k][c])}, in transit "
+                                 f"{_messages(expected)}")
         return found
+
+
+def _messages(ms: Iterable[tuple[int, int]]) -> str:
+    return "[" + ", ".join(f"m{s + 1}.{j + 1}" for s, j in ms) + "]"
 
 
 def explore(

@@ -64,7 +64,8 @@ def _window(text: str) -> tuple[float, float]:
     try:
         a, b = (float(x) for x in text.split(":"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"window must be T0:T1 in seconds, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"window must be T0:T1 in seconds, got {text!r}") from None
     if not a < b:
         raise argparse.ArgumentTypeError(f"window needs T0 < T1, got {text!r}")
     return a, b

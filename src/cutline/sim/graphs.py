@@ -19,7 +19,9 @@ def strongly_connected(n: int, rng: random.Random, extra: float = 0.3) -> list[t
     return sorted(edges)
 
 
-def random_dag(layers: list[int], rng: random.Random, density: float = 0.6) -> list[tuple[int, int]]:
+def random_dag(
+    layers: list[int], rng: random.Random, density: float = 0.6
+) -> list[tuple[int, int]]:
     """A layered DAG; every node in layer k>0 has at least one input from layer k-1."""
     ids, nodes = 0, []
     for width in layers:

@@ -85,7 +85,8 @@ def build(
     names = [f"P{i + 1}" for i in range(processes)]
     for n in names:
         sim.add_process(n, Bank(tokens, period))
-    for a, b in strongly_connected(processes, random.Random(seed if graph_seed is None else graph_seed)):
+    graph_rng = random.Random(seed if graph_seed is None else graph_seed)
+    for a, b in strongly_connected(processes, graph_rng):
         sim.connect(names[a], names[b])
     return sim
 
