@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -254,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
         "elapsed_s": elapsed, "summary": summary, "passed": passed, "worse": worse,
         "errors": errors}
     write_results(args.out, result, console)
+    if errors:
+        console.print(f"the failed runs' logs are kept in {work}", style="yellow")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
