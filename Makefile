@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(VENV)/bin/python examples/wordcount.py --kill
 	$(VENV)/bin/cutline simulate lecture --diagram out/lecture.png
 
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -q
 
 lint: $(STAMP)

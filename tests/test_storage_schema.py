@@ -12,7 +12,8 @@ import msgpack
 import pytest
 from pipelines import sentence, wordcount
 
-from cutline.plan import ChannelId, plan
+from cutline.plan import plan
+from cutline.protocol.ids import ChannelId
 from cutline.state.reader import keyed_rows
 from cutline.storage.checkpoints import (
     CheckpointStorage,

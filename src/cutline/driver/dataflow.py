@@ -16,11 +16,9 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
 
 from ..api import CheckpointConfig
 from ..plan import PhysicalPlan
-from ..protocol import messages as m
 from ..protocol.coordinator import CheckpointPolicy
 from ..protocol.job import (
     Attempt,
@@ -227,10 +225,8 @@ class JobDriver:
         latest under the job's storage) must fit the pipeline; raises
         :class:`~cutline.runtime.restore.IncompatibleCheckpointError` naming what changed."""
         try:
-            if self.controller.restore is not None:
-                handle = self.storage.open(self.controller.restore)
-            else:
-                handle = self.storage.latest()
+            handle = (self.storage.open(self.controller.restore)
+                      if self.controller.restore is not None else self.storage.latest())
             self._restore_checked = True
             self.controller.restore = handle.path if handle is not None else None
             if handle is None:

@@ -144,14 +144,14 @@ class GraphDriver:
         self.done = threading.Event()
         self.error: str | None = None
         self.stopping: str | None = None
-        self.stopped_by = None
+        self.stopped_by: Any = None  # the GraphSnapshot that ended the run
         self.stop_deadline = 0.0
         self.t_run = time.time()
         self.last_trigger = 0.0
         self._reach = self._adjacency()
         self._cover_cache: dict[frozenset, list[str]] = {}
         self._control = ControlService(host, self.secret, self.events, "cutline-graph")
-        self.address = self._control.address
+        self.address: tuple[str, int] = self._control.address
 
     # ------------------------------------------------------------------ set-up
 
@@ -290,7 +290,7 @@ class GraphDriver:
 
     def _handle(self, conn: FrameConnection | None, msg: Any) -> None:
         t = type(msg)
-        if t is m.Register:
+        if t is m.Register and conn is not None:
             self._register(conn, msg)
             return
         if msg is CANCEL:
@@ -385,7 +385,7 @@ class GraphDriver:
         self.attempts.append(Attempt(self.attempt.number, t0, path, restored_id=info[0],
                                      redelivered=info[1]))
         self.last_trigger = time.monotonic()
-        for slot, conn in self.attempt.conns.items():
+        for conn in self.attempt.conns.values():
             self._send(conn, m.Start(self.attempt.number,
                                      {str(k): v for k, v in self.attempt.addresses.items()},
                                      path, t0))

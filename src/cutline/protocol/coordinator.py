@@ -327,8 +327,8 @@ class CheckpointCoordinator:
         self._clock(now)
         if self.closed:
             return None
-        times = [self.pending.next_deadline(), self._trigger_due(now)]
-        times = [t for t in times if t is not None]
+        times = [t for t in (self.pending.next_deadline(), self._trigger_due(now))
+                 if t is not None]
         return max(min(times), now) if times else None
 
     # ------------------------------------------------------------------ events

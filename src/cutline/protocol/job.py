@@ -328,7 +328,7 @@ class JobController:
             self.attempt.number,
             max((float(s.get("alignment") or 0) for s in stats.values()), default=0.0)))
         self._broadcast(m.Complete(n, final), cmds)
-        self._check_loop(stats, now, cmds)
+        self._check_loop({str(t): s for t, s in stats.items()}, now, cmds)
         waiter = self._savepoints.pop(n, None)
         if waiter is not None:
             token, stop = waiter

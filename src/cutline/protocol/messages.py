@@ -349,7 +349,7 @@ def _value(v: Any) -> Any:
 def encode(msg: Any) -> bytes:
     """The frame body of ``msg`` (one of this module's messages)."""
     cls = type(msg)
-    if _BY_TAG.get(getattr(cls, "TAG", None)) is not cls:
+    if _BY_TAG.get(getattr(cls, "TAG", "")) is not cls:
         raise TypeError(f"not a control message: {msg!r}")
     return msgpack.packb([VERSION, cls.TAG, *_to_wire(msg)], use_bin_type=True)
 
@@ -376,7 +376,7 @@ def _build(cls: type, values: list, tag: str) -> Any:
     fields = _fields(cls)
     required = sum(1 for f in dataclasses.fields(cls)
                    if f.default is dataclasses.MISSING
-                   and f.default_factory is dataclasses.MISSING)  # type: ignore[misc]
+                   and f.default_factory is dataclasses.MISSING)
     if not required <= len(values) <= len(fields):
         raise MessageError(f"malformed {tag!r} message: {len(values)} fields, expected "
                            f"{required}..{len(fields)}")

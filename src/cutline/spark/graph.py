@@ -65,7 +65,7 @@ def run_graph(graph: Any, opts: RunOptions, *, spark: Any = None, on_start: Any 
                          on_snapshot=on_snapshot)
     spec = GraphSpec(job=graph.name, names=names, processes=processes, edges=list(graph.edges),
                      placement=placement, hosts=hosts, secret=driver.secret,
-                     coordinator=tuple(driver.address), trace=opts.trace, seed=opts.seed,
+                     coordinator=driver.address, trace=opts.trace, seed=opts.seed,
                      host_addr=engine.task_host)
     driver.start()
     t0 = time.monotonic()

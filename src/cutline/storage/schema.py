@@ -13,7 +13,7 @@ Versions:
 
 :func:`decode_task_state` reads both; a newer version, or a file that is not a task state,
 is refused naming the file and what it found.  Channel ids keep their text form
-(``"a.0->b.1"``) in the file and are :class:`~cutline.plan.ChannelId` once decoded.
+(``"a.0->b.1"``) in the file and are :class:`~cutline.protocol.ids.ChannelId` once decoded.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 import msgpack
 
-from ..plan import ChannelId
+from ..protocol.ids import ChannelId
 from .checkpoints import CheckpointHandle, CheckpointStorageError, CorruptCheckpointError
 
 __all__ = ["VERSION", "TaskState", "UnsupportedStateVersionError", "decode_task_state",
