@@ -18,14 +18,18 @@ admin port (``cutline.spark.admin``) all speak this, and only this, on TCP:
   and hands an authenticated connection to the ``serve`` callback.
   :meth:`Listener.close` closes every connection it accepted.
 
-Why plain sockets, not ``multiprocessing.connection`` or asyncio (``python bench/net.py``,
-shared 2-core box, 1,000-dict pickled batches, sender in another process, receiver decodes):
-see the numbers in :mod:`.channels`.  ``multiprocessing.connection`` receives into a
-``BytesIO`` (one more copy than ``recv_into`` a preallocated buffer), authenticates with
-HMAC-MD5 on Python 3.11 without binding a purpose, and its ``Listener.accept`` runs the
-handshake in the accepting thread with no timeout (one silent stranger stops all accepts).
-asyncio adds a hop between the event-loop thread and the task's thread for every batch and
-credit.  Both measured slower than blocking sockets with one reader thread per connection.
+Why blocking sockets with a reader thread per connection, not ``multiprocessing.connection``
+or asyncio: ``python bench/net.py`` part 1 (1,000-dict pickled batches from a child process,
+decoded by the receiving thread and handed to the main thread, which returns credits;
+credits 8; shared 2-core box at load 8-10, two runs of 9 and 11 rounds, medians): sockets
+844 k / 549 k records/s; ``multiprocessing.connection`` 784 k / 470 k (paired ratio 0.91 /
+0.91); asyncio 749 k / 546 k (0.92 / 0.96).  ``multiprocessing.connection`` receives into a
+``BytesIO`` (one more copy than ``recv_into`` a preallocated buffer) and asyncio adds a hop
+between the event-loop thread and the task's thread for every batch and credit.  Its
+handshake is faster (273 us against 441 us per connect, once per channel per attempt)
+because ``Listener.accept`` authenticates in the accepting thread, with no timeout: one
+silent stranger stops every accept; it also uses HMAC-MD5 on Python 3.11 and binds no
+purpose.  Here a connection costs a thread start, and a stranger costs only its own.
 """
 
 from __future__ import annotations
