@@ -64,9 +64,7 @@ class MemoryStateBackend(KeyedStateBackend):
                 if table is None:
                     table = groups[g] = {}
                 table[(name, k)] = v
-
-    def _spilled(self) -> None:
-        self._group_of.clear()  # what the next spill writes will be read (and cached) anew
+        cache.clear()  # what the next spill writes will be read (and cached) anew
 
     def keys(self) -> int:
         self.spill()
