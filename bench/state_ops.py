@@ -1,11 +1,13 @@
-"""``count`` and ``reduce`` operator loops, this checkout against an older commit, side by side.
+"""Keyed operator loops (``count``, ``reduce``, ``process`` with value state), this checkout
+against an older commit, side by side.
 
 Run ``python bench/state_ops.py`` (``--quick`` for a short run).  Each round starts one
 worker process per code version (the order alternates between rounds); a worker imports
 cutline from its version's ``src/`` and runs every case once: a keyed operator subtask
 owning all 128 key groups, warmed with every key once (a long-running job's steady state),
 then timed over ``--records`` records in batches of ``--batch`` keyed by ``--keys``
-distinct string keys, on the in-memory and the RocksDB backend, followed by one snapshot
+distinct string keys, on the in-memory and the RocksDB backend (``process`` counts with a
+value state: ``ctx.value_state("n", 0)``, read, update, emit), followed by one snapshot
 whose synchronous part (what stops the task) is timed too.  The older version is
 ``git archive``'d from ``--old`` (default: the commit before the keyed-state interface).
 
@@ -34,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DEFAULT_OUT = HERE / "results" / "state_ops.json"
 MAXP = 128
-OPS = ("count", "reduce")
+OPS = ("count", "reduce", "process")
 BACKENDS = ("memory", "rocksdb")
 
 
@@ -42,6 +44,13 @@ BACKENDS = ("memory", "rocksdb")
 
 def _add(a: tuple, b: tuple) -> tuple:
     return (a[0], a[1] + b[1])
+
+
+def _count_in_value_state(ctx: Any, record: Any) -> list:
+    n = ctx.value_state("n", 0)
+    v = n.value + 1
+    n.update(v)
+    return [(ctx.key, v)]
 
 
 def _run_case(op_kind: str, backend: str, keys: int, records: int, batch: int,
@@ -54,6 +63,9 @@ def _run_case(op_kind: str, backend: str, keys: int, records: int, batch: int,
     picks = [names[rnd.randrange(keys)] for _ in range(records)]
     if op_kind == "count":
         node = Node(0, "count", "count", key_fn=lambda r: r)
+        warm, recs = names, picks
+    elif op_kind == "process":
+        node = Node(0, "process", "process", fn=_count_in_value_state, key_fn=lambda r: r)
         warm, recs = names, picks
     else:
         node = Node(0, "reduce", "reduce", fn=_add, key_fn=lambda r: r[0])
@@ -84,7 +96,11 @@ def worker(src: str, cases: list[tuple[str, str, int]], records: int, batch: int
     if not where.startswith(os.path.realpath(src)):
         raise SystemExit(f"imported cutline from {where}, not from {src}")
     os.environ.setdefault("SPARK_LOCAL_DIRS", tempfile.gettempdir())
-    out = {f"{o}/{b}/{k}": _run_case(o, b, k, records, batch, seed) for o, b, k in cases}
+    out = {}
+    for o, b, k in cases:
+        t = time.perf_counter()
+        out[f"{o}/{b}/{k}"] = _run_case(o, b, k, records, batch, seed)
+        print(f"  {src}: {o}/{b}/{k} {time.perf_counter() - t:.1f} s", file=sys.stderr)
     json.dump(out, sys.stdout)
 
 
@@ -105,7 +121,7 @@ def run_worker(src: str, cases: list[tuple[str, str, int]], args: argparse.Names
            "--batch", str(args.batch), "--seed", str(args.seed),
            "--cases", ",".join(f"{o}/{b}/{k}" for o, b, k in cases)]
     env = dict(os.environ, PYTHONPATH=src)
-    done = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+    done = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, env=env)
     return json.loads(done.stdout)
 
 
@@ -114,7 +130,7 @@ def main() -> None:
     ap.add_argument("--old", default="be9b5d9", help="git revision to compare against")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--records", type=int, default=1_000_000)
-    ap.add_argument("--keys", default="10000,1000000",
+    ap.add_argument("--keys", default="10000,200000",
                     help="comma-separated numbers of distinct keys")
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=7)

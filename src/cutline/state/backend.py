@@ -107,7 +107,6 @@ class KeyedStateBackend(ABC):
         t = self._tables.get(name)
         if t is None:
             t = self._tables[name] = self._new_table(name)
-            self._tables_changed()
         return t
 
     def get(self, name: str, key: Any, default: Any = None) -> Any:
@@ -146,7 +145,6 @@ class KeyedStateBackend(ABC):
         for t in changed:
             t.fast.clear()
             t.deleted.clear()
-        self._spilled()
 
     def keys(self) -> int:
         """Number of entries (reads all the state: for tests and tools)."""
@@ -159,18 +157,13 @@ class KeyedStateBackend(ABC):
     # ------------------------------------------------------------------ per backend
 
     @abstractmethod
-    def _new_table(self, name: str) -> StateTable: ...
-
-    def _tables_changed(self) -> None:
-        """A table was added (a backend that shares bounds between tables rebalances)."""
+    def _new_table(self, name: str) -> StateTable:
+        """A table for state ``name`` (called once per name)."""
 
     @abstractmethod
     def _write(self, tables: list[StateTable]) -> None:
         """Write the tables' ``fast`` entries and the deletes of ``deleted`` keys not in
         ``fast`` behind them (they are emptied afterwards)."""
-
-    def _spilled(self) -> None:
-        """After a spill (a backend with caches of its own trims them)."""
 
     @abstractmethod
     def entries(self) -> Iterator[tuple[int, str, Any, Any]]:

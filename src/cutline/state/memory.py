@@ -2,8 +2,8 @@
 
 Behind the tables' ``fast`` dicts (:mod:`cutline.state.backend`) the state is
 ``{key group: {(state name, key): value}}``, which is also the snapshot (pickled): a hot
-key costs one dict lookup and one store per record, and its key group is looked up once
-per spill, not per record.
+key costs one dict lookup and one store per record, and its key group is found once per
+merge, not per record.
 """
 
 from __future__ import annotations
@@ -22,51 +22,43 @@ class MemoryStateBackend(KeyedStateBackend):
     behind one ``fast`` dict per state name.
 
     ``dirty_entries`` bounds what the ``fast`` dicts hold before they are merged into the
-    key-group dicts (a snapshot merges what they hold in its synchronous part).
+    key-group dicts (a snapshot merges what they hold in its synchronous part).  A key read
+    from behind ``fast`` remembers where it lives (its key group's dict and its
+    ``(name, key)`` slot) until the next merge, so the merge, on the snapshot's synchronous
+    path, neither hashes the key nor allocates.
     """
 
     def __init__(self, key_groups: range, max_parallelism: int, *,
                  dirty_entries: int = 100_000) -> None:
         super().__init__(key_groups, max_parallelism, dirty_entries)
         self._groups: dict[int, dict[tuple[str, Any], Any]] = {}
-        self._group_of: dict[Any, int] = {}  # recent keys' key groups: hashed once
-        self._group_max = 2 * dirty_entries + 1024
+        self._slot_max = dirty_entries + 1024  # bounds each table's remembered slots
 
     def _new_table(self, name: str) -> StateTable:
         return _MemoryTable(self, name)
 
-    def _group(self, key: Any) -> int:
-        """``key``'s key group, remembered (an error if this subtask does not own it)."""
-        cache = self._group_of
-        g = cache.get(key)
-        if g is None:
-            g = self.owned_group(key)
-            if len(cache) >= self._group_max:
-                cache.clear()
-            cache[key] = g
-        return g
+    def _group_dict(self, key: Any) -> dict[tuple[str, Any], Any]:
+        """The dict of ``key``'s key group (an error if this subtask does not own it)."""
+        g = self.owned_group(key)
+        table = self._groups.get(g)
+        if table is None:
+            table = self._groups[g] = {}
+        return table
 
     def _write(self, tables: list[StateTable]) -> None:
-        groups, cache, group = self._groups, self._group_of, self._group
         for t in tables:
-            name, fast = t.name, t.fast
+            assert isinstance(t, _MemoryTable)
+            name, fast, where = t.name, t.fast, t.where
             for k in t.deleted:
                 if k not in fast:
-                    g = cache.get(k)
-                    table = groups.get(group(k) if g is None else g)
-                    if table:
-                        table.pop((name, k), None)
+                    self._group_dict(k).pop((name, k), None)
             for k, v in fast.items():
-                g = cache.get(k)
-                if g is None:
-                    g = group(k)
-                table = groups.get(g)
-                if table is None:
-                    table = groups[g] = {}
-                table[(name, k)] = v
-
-    def _spilled(self) -> None:
-        self._group_of.clear()  # what the next spill writes will be read (and cached) anew
+                w = where.get(k)
+                if w is None:  # written without a read (or forgotten): find its place
+                    self._group_dict(k)[(name, k)] = v
+                else:
+                    w[0][w[1]] = v
+            where.clear()  # the next merge writes what is read (and placed) anew
 
     def keys(self) -> int:
         self.spill()
@@ -87,7 +79,6 @@ class MemoryStateBackend(KeyedStateBackend):
         """Load the key groups this subtask owns from any number of snapshots (rescaling),
         in-memory ones or RocksDB ones (a job may switch backends)."""
         self._reset()
-        self._group_of.clear()
         for blob in blobs:
             if _is_rocksdb(blob):
                 from .rocksdb import read_entries
@@ -104,19 +95,31 @@ class MemoryStateBackend(KeyedStateBackend):
 
 
 class _MemoryTable(StateTable):
-    __slots__ = ("_backend",)
+    """``where``: key -> (its key group's dict, its slot), for keys read since the last
+    merge."""
+
+    __slots__ = ("_backend", "where")
 
     def __init__(self, backend: MemoryStateBackend, name: str) -> None:
         super().__init__(name)
         self._backend = backend
+        self.where: dict[Any, tuple[dict, tuple[str, Any]]] = {}
 
     def read(self, key: Any, default: Any = None) -> Any:
         if self.deleted and key in self.deleted:
             return default
-        b = self._backend
-        g = b._group_of.get(key)
-        table = b._groups.get(b._group(key) if g is None else g)
-        return default if table is None else table.get((self.name, key), default)
+        where = self.where
+        w = where.get(key)
+        if w is None:
+            b = self._backend
+            if len(where) >= b._slot_max:
+                where.clear()
+            w = where[key] = (b._group_dict(key), (self.name, key))
+        return w[0].get(w[1], default)
+
+    def reset(self) -> None:
+        super().reset()
+        self.where.clear()
 
 
 def _is_rocksdb(blob: bytes) -> bool:

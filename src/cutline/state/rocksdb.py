@@ -196,14 +196,13 @@ class RocksDBStateBackend(KeyedStateBackend):
     # ------------------------------------------------------------------ access
 
     def _new_table(self, name: str) -> StateTable:
-        return _RocksTable(self, name)
-
-    def _tables_changed(self) -> None:
-        n = len(self._tables)
-        for t in self._tables.values():
+        new = _RocksTable(self, name)
+        tables = [*self._tables.values(), new]
+        for t in tables:  # the caches' bounds are shared out between the state names
             assert isinstance(t, _RocksTable)
-            t.clean_max = max(1, self._clean_max // n)
-            t.enc_max = max(1, self._enc_max // n)
+            t.clean_max = max(1, self._clean_max // len(tables))
+            t.enc_max = max(1, self._enc_max // len(tables))
+        return new
 
     def _write(self, tables: list[StateTable]) -> None:
         """One write batch; what it writes becomes ``clean``."""
