@@ -115,8 +115,7 @@ def draw(
         )
     plan = _plan(sim, snapshot_ids=snapshot_ids, window=window, max_messages=max_messages)
     path.parent.mkdir(parents=True, exist_ok=True)
-    rc = {"svg.fonttype": "none", "svg.hashsalt": "cutline"}
-    with matplotlib.rc_context(rc):
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "cutline"}):
         fig = _figure(plan, title)
         fig.savefig(
             path,
@@ -183,13 +182,13 @@ def _plan(
     messages = []
     for mid in sends.keys() | recvs.keys():
         s, r = sends.get(mid), recvs.get(mid)
-        channel = (s or r).channel
+        channel = s.channel if s is not None else recvs[mid].channel
         src, dst = _ends(sim, channel, s.process if s else None, r.process if r else None)
         messages.append(_Arrow(src, dst, s.time if s else None, r.time if r else None,
                                message=mid, recorded=mid in recorded))
 
     # Markers: pair marker_send and marker_recv by (channel, checkpoint).
-    pending: dict[tuple[str, int], TraceEvent] = {}
+    pending: dict[tuple[str | None, int | None], TraceEvent] = {}
     markers = []
     for ev in trace:
         if ev.kind == "marker_send":
