@@ -26,9 +26,10 @@ pyplot, no global backend switch, nothing shared between calls.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -37,9 +38,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch
 
-from .world import Simulation, TraceEvent
+from .world import Snapshot, TraceEvent
 
-__all__ = ["draw"]
+__all__ = ["Run", "draw"]
 
 APP_KINDS = frozenset({"send", "recv", "internal"})
 SUFFIXES = (".png", ".svg")
@@ -50,6 +51,22 @@ MARKER_COLOUR = "#8c8c8c"
 RECORDED_COLOUR = "#d62728"
 CUT_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b")
 CUT_MARKERS = ("s", "D", "^", "v", "P", "X")
+
+
+class Run(Protocol):
+    """What :func:`draw` reads: a :class:`~cutline.sim.Simulation`, or the trace of a live
+    process-graph run (:mod:`cutline.graph.pictures`)."""
+
+    @property
+    def trace(self) -> Sequence[TraceEvent]: ...
+    @property
+    def procs(self) -> Mapping[str, Any]: ...  # process names (in drawing order)
+    @property
+    def chans(self) -> Mapping[str, Any]: ...  # channel name -> an object with .src, .dst
+    @property
+    def snapshots(self) -> Mapping[int, Snapshot]: ...
+    @property
+    def completed(self) -> list[Snapshot]: ...
 
 
 @dataclass(frozen=True)
@@ -88,7 +105,7 @@ class _Plan:
 
 
 def draw(
-    sim: Simulation,
+    sim: Run,
     path: str | Path,
     *,
     snapshot_ids: Iterable[int] | None = None,
@@ -130,7 +147,7 @@ def draw(
 
 
 def _plan(
-    sim: Simulation,
+    sim: Run,
     *,
     snapshot_ids: Iterable[int] | None = None,
     window: tuple[float, float] | None = None,
@@ -233,7 +250,7 @@ def _plan(
     return plan
 
 
-def _ends(sim: Simulation, channel: str | None, src: str | None, dst: str | None
+def _ends(sim: Run, channel: str | None, src: str | None, dst: str | None
           ) -> tuple[str, str]:
     """Sender and receiver of ``channel``, preferring what the trace says."""
     ch = sim.chans.get(channel) if channel is not None else None
