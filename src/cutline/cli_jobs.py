@@ -49,7 +49,7 @@ def add_parser(sub: Any) -> None:
     ch.add_argument("--format", choices=["table", "json"], default="table")
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     from .storage.checkpoints import CheckpointStorage
 
     storage = CheckpointStorage(args.storage, args.job)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in sorted(storage._entries()):
         try:
             h = storage.open(name)

@@ -57,6 +57,14 @@ class CutReport:
         return "\n".join(lines)
 
 
+def _message_event(e: TraceEvent) -> tuple[int, str, int]:
+    """(message id, channel, event index) of a send or receive event."""
+    if e.message is None or e.channel is None or e.index is None:
+        raise ValueError(f"{e.kind} event of {e.process} at t={e.time} lacks its message, "
+                         f"channel or index: {e}")
+    return e.message, e.channel, e.index
+
+
 def check_cut(
     trace: Sequence[TraceEvent],
     snapshot: Snapshot,
@@ -76,17 +84,19 @@ def check_cut(
     received_white: set[int] = set()
     for e in trace:
         if e.kind == "send":
-            sent[e.message] = (white(e.process, e.index), e.channel)
-            order.setdefault(e.channel, []).append(e.message)
+            msg, ch, index = _message_event(e)
+            sent[msg] = (white(e.process, index), ch)
+            order.setdefault(ch, []).append(msg)
         elif e.kind == "recv":
-            if white(e.process, e.index):
-                received_white.add(e.message)
-                if e.message in sent and not sent[e.message][0]:
-                    report.orphans.append((e.message, e.channel))
-            elif e.message not in sent:
+            msg, ch, index = _message_event(e)
+            if white(e.process, index):
+                received_white.add(msg)
+                if msg in sent and not sent[msg][0]:
+                    report.orphans.append((msg, ch))
+            elif msg not in sent:
                 # delivered from a restored channel state: sent before this run began
-                order.setdefault(e.channel, []).append(e.message)
-                sent[e.message] = (True, e.channel)
+                order.setdefault(ch, []).append(msg)
+                sent[msg] = (True, ch)
     # Messages re-injected from a restored channel state and received inside the cut
     # have no send event here either: they were sent before the run.
     names_ch = set(channels) if channels is not None else set(order) | set(snapshot.channels)

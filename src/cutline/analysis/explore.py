@@ -23,6 +23,7 @@ import copy
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
 from ..protocol import (
     Barrier,
@@ -125,7 +126,7 @@ class _Explorer:
 
     def initial(self) -> _World:
         k = self.snapshots
-        empty = tuple(frozenset() for _ in range(k))
+        empty: tuple[frozenset, ...] = tuple(frozenset() for _ in range(k))
         return _World(
             pcs=tuple(0 for _ in range(self.n)),
             queues=tuple(() for _ in self.edges),
@@ -145,7 +146,7 @@ class _Explorer:
             if w.pcs[p] < len(self.route[p]):
                 c = self.route[p][w.pcs[p]]
                 out.append((f"{self.names[p]} sends m{p + 1}.{w.pcs[p] + 1} on "
-                            f"{self.chan_names[c]}", lambda p=p: self._send(w, p)))
+                            f"{self.chan_names[c]}", partial(self._send, w, p)))
         for k in range(self.snapshots):
             inits = self.initiators[k]
             done = w.triggered[k]
@@ -154,19 +155,19 @@ class _Explorer:
             if done < len(inits) and not ordered:
                 p = inits[done]
                 out.append((f"{self.names[p]} initiates snapshot {k + 1}",
-                            lambda k=k, p=p: self._trigger(w, k, p)))
+                            partial(self._trigger, w, k, p)))
         for c, (_, dst) in enumerate(self.edges):
             q = w.queues[c]
             if not q or self.chan_names[c] in w.handlers[dst].blocked:
                 continue
-            out.append((self._describe(c, q[0]), lambda c=c: self._deliver(w, c)))
+            out.append((self._describe(c, q[0]), partial(self._deliver, w, c)))
             if self.mode is Mode.UNALIGNED:
                 # the first barrier queued behind records may jump them (never a barrier)
                 pos = next((i for i, it in enumerate(q) if it[0] == "b"), 0)
                 if pos:
                     out.append((f"barrier {q[pos][1].checkpoint_id} overtakes {pos} "
                                 f"record(s) on {self.chan_names[c]}",
-                                lambda c=c, pos=pos: self._overtake(w, c, pos)))
+                                partial(self._overtake, w, c, pos)))
         return out
 
     def _describe(self, c: int, item: tuple) -> str:

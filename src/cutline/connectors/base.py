@@ -210,6 +210,13 @@ class StagedWriter:
         self._fs.makedirs(self._dir, exist_ok=True)
         self._reset()
 
+    @property
+    def _open_dir(self) -> str:
+        """This subtask's staging directory (there is one once the writer is open)."""
+        if self._dir is None:
+            raise RuntimeError(f"{type(self).__name__} used before open()")
+        return self._dir
+
     def _rel(self, full: str) -> str:
         return full[len(self._root):].lstrip("/")
 

@@ -83,7 +83,7 @@ class CollectWriter(StagedWriter):
     def pre_commit(self, checkpoint_id: int) -> dict:
         cid, files = int(checkpoint_id), []
         if self._buf:
-            path = join(self._dir, f"chk-{cid}.pkl")
+            path = join(self._open_dir, f"chk-{cid}.pkl")
             payload = {"job": self._job, "subtask": self._subtask, "checkpoint_id": cid,
                        "records": self._buf}
             with self._fs.open(path, "wb") as f:

@@ -67,7 +67,7 @@ class FileSource:
 class FileReader:
     def __init__(self, source: FileSource):
         self._src = source
-        self._parallelism = None
+        self._parallelism: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def open(self, subtask: int, parallelism: int) -> None:
@@ -85,7 +85,7 @@ class FileReader:
         self._handle: Any = None
         self._header: list[str] | None = None
         # jsonl: C scanner of json.loads, called directly (one per reader: not shared by threads)
-        self._scan = json.scanner.make_scanner(json.JSONDecoder())
+        self._scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
         self._reset_lines()
         self._list()
         self._next_poll = time.monotonic() + self._src.poll_interval
@@ -136,6 +136,8 @@ class FileReader:
     # ------------------------------------------------------------------ listing
     def _list(self) -> None:
         fs, root, p = self._fs, self._root, self._parallelism
+        if p is None:
+            raise RuntimeError("FileReader used before open()")
         if fs.isfile(root):
             entries = [root]
         else:
@@ -199,8 +201,13 @@ class FileReader:
         self._eof = False
         self._no_newline = False  # the file's last line has no newline (it is in _lines)
 
+    def _current_path(self) -> str:
+        if self._cur is None:
+            raise RuntimeError("FileReader has no current file")
+        return self._known[self._cur]
+
     def _open_current(self) -> None:
-        full = self._known[self._cur]
+        full = self._current_path()
         if self._src.format == "parquet":
             import pyarrow.parquet as pq
             f = self._fs.open(full, "rb")
@@ -209,7 +216,8 @@ class FileReader:
             except Exception as e:
                 f.close()
                 raise RecordError(full, 0, f"not a readable parquet file: {e}") from e
-            self._handle, self._pf, self._rg = f, pf, None
+            self._handle, self._pf = f, pf
+            self._rg: tuple[int, Any] | None = None  # the row group read last: (index, table)
             sizes = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
             self._starts = [sum(sizes[:i]) for i in range(len(sizes))]
             self._rows = sum(sizes)
@@ -297,7 +305,7 @@ class FileReader:
                 self._handle.seek(start)
                 self._reset_lines()
                 self._off, self._line = start, line - 1
-                raise RecordError(self._known[self._cur], start, str(e), line=line) from e
+                raise RecordError(self._current_path(), start, str(e), line=line) from e
             self._li = i + done
             self._off += sum(map(len, take)) + done
             if self._no_newline and self._li == len(self._lines):
@@ -332,7 +340,7 @@ class FileReader:
                 # Leave the position at the bad record, so a retry fails the same way.
                 f.seek(start)
                 self._off, self._line = start, start_line - 1
-                raise RecordError(self._known[self._cur], start, str(e), line=start_line) from e
+                raise RecordError(self._current_path(), start, str(e), line=start_line) from e
             return start, start_line, rec
 
     def _parse(self, text: str) -> Any:

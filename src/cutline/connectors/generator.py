@@ -50,7 +50,8 @@ class GeneratorReader:
 
     def __init__(self, source: GeneratorSource):
         self._src = source
-        self._subtask = self._parallelism = None
+        self._subtask: int | None = None
+        self._parallelism: int | None = None
         self._splits: list[list[int]] = []
         self._k = 0  # the split read next (round robin over batches)
 
@@ -60,11 +61,14 @@ class GeneratorReader:
         self._subtask, self._parallelism = subtask, parallelism
         self._splits = [[subtask, parallelism]]
         rate = self._src.rate
-        self._per_sec = None if rate is None else rate / parallelism
         # Token bucket: starts empty, refills at _per_sec, holds at most ~0.1 s worth (>= 1)
         # so a slow consumer does not cause a burst above the rate afterwards.
+        self._per_sec: float | None = None
+        self._cap = 1.0
+        if rate is not None:
+            self._per_sec = rate / parallelism
+            self._cap = max(1.0, self._per_sec * 0.1)
         self._tokens, self._last = 0.0, time.monotonic()
-        self._cap = None if rate is None else max(1.0, self._per_sec * 0.1)
 
     def _left(self, split: list[int]) -> int | None:
         count = self._src.count
@@ -76,22 +80,23 @@ class GeneratorReader:
     def _remaining(self) -> int | None:
         if self._src.count is None:
             return None if self._splits else 0
-        return sum(self._left(sp) for sp in self._splits)
+        return sum(self._left(sp) or 0 for sp in self._splits)  # ints: count is known
 
     def _allowance(self, want: int) -> int:
         """How many records may be emitted now (sleeping up to ``step`` to let one come due)."""
-        if self._per_sec is None:
+        per_sec = self._per_sec
+        if per_sec is None:
             return want
         deadline = time.monotonic() + self._src.step
         while True:
             now = time.monotonic()
-            self._tokens = min(self._cap, self._tokens + (now - self._last) * self._per_sec)
+            self._tokens = min(self._cap, self._tokens + (now - self._last) * per_sec)
             self._last = now
             if self._tokens >= 1.0:
                 n = min(want, int(self._tokens))
                 self._tokens -= n
                 return n
-            wait = min((1.0 - self._tokens) / self._per_sec, deadline - now)
+            wait = min((1.0 - self._tokens) / per_sec, deadline - now)
             if wait <= 0:
                 return 0
             time.sleep(wait)
@@ -138,6 +143,8 @@ class GeneratorReader:
         splits = sorted(sp for st in states for sp in self._splits_of(st)
                         if self._left(sp) != 0)
         p = self._parallelism
+        if p is None:
+            raise RuntimeError("GeneratorReader.rescale() before open()")
         while len(splits) < p:  # cut splits in two (evens, odds) so every reader gets work
             cut = []
             for nxt, stride in splits:

@@ -107,11 +107,11 @@ class ParquetWriter(StagedWriter):
         cid = int(checkpoint_id)
         files = []
         for n, src in enumerate(self._rolled):
-            dest = join(self._dir, f"chk-{cid}-{n}.parquet")
+            dest = join(self._open_dir, f"chk-{cid}-{n}.parquet")
             self._fs.mv(src, dest)
             files.append(self._rel(dest))
         if self._buf:
-            dest = join(self._dir, f"chk-{cid}-{len(files)}.parquet")
+            dest = join(self._open_dir, f"chk-{cid}-{len(files)}.parquet")
             self._write_file(dest, self._buf)
             files.append(self._rel(dest))
         self._buf, self._rolled = [], []

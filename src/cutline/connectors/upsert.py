@@ -188,14 +188,17 @@ class UpsertWriter:
     # ------------------------------------------------------------------ internals
 
     def _staged_subtasks(self) -> list[int]:
-        return [s for (s,) in self._conn.execute(
+        return [s for (s,) in self._db().execute(
             "SELECT DISTINCT subtask FROM _cutline_staged WHERE tbl=? AND job=?",
             (self._sink.table, self._job)).fetchall()]
 
-    def _tx(self) -> "_Tx":
+    def _db(self) -> sqlite3.Connection:
         if self._conn is None:
             raise RuntimeError("UpsertWriter used before open()")
-        return _Tx(self._conn)
+        return self._conn
+
+    def _tx(self) -> "_Tx":
+        return _Tx(self._db())
 
     def _apply(self, handles: list[dict], strict: bool) -> None:
         if not handles:

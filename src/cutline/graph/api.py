@@ -46,6 +46,8 @@ class Process:
     ``state`` is pickled when the process takes its local snapshot (so later changes do
     not leak into the snapshot) and given back by :meth:`restore_state` after a restore.
     Override :meth:`snapshot_state` / :meth:`restore_state` to store something else.
+    (Processes of the deterministic simulator are :class:`cutline.sim.SimProcess`, whose
+    handler works on channels: ``on_receive(ctx, channel, payload)``.)
     """
 
     state: Any = None

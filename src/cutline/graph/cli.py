@@ -272,15 +272,15 @@ def _print(result: Any, args: argparse.Namespace, kill: Any) -> None:
     if shown:
         console.print(t)
     for n in names:
-        checks = [(s.id, c) for s in snaps for c in s.checks if c.name == n]
-        if checks and checks[0][1].kind == "invariant":
-            bad = [i for i, c in checks if not c.holds]
+        history = [(s.id, c) for s in snaps for c in s.checks if c.name == n]
+        if history and history[0][1].kind == "invariant":
+            bad = [i for i, c in history if not c.holds]
             if bad:
                 console.print(f"[red]✗ {n}: violated on snapshot(s) "
                               f"{', '.join(map(str, bad[:10]))}[/] - first: "
-                              f"{next(c.detail for i, c in checks if not c.holds)}")
+                              f"{next(c.detail for i, c in history if not c.holds)}")
             else:
-                console.print(f"[green]✓[/] {n}: holds on every snapshot ({len(checks)})")
+                console.print(f"[green]✓[/] {n}: holds on every snapshot ({len(history)})")
     if result.stopped_by is not None:
         s = result.stopped_by
         why = next((c for c in s.checks if result.stopped.startswith(c.name)), None)
@@ -395,9 +395,9 @@ def snapshots_main(args: argparse.Namespace) -> int:
     if args.view:
         from .pictures import snapshot_view
 
-        out = snapshot_view(snap, args.view)
+        view = snapshot_view(snap, args.view)
         if args.format == "table":
-            console.print(f"snapshot view written to [bold]{out}[/]")
+            console.print(f"snapshot view written to [bold]{view}[/]")
     return 0
 
 

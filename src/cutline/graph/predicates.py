@@ -64,14 +64,14 @@ def as_predicate(p: Predicate | Callable) -> Predicate:
 
 def invariant(fn: Callable[[GraphSnapshot], Any], name: str | None = None) -> Predicate:
     """A user function that must hold on every snapshot."""
-    return Predicate(name or getattr(fn, "__name__", "invariant"), fn)
+    return Predicate(name or str(getattr(fn, "__name__", "invariant")), fn)
 
 
 def stable(fn: Callable[[GraphSnapshot], Any], name: str | None = None, *,
            stop: bool = False) -> Predicate:
     """A user's stable predicate: reported on the first snapshot that shows it; ``stop``
     ends the run there."""
-    return Predicate(name or getattr(fn, "__name__", "stable"), fn, "stable", stop)
+    return Predicate(name or str(getattr(fn, "__name__", "stable")), fn, "stable", stop)
 
 
 def conserved(expected: float, value: Callable[[Any], float] = _identity,

@@ -139,7 +139,7 @@ def decode(n: int, parts: Mapping[str, Mapping], edges: Iterable[Edge],
            names: Iterable[str] | None = None) -> GraphSnapshot:
     """Build a snapshot from every process's part (unpickles the user's objects);
     processes in the order of ``names`` (the graph's order) when given."""
-    snap = GraphSnapshot(n, {}, {tuple(e): [] for e in edges}, {})
+    snap = GraphSnapshot(n, {}, {(src, dst): [] for src, dst in edges}, {})
     order = [x for x in names if x in parts] if names is not None else list(parts)
     for name in order:
         part = parts[name]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import zlib
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from .world import SimContext, SimProcess, Simulation
 
@@ -96,7 +96,14 @@ def build_pipeline(
         sim.connect(c, "sink")
 
 
-def compare_output(expected: list, actual: list) -> dict[str, int | bool]:
+class OutputComparison(TypedDict):
+    records: int
+    duplicates: int
+    lost: int
+    exact: bool
+
+
+def compare_output(expected: list, actual: list) -> OutputComparison:
     """Exact comparison of sink outputs, and the duplicates / losses by record id."""
     exp_ids = Counter(rid for _, _, rid in expected)
     got_ids = Counter(rid for _, _, rid in actual)

@@ -26,9 +26,10 @@ pyplot, no global backend switch, nothing shared between calls.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -37,9 +38,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch
 
-from .world import Simulation, TraceEvent
+from .world import Snapshot, TraceEvent
 
-__all__ = ["draw"]
+__all__ = ["Run", "draw"]
 
 APP_KINDS = frozenset({"send", "recv", "internal"})
 SUFFIXES = (".png", ".svg")
@@ -50,6 +51,22 @@ MARKER_COLOUR = "#8c8c8c"
 RECORDED_COLOUR = "#d62728"
 CUT_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b")
 CUT_MARKERS = ("s", "D", "^", "v", "P", "X")
+
+
+class Run(Protocol):
+    """What :func:`draw` reads: a :class:`~cutline.sim.Simulation`, or the trace of a live
+    process-graph run (:mod:`cutline.graph.pictures`)."""
+
+    @property
+    def trace(self) -> Sequence[TraceEvent]: ...
+    @property
+    def procs(self) -> Mapping[str, Any]: ...  # process names (in drawing order)
+    @property
+    def chans(self) -> Mapping[str, Any]: ...  # channel name -> an object with .src, .dst
+    @property
+    def snapshots(self) -> Mapping[int, Snapshot]: ...
+    @property
+    def completed(self) -> list[Snapshot]: ...
 
 
 @dataclass(frozen=True)
@@ -88,7 +105,7 @@ class _Plan:
 
 
 def draw(
-    sim: Simulation,
+    sim: Run,
     path: str | Path,
     *,
     snapshot_ids: Iterable[int] | None = None,
@@ -115,8 +132,7 @@ def draw(
         )
     plan = _plan(sim, snapshot_ids=snapshot_ids, window=window, max_messages=max_messages)
     path.parent.mkdir(parents=True, exist_ok=True)
-    rc = {"svg.fonttype": "none", "svg.hashsalt": "cutline"}
-    with matplotlib.rc_context(rc):
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "cutline"}):
         fig = _figure(plan, title)
         fig.savefig(
             path,
@@ -131,7 +147,7 @@ def draw(
 
 
 def _plan(
-    sim: Simulation,
+    sim: Run,
     *,
     snapshot_ids: Iterable[int] | None = None,
     window: tuple[float, float] | None = None,
@@ -183,13 +199,13 @@ def _plan(
     messages = []
     for mid in sends.keys() | recvs.keys():
         s, r = sends.get(mid), recvs.get(mid)
-        channel = (s or r).channel
+        channel = s.channel if s is not None else recvs[mid].channel
         src, dst = _ends(sim, channel, s.process if s else None, r.process if r else None)
         messages.append(_Arrow(src, dst, s.time if s else None, r.time if r else None,
                                message=mid, recorded=mid in recorded))
 
     # Markers: pair marker_send and marker_recv by (channel, checkpoint).
-    pending: dict[tuple[str, int], TraceEvent] = {}
+    pending: dict[tuple[str | None, int | None], TraceEvent] = {}
     markers = []
     for ev in trace:
         if ev.kind == "marker_send":
@@ -234,7 +250,7 @@ def _plan(
     return plan
 
 
-def _ends(sim: Simulation, channel: str | None, src: str | None, dst: str | None
+def _ends(sim: Run, channel: str | None, src: str | None, dst: str | None
           ) -> tuple[str, str]:
     """Sender and receiver of ``channel``, preferring what the trace says."""
     ch = sim.chans.get(channel) if channel is not None else None

@@ -22,7 +22,7 @@ import heapq
 import random
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from ..protocol import (
     Barrier,
@@ -108,6 +108,13 @@ class _Proc:
         self.wake_scheduled = False
         self.events = 0  # application events so far
         self.done = False  # outputs closed
+
+    @property
+    def h(self) -> SnapshotHandler:
+        """The process's snapshot handler (there is one once the simulation started)."""
+        if self.handler is None:
+            raise RuntimeError(f"process {self.name}: the simulation has not started")
+        return self.handler
 
 
 class SimContext:
@@ -359,7 +366,7 @@ class Simulation:
         p = self.procs[ch.dst]
         if isinstance(item, Barrier) and len(ch.inbox) > 1 and p.handler is not None:
             # queued behind data: announce it (a priority event, handled even when busy)
-            self._perform(p, p.handler.on_announce(ch.name, item))
+            self._perform(p, p.h.on_announce(ch.name, item))
         self._wake(p)
 
     def _prioritize(self, p: _Proc, channel: str, n: int) -> None:
@@ -372,7 +379,7 @@ class Simulation:
         inbox.popleft()
         barrier = Barrier(n, unaligned=True)
         self._marker_received(p, channel, barrier)
-        self._perform(p, p.handler.on_barrier(channel, barrier, overtaken))
+        self._perform(p, p.h.on_barrier(channel, barrier, overtaken))
 
     def _fire_timer(self, p: _Proc, tag: Any) -> None:
         p.logic.on_timer(SimContext(self, p), tag)
@@ -396,7 +403,7 @@ class Simulation:
 
     def _step(self, p: _Proc) -> bool:
         """Handle one inbox item (or one batch of records); False if nothing to do."""
-        h = p.handler
+        h = p.h
         ready = [c for c in p.inputs if self.chans[c].inbox and c not in p.blocked]
         if not ready:
             return False
@@ -420,7 +427,7 @@ class Simulation:
             self._marker_received(p, c, head)
             self._perform(p, h.on_barrier(c, head))
             return True
-        batch = []
+        batch: list[Message] = []
         while inbox and len(batch) < self.batch_size and isinstance(inbox[0], Message):
             batch.append(inbox.popleft())
         self._perform(p, h.on_records(c, tuple(batch)))
@@ -451,7 +458,7 @@ class Simulation:
         if p.done:
             self._final_state(p, checkpoint_id)
             return
-        self._perform(p, p.handler.on_trigger(checkpoint_id))
+        self._perform(p, p.h.on_trigger(checkpoint_id))
         self._wake(p)
 
     def _final_state(self, p: _Proc, n: int) -> None:
@@ -470,15 +477,16 @@ class Simulation:
         for a in actions:
             if type(a) is Deliver:
                 ctx = SimContext(self, p)
+                channel = cast(str, a.channel)  # the simulator's channels are names
                 for m in a.records:
                     ctx._current = self._app_event(
-                        p, "recv", label=None, message=m.id, channel=a.channel)
-                    p.logic.on_receive(ctx, a.channel, m.payload)
+                        p, "recv", label=None, message=m.id, channel=channel)
+                    p.logic.on_receive(ctx, channel, m.payload)
                     ctx._current = None
                 cost += self._service_time(p) * len(a.records)
             elif type(a) is RecordChannelState:
-                self._snapshot(a.checkpoint_id).channels.setdefault(a.channel, []).extend(
-                    a.records)
+                recorded = self._snapshot(a.checkpoint_id).channels
+                recorded.setdefault(cast(str, a.channel), []).extend(a.records)
             elif type(a) is TakeSnapshot:
                 snap = self._snapshot(a.checkpoint_id)
                 snap.states[p.name] = p.logic.snapshot_state()
@@ -499,13 +507,13 @@ class Simulation:
             elif type(a) is FinishSnapshot:
                 self._finish(p, a.checkpoint_id)
             elif type(a) is BlockChannel:
-                p.blocked.add(a.channel)
+                p.blocked.add(cast(str, a.channel))
             elif type(a) is UnblockChannel:
                 p.blocked.discard(a.channel)
             elif type(a) is ScheduleTimeout:
                 self._at(self.now + a.delay, self._timeout, p, a.checkpoint_id)
             elif type(a) is PrioritizeBarrier:
-                self._prioritize(p, a.channel, a.checkpoint_id)
+                self._prioritize(p, cast(str, a.channel), a.checkpoint_id)
             elif type(a) is DeclineSnapshot:
                 self._at(self.now, self._abort, a.checkpoint_id, f"{p.name}: {a.reason}")
             else:  # pragma: no cover - exhaustive over protocol actions
@@ -524,7 +532,7 @@ class Simulation:
                 cb(snap)
 
     def _timeout(self, p: _Proc, n: int) -> None:
-        self._perform(p, p.handler.on_timeout(n))
+        self._perform(p, p.h.on_timeout(n))
         self._wake(p)
 
     def _abort(self, n: int, reason: str) -> None:
@@ -533,5 +541,5 @@ class Simulation:
             return
         snap.aborted = reason
         for p in self.procs.values():
-            self._perform(p, p.handler.on_abort(n))
+            self._perform(p, p.h.on_abort(n))
             self._wake(p)

@@ -105,6 +105,7 @@ def run_tokens(seed: int = 0, processes: int = 5, tokens: int = 100, reads: int 
     rows: list[Read] = []
 
     def done(snap: Snapshot) -> None:
+        assert snap.started_at is not None and snap.completed_at is not None  # completed
         orphans, unrecorded = _judge(sim, snap)
         rows.append(Read(snap.started_at, snap.completed_at, sum(snap.states.values()),
                          orphans, unrecorded))
@@ -167,6 +168,7 @@ def run_termination(seed: int, processes: int = 5, budget: int = 6, gap: float =
 
     def done(snap: Snapshot) -> None:
         if _naive_says_terminated(snap) and not said:
+            assert snap.completed_at is not None  # called when a snapshot completes
             said.append(snap.completed_at)
 
     horizon = 40.0

@@ -111,6 +111,7 @@ def run(
     done = terminated(is_passive)
 
     def on_complete(snap: Snapshot) -> None:
+        assert snap.started_at is not None and snap.completed_at is not None  # completed
         gs = GlobalState.of(snap)
         detected = done(gs)
         result.probes.append(Probe(
