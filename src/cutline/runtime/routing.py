@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..plan import HASH, key_group, subtask_for_key_group
+from ..plan import HASH
+from ..state.keygroups import key_group, subtask_for_key_group
 from .operators import UserFunctionError
 
 __all__ = ["Router"]
