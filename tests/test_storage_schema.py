@@ -13,7 +13,7 @@ import pytest
 from pipelines import sentence, wordcount
 
 from cutline.plan import plan
-from cutline.protocol.ids import ChannelId
+from cutline.storage.schema import ChannelId
 from cutline.state.reader import keyed_rows
 from cutline.storage.checkpoints import (
     CheckpointStorage,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .logical import FORWARD, HASH, Node
-from .protocol.ids import ChannelId
+from .storage.schema import ChannelId  # what checkpoints store: below the plan
 
 if TYPE_CHECKING:  # the planner is below the user API: it only reads a built Pipeline
     from .api import Pipeline

@@ -90,10 +90,3 @@ class DeadLetters:
 
     def close(self) -> None:
         self.writer.close()
-
-    # ------------------------------------------------------------------ restore
-
-    @staticmethod
-    def restored_handles(view: Any, chain: Any, index: int) -> list[dict]:
-        """The dead-letter handles a restore gives this subtask (none without a restore)."""
-        return [] if view is None else view.dead_letter_handles(chain, index)

@@ -1,18 +1,22 @@
-"""Routing: a subtask's output records partitioned into per-channel buffers.
+"""Routing: a subtask's output records partitioned into per-channel buffers, then sent.
 
 Per outgoing edge: **hash** sends each record to the subtask owning its key's key group
 (the key -> channel choice cached per edge, bounded), **broadcast** to every subtask,
 **forward** / **rebalance** the whole batch to one channel, round robin per batch.  A task
-that ends in a sink writes to its writer instead.  The buffers are sent by the task
-(:mod:`cutline.runtime.task`), which decides when (batch size, flush interval, barriers).
+that ends in a sink writes to its writer instead.  The task (:mod:`cutline.runtime.task`)
+says when buffers leave: full ones at safe points, all of them on the flush interval and
+before an aligned barrier; a send that waits for credit lets the task handle control
+meanwhile, so backpressure does not hold a barrier back.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
-from ..plan import HASH, key_group, subtask_for_key_group
+from ..plan import HASH
+from ..state.keygroups import key_group, subtask_for_key_group
 from .operators import UserFunctionError
 
 __all__ = ["Router"]
@@ -21,20 +25,27 @@ _CACHE_LIMIT = 100_000  # distinct keys cached per edge; beyond, recompute
 
 
 class Router:
-    """Where a subtask's output goes: ``emit(batch)`` fills :attr:`buffers` (or the sink).
+    """Where a subtask's output goes: ``emit(batch)`` fills :attr:`buffers` (or the sink),
+    the flush methods send them on :attr:`channels` (connected by the task).
 
     ``outputs``: per outgoing edge ``(edge, channel ids by downstream subtask, downstream
-    parallelism, downstream chain uid)``; ``where`` names the batch in a key error."""
+    parallelism, downstream chain uid)``; ``where`` names the batch in a key error;
+    ``while_blocked`` is called between waits for credit (interruptible sends)."""
 
     def __init__(self, task_id: str, outputs: list[tuple[Any, list[str], int, str]],
-                 max_parallelism: int, writer: Any, where: Callable[[], str]) -> None:
+                 max_parallelism: int, writer: Any, where: Callable[[], str],
+                 batch_size: int, while_blocked: Callable[[], None]) -> None:
         self.task_id, self.max_parallelism, self.writer, self.where = (
             task_id, max_parallelism, writer, where)
-        self.edges = [(edge, chans, dst_p, dst_uid, {}) for edge, chans, dst_p, dst_uid
-                      in outputs]
+        self.batch_size, self.while_blocked = batch_size, while_blocked
+        self.edges: list[tuple[Any, list[str], int, str, dict]] = [
+            (edge, chans, dst_p, dst_uid, {}) for edge, chans, dst_p, dst_uid in outputs]
         self.buffers: dict[str, list] = {ch: [] for _, chans, _, _ in outputs for ch in chans}
+        self.channels: dict[str, Any] = {}  # channel -> its OutputChannel / LocalChannel
         self.rr = 0
         self.closed = False  # the task's outputs ended (EOF sent)
+        self.last_flush = time.monotonic()
+        self._in_wait = False
 
     def emit(self, batch: list) -> None:
         if not batch:
@@ -76,6 +87,61 @@ class Router:
                 self.rr += 1
                 buffers[ch].extend(batch)
 
-    def pending(self) -> int:
-        """Records buffered, not yet sent."""
-        return sum(len(b) for b in self.buffers.values())
+    # ------------------------------------------------------------------ sending
+
+    def _flush(self, ch: str, interruptible: bool = False) -> None:
+        """Send the buffer of ``ch``.  At a safe point (between input batches) a send that
+        waits for credit is interruptible: ``while_blocked`` (triggers, announcements,
+        timers) runs between 10 ms waits.  The records stay in the buffer until sent: an
+        unaligned barrier emitted meanwhile records them as output channel state and goes
+        first."""
+        out = self.channels[ch]
+        if not interruptible or self._in_wait:
+            buf = self.buffers[ch]
+            if buf:
+                self.buffers[ch] = []
+                out.send_records(buf)
+            return
+        while self.buffers[ch]:
+            try:
+                out.send_records(self.buffers[ch], timeout=0.01)
+                self.buffers[ch] = []
+            except TimeoutError:
+                self._in_wait = True
+                try:
+                    self.while_blocked()
+                finally:
+                    self._in_wait = False
+
+    def flush_all(self, interruptible: bool = False) -> None:
+        for ch in self.buffers:
+            self._flush(ch, interruptible)
+        self.last_flush = time.monotonic()
+
+    def flush_full(self) -> None:
+        """At a safe point: send the buffers that reached the batch size."""
+        size = self.batch_size
+        for ch, buf in self.buffers.items():
+            if len(buf) >= size:
+                self._flush(ch, interruptible=True)
+
+    def send_barrier(self, barrier: Any) -> None:
+        if not self.closed:  # a drained task's outputs carry EOF already
+            for c in self.channels.values():
+                c.send_barrier(barrier)
+
+    def close_outputs(self) -> None:
+        """Flush and send EOF on every channel (once)."""
+        if self.closed:
+            return
+        self.flush_all()
+        for c in self.channels.values():
+            c.send_eof()
+        self.closed = True
+
+    def close(self) -> None:
+        for c in self.channels.values():
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001, S110 - closing on the way out
+                pass

@@ -13,25 +13,63 @@ Versions:
 
 :func:`decode_task_state` reads both; a newer version, or a file that is not a task state,
 is refused naming the file and what it found.  Channel ids keep their text form
-(``"a.0->b.1"``) in the file and are :class:`~cutline.protocol.ids.ChannelId` once decoded.
+(``"a.0->b.1"``) in the file and are :class:`~cutline.plan.ChannelId` once decoded.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
-from ..protocol.ids import ChannelId
 from .checkpoints import CheckpointHandle, CheckpointStorageError, CorruptCheckpointError
 
-__all__ = ["VERSION", "TaskState", "UnsupportedStateVersionError", "decode_task_state",
-           "encode_task_state", "read_task_states"]
+__all__ = ["VERSION", "ChannelId", "TaskState", "UnsupportedStateVersionError",
+           "decode_task_state", "encode_task_state", "read_task_states"]
 
 VERSION = 2
 _VERSIONS = (1, 2)
+
+
+class ChannelId(NamedTuple):
+    """One channel: subtask ``src_index`` of chain ``src_chain`` to subtask ``dst_index`` of
+    ``dst_chain`` (chains by uid).
+
+    The plan builds them (:meth:`cutline.plan.PhysicalPlan.channel_id`); they are defined
+    here, below the plan, because checkpoints store them.  Their text, ``str(ch)`` =
+    ``"<src chain>.<i>-><dst chain>.<j>"``, is what the wire, the control messages and the
+    checkpoint files carry, and what a task keys its channels by (a plain ``str`` hashes
+    fastest on the record path).  The text is parsed back in one place only,
+    :meth:`parse`, for ids read from a checkpoint file.
+    """
+
+    src_chain: str
+    src_index: int
+    dst_chain: str
+    dst_index: int
+
+    def __str__(self) -> str:
+        return f"{self.src_chain}.{self.src_index}->{self.dst_chain}.{self.dst_index}"
+
+    @property
+    def src_task(self) -> str:
+        return f"{self.src_chain}.{self.src_index}"
+
+    @property
+    def dst_task(self) -> str:
+        return f"{self.dst_chain}.{self.dst_index}"
+
+    @classmethod
+    def parse(cls, text: str) -> ChannelId:
+        """The id whose text is ``text`` (as a checkpoint file stores it)."""
+        src, sep, dst = text.partition("->")
+        src_chain, _, i = src.rpartition(".")
+        dst_chain, _, j = dst.rpartition(".")
+        if not (sep and src_chain and dst_chain and i.isdigit() and j.isdigit()):
+            raise ValueError(f"not a channel id: {text!r} (expected 'a.0->b.1')")
+        return cls(src_chain, int(i), dst_chain, int(j))
 
 
 class UnsupportedStateVersionError(CheckpointStorageError):
