@@ -17,8 +17,9 @@ import shutil
 import sys
 import tempfile
 
-import cutline
 from pipelines import wordcount
+
+import cutline
 
 RECORDS = 3000
 

@@ -26,6 +26,11 @@ newest completed checkpoint.  Why that is safe while newer checkpoints are still
 a task reuses only files of its own live database, and a file live at checkpoints ``k`` and
 ``p`` is live at every checkpoint between them, so the newest completed one (retained)
 references it; files uploaded for checkpoints newer than it are never touched.
+
+The module is longer than most on purpose: layout, the commit point, verification,
+shared-file references and retention are one set of invariants over one directory tree
+(what a ``_metadata`` lists is exactly what retention keeps and a restore verifies), so
+they are read together.  What a task's state file holds is :mod:`cutline.storage.schema`.
 """
 
 from __future__ import annotations
