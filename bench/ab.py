@@ -209,7 +209,7 @@ def prepare(rev: str, dest: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = bench_parser(__doc__, DEFAULT_OUT, (6, 4),
                       quick="short run: runtime.py --quick without recovery, vs_spark.py "
-                            "--quick throughput only (about 12 minutes)")
+                            "--quick throughput only (about 7 minutes)")
     ap.add_argument("--before", help="git revision of the 'before' version (required)")
     ap.add_argument("--after", default=WORKTREE,
                     help="git revision of the 'after' version, or 'worktree' (the default): "
