@@ -30,8 +30,11 @@ def test_ab_quick_one_round(tmp_path):
     assert before["src"] != after["src"]
     assert {"vs_spark: records/s, stateless", "vs_spark: records/s, keyed"} <= \
         set(result["summary"])
-    for row in result["summary"].values():
-        assert row["verdict"] == "noise not measured", row  # one round
+    for name, row in result["summary"].items():
+        if "records/s" in name:
+            assert row["verdict"] == "noise not measured", row  # one round
+        else:  # a short run may take no periodic checkpoint
+            assert row["verdict"] in ("noise not measured", "n/a"), row
 
 
 def test_ab_needs_a_before_revision():
