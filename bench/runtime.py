@@ -337,6 +337,31 @@ GROUP_NAMES = {"throughput": 0, "backpressure": 1, "recovery": 2}
 # --------------------------------------------------------------------------- main
 
 
+def make_ctx(quick: bool, records: int | None = None) -> dict[str, Any]:
+    """The sizes of the runs (``--quick`` or not); ``spark`` is added by the caller."""
+    records = records or (600_000 if quick else 3_000_000)
+    ctx: dict[str, Any] = {
+        "records": records,
+        "records_threads": max(10_000, records // 3),
+        "records_bp": 60_000 if quick else 320_000,
+        "records_recovery": 30_000 if quick else 100_000,
+        "rate": 10_000.0,
+    }
+    ctx["expected_recovery"] = expected_rows(ctx["records_recovery"])
+    return ctx
+
+
+def warm_up(spark: Any) -> None:
+    """Start the Python workers and import everything once, unmeasured."""
+    with Workdir() as d:
+        run_spark(throughput_pipeline("bench-warmup", 20_000, ON_INTERVAL, f"file://{d}/ck"),
+                  spark, 20_000)
+    with Workdir() as d:
+        run_spark(backpressure_pipeline("bench-warmup-bp", 2_000, True, f"file://{d}/ck"),
+                  spark, 2_000)
+    bare_loop(50_000)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = bench_parser(__doc__, DEFAULT_OUT, (3, 1), quick="short run (smoke test), every case")
     ap.add_argument("--records", type=int, default=None,
@@ -350,15 +375,8 @@ def main(argv: list[str] | None = None) -> int:
 
     console = make_console(150)
     quick, rounds = args.quick, args.rounds
-    records = args.records or (600_000 if quick else 3_000_000)
-    ctx: dict[str, Any] = {
-        "records": records,
-        "records_threads": max(10_000, records // 3),
-        "records_bp": 60_000 if quick else 320_000,
-        "records_recovery": 30_000 if quick else 100_000,
-        "rate": 10_000.0,
-    }
-    ctx["expected_recovery"] = expected_rows(ctx["records_recovery"])
+    ctx = make_ctx(quick, args.records)
+    records = ctx["records"]
 
     t_bench = time.monotonic()
     console.print(f"[bold]cutline runtime benchmark[/]  {'quick, ' if quick else ''}{rounds} "
@@ -369,15 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx["spark"] = spark
     console.print(f"Spark {spark.version}, master {spark.sparkContext.master}", style="dim")
     in_task = cutline_in_spark_task(spark)
-
-    # Warm up: start the Python workers and import everything once, unmeasured.
-    with Workdir() as d:
-        run_spark(throughput_pipeline("bench-warmup", 20_000, ON_INTERVAL, f"file://{d}/ck"),
-                  spark, 20_000)
-    with Workdir() as d:
-        run_spark(backpressure_pipeline("bench-warmup-bp", 2_000, True, f"file://{d}/ck"),
-                  spark, 2_000)
-    bare_loop(50_000)
+    warm_up(spark)
 
     runner = Runner(console, 26, {name: [] for g in GROUPS for name, _ in g})
     runs, errors = runner.runs, runner.errors

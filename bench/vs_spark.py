@@ -1041,6 +1041,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def make_ctx(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """What the cases read: the session and the sizes of the runs."""
+    return {"spark": spark, "quick": args.quick, "rate": args.rate,
+            "latency_seconds": args.latency_seconds, "warmup": args.warmup,
+            "cutline_only": args.cutline_only}
+
+
+def add_backlog(ctx: dict, directory: Path, records: int) -> None:
+    """Write the throughput runs' input under ``directory``."""
+    files = max(PARALLELISM, records // EVENTS_PER_FILE)
+    ctx["backlog"] = directory / "backlog"
+    ctx["expected"] = write_backlog(ctx["backlog"], records, files)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = make_console(160)
@@ -1057,9 +1071,7 @@ def main(argv: list[str] | None = None) -> int:
     in_task = cutline_in_spark_task(spark)
 
     workdir = Path(tempfile.mkdtemp(prefix="cutline-vs-spark-input-"))
-    ctx: dict[str, Any] = {"spark": spark, "quick": args.quick, "rate": args.rate,
-                           "latency_seconds": args.latency_seconds, "warmup": args.warmup,
-                           "cutline_only": args.cutline_only}
+    ctx = make_ctx(spark, args)
     runner = Runner(console, 46)
     runs, errors = runner.runs, runner.errors
     only = cutline_only if args.cutline_only else list
@@ -1067,8 +1079,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         warm_up(ctx, console)
         if args.parts & {"throughput", "profile"}:
-            ctx["backlog"] = workdir / "backlog"
-            ctx["expected"] = write_backlog(ctx["backlog"], args.records, files)
+            add_backlog(ctx, workdir, args.records)
             console.print(f"  backlog: {ctx['expected']['bytes'] / 1e6:.1f} MB, "
                           f"{ctx['expected']['kept']:,} events pass the filter", style="dim")
         if "throughput" in args.parts:

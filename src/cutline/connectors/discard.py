@@ -161,7 +161,7 @@ class DiscardWriter:
         except FileNotFoundError:
             return
         for name in names:
-            s = name[len("count-"):-len(".json")] if name.startswith("count-") else ""
-            if s.isdigit() and int(s) >= self._parallelism \
-                    and int(s) % self._parallelism == self._subtask:
+            number = name[len("count-"):-len(".json")] if name.startswith("count-") else ""
+            if number.isdigit() and int(number) >= self._parallelism \
+                    and int(number) % self._parallelism == self._subtask:
                 rm_quiet(fs, join(jdir, name))
