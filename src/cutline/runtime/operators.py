@@ -134,6 +134,9 @@ class Keyed(Operator):
     def __init__(self, node: Node, subtask: int, parallelism: int, max_parallelism: int,
                  state_backend: str = "memory", storage: Any = None):
         super().__init__(node)
+        if node.key_fn is None:
+            raise ValueError(f"{node.kind} operator {node.uid!r} has no key function")
+        self.key_fn: Callable[[Any], Any] = node.key_fn
         self.state: KeyedStateBackend = create_backend(
             state_backend, key_group_range(subtask, parallelism, max_parallelism),
             max_parallelism, name=f"{node.uid}.{subtask}", storage=storage)
@@ -154,7 +157,8 @@ class Reduce(Keyed):
     _NONE = object()
 
     def process(self, batch: list) -> list:
-        fn, key_fn, none, out = self.node.fn, self.node.key_fn, self._NONE, []
+        fn, key_fn, none = self.node.fn, self.key_fn, self._NONE
+        out: list = []
         table = self.state.table("reduce")
         fast, read, emit = table.fast, table.read, out.append
         cached = fast.get
@@ -178,7 +182,8 @@ class Count(Keyed):
     """``KeyedStream.count()``: a running count per key, one dict lookup per record."""
 
     def process(self, batch: list) -> list:
-        key_fn, out = self.node.key_fn, []
+        key_fn = self.key_fn
+        out: list = []
         table = self.state.table("count")
         fast, read, emit = table.fast, table.read, out.append
         cached = fast.get
@@ -234,7 +239,8 @@ class Process(Keyed):
         self.ctx = KeyedContext(self.state)
 
     def process(self, batch: list) -> list:
-        fn, key_fn, ctx, out = self.node.fn, self.node.key_fn, self.ctx, []
+        fn, key_fn, ctx = self.node.fn, self.key_fn, self.ctx
+        out: list = []
         record = None
         try:
             for record in batch:

@@ -18,6 +18,10 @@ writes them behind (:meth:`KeyedStateBackend.spill`) and empties them, in place.
 for RocksDB a :class:`DeferredSnapshot` whose files upload on the task's upload thread);
 :meth:`~KeyedStateBackend.restore` loads the key groups the subtask owns from any number of
 snapshots of either backend (rescaling, or a job switching backends).
+
+Why the in-memory backend has a ``fast`` dict too: its snapshot format is the key-group
+dicts ``{group: {(name, key): value}}``, and writing there costs a key-group lookup and a
+``(name, key)`` tuple per record; behind ``fast`` it costs them once per key per spill.
 """
 
 from __future__ import annotations
@@ -43,10 +47,10 @@ class DeferredSnapshot(Protocol):
 class StateTable(ABC):
     """The entries of one state name in one keyed operator subtask, by key.
 
-    ``fast`` holds the entries written since the backend last spilled (for the in-memory
-    backend also the ones read since, when a function asked for a list or map);
-    ``deleted`` the keys deleted since, whose deletion is not behind ``fast`` yet.  A key in
-    ``fast`` has that value even if it is in ``deleted`` too (written after its delete).
+    ``fast`` holds the entries written since the backend last spilled (a list or map handed
+    out by :meth:`mutable` counts as written); ``deleted`` the keys deleted since, whose
+    deletion is not behind ``fast`` yet.  A key in ``fast`` has that value even if it is in
+    ``deleted`` too (written after its delete).
     """
 
     __slots__ = ("name", "fast", "deleted")
