@@ -19,6 +19,11 @@ __all__ = ["stable_hash", "key_group", "key_group_range", "subtask_for_key_group
 
 def stable_hash(key: Any) -> int:
     """A hash of ``key`` that is the same in every process (``hash()`` of str is not)."""
+    t = type(key)
+    if t is str:  # the common cases first (the same values as below)
+        return _mix(zlib.crc32(key.encode("utf-8", "surrogatepass")))
+    if t is int:
+        return _mix(key & 0xFFFFFFFFFFFFFFFF)
     # Equal keys hash equally, as in a dict: 1, 1.0 and True are one key.
     if isinstance(key, bool):
         key = int(key)
@@ -40,11 +45,14 @@ def stable_hash(key: Any) -> int:
             h = (h * 31 + stable_hash(item)) & 0xFFFFFFFFFFFFFFFF
     else:
         h = zlib.crc32(pickle.dumps(key, protocol=5))
-    # murmur3 finaliser: spread consecutive keys over key groups
+    return _mix(h)
+
+
+def _mix(h: int) -> int:
+    """murmur3's finaliser: spreads consecutive keys over key groups."""
     h ^= h >> 33
     h = (h * 0xFF51AFD7ED558CCD) & 0xFFFFFFFFFFFFFFFF
-    h ^= h >> 33
-    return h
+    return h ^ (h >> 33)
 
 
 def key_group(key: Any, max_parallelism: int) -> int:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .backend import KeyedStateBackend, StateTable
+from .keygroups import key_group
 
 __all__ = ["MemoryStateBackend"]
 
@@ -48,17 +49,17 @@ class MemoryStateBackend(KeyedStateBackend):
     def _write(self, tables: list[StateTable]) -> None:
         for t in tables:
             assert isinstance(t, _MemoryTable)
-            name, fast, where = t.name, t.fast, t.where
+            name, fast, where, slots = t.name, t.fast, t.where, t.slots
             for k in t.deleted:
                 if k not in fast:
                     self._group_dict(k).pop((name, k), None)
             for k, v in fast.items():
-                w = where.get(k)
-                if w is None:  # written without a read (or forgotten): find its place
+                table = where.get(k)
+                if table is None:  # written without a read (or forgotten): find its place
                     self._group_dict(k)[(name, k)] = v
                 else:
-                    w[0][w[1]] = v
-            where.clear()  # the next merge writes what is read (and placed) anew
+                    table[slots[k]] = v
+            t.forget()  # the next merge writes what is read (and placed) anew
 
     def keys(self) -> int:
         self.spill()
@@ -95,31 +96,43 @@ class MemoryStateBackend(KeyedStateBackend):
 
 
 class _MemoryTable(StateTable):
-    """``where``: key -> (its key group's dict, its slot), for keys read since the last
-    merge."""
+    """For keys read since the last merge: ``where`` (key -> its key group's dict) and
+    ``slots`` (key -> its ``(name, key)`` tuple).  Two dicts, not one of pairs: a pair
+    holding a dict stays tracked by the garbage collector, and a hundred thousand of them
+    make every full collection slower (measured: 0.6x records/s on 200,000 keys)."""
 
-    __slots__ = ("_backend", "where")
+    __slots__ = ("_backend", "where", "slots")
 
     def __init__(self, backend: MemoryStateBackend, name: str) -> None:
         super().__init__(name)
         self._backend = backend
-        self.where: dict[Any, tuple[dict, tuple[str, Any]]] = {}
+        self.where: dict[Any, dict[tuple[str, Any], Any]] = {}
+        self.slots: dict[Any, tuple[str, Any]] = {}
 
     def read(self, key: Any, default: Any = None) -> Any:
         if self.deleted and key in self.deleted:
             return default
-        where = self.where
-        w = where.get(key)
-        if w is None:
+        table = self.where.get(key)
+        if table is None:  # (_group_dict inlined: on a large key set most reads come here)
             b = self._backend
-            if len(where) >= b._slot_max:
-                where.clear()
-            w = where[key] = (b._group_dict(key), (self.name, key))
-        return w[0].get(w[1], default)
+            table = b._groups.get(key_group(key, b.max_parallelism))
+            if table is None:
+                table = b._group_dict(key)
+            if len(self.where) >= b._slot_max:
+                self.forget()
+            self.where[key] = table
+            slot = self.slots[key] = (self.name, key)
+        else:
+            slot = self.slots[key]
+        return table.get(slot, default)
+
+    def forget(self) -> None:
+        self.where.clear()
+        self.slots.clear()
 
     def reset(self) -> None:
         super().reset()
-        self.where.clear()
+        self.forget()
 
 
 def _is_rocksdb(blob: bytes) -> bool:
