@@ -181,6 +181,23 @@ def before_after(before: Sequence[float | None], after: Sequence[float | None], 
 # --------------------------------------------------------------------------- rounds
 
 
+def drain_channel(gate: Any) -> tuple[int, float]:
+    """Read one benchmark channel of ``gate`` to EOF: (records after the first batch, seconds
+    from the first batch on), so process start-up is not timed."""
+    records, t0, first = 0, None, 0
+    while True:
+        item = gate.poll(frozenset(), 60)
+        if item is None:
+            raise TimeoutError("channel benchmark stalled")
+        if t0 is None:
+            t0 = time.perf_counter()  # the first batch starts the clock
+            first = len(item[2]) if item[1] != "eof" else 0
+        if item[1] == "eof":
+            break
+        records += len(item[2])
+    return records - first, time.perf_counter() - t0
+
+
 def rotated(cases: Sequence[Any], shift: int) -> list[Any]:
     """``cases`` starting at ``shift`` (mod their number): rotate each round, so that no case
     always runs first or last."""

@@ -31,7 +31,14 @@ import threading
 import time
 
 import pyarrow as pa
-from _common import bench_parser, console, parse_bench_args, rotated, write_results
+from _common import (
+    bench_parser,
+    console,
+    drain_channel,
+    parse_bench_args,
+    rotated,
+    write_results,
+)
 
 from cutline.runtime.channels import InputGate, OutputChannel
 
@@ -140,19 +147,9 @@ def measure_channel(bs: int, nbatches: int, in_process: bool) -> float:
                 target=_send_all, args=(gate.address, secret, bs, nbatches))
         worker.start()
         gate.wait_connected(60)
-        records, t0 = 0, None
-        while True:
-            item = gate.poll(frozenset(), 60)
-            if item is None:
-                raise TimeoutError("channel benchmark stalled")
-            if t0 is None:
-                t0 = time.perf_counter()  # from the first batch: no process start-up
-            if item[1] == "eof":
-                break
-            records += len(item[2])
-        dt = time.perf_counter() - t0
+        records, dt = drain_channel(gate)
         worker.join(30)
-    return (records - bs) / dt  # the first batch started the clock
+    return records / dt
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,6 +55,8 @@ from cutline.runtime import channels as new_channels
 from cutline.runtime import control as new_control
 from cutline.runtime import net
 
+from _common import drain_channel
+
 CREDITS, GRANT = 8, 2
 _COUNT = struct.Struct("!I")
 DATA, CREDIT = net.FIRST_KIND, net.FIRST_KIND + 1
@@ -325,19 +327,9 @@ def channel_rate(mod, which: str, tmp: str, bs: int, n: int) -> float:
     with mod.InputGate("bench-task", ["bench"], secret, credits=CREDITS) as gate:
         proc = _spawn(_send_channel, which, tmp, gate.address, secret, bs, n)
         gate.wait_connected(60)
-        records, t0 = 0, None
-        while True:
-            item = gate.poll(frozenset(), 60)
-            if item is None:
-                raise TimeoutError("channel benchmark stalled")
-            if t0 is None:
-                t0 = time.perf_counter()  # from the first batch: no process start-up
-            if item[1] == "eof":
-                break
-            records += len(item[2])
-        dt = time.perf_counter() - t0
+        records, dt = drain_channel(gate)
         proc.join(30)
-    return (records - bs) / dt
+    return records / dt
 
 
 def channel_connect(mod, k: int) -> float:
