@@ -26,15 +26,16 @@ import random
 import secrets
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
 from ..graph.predicates import Predicate, terminated
 from ..graph.result import Attempt, RunResult
 from ..graph.snapshot import KIND, decode, open_snapshot, write_snapshot
 from ..analysis.trace import TraceEvent
 from ..protocol import messages as m
+from ..protocol.graphjob import GraphCommand, GraphController, RestorePoint, StoreSnapshot
+from ..protocol.job import Send
 from ..runtime.control import CLOSED, ControlService, FrameConnection
 from ..storage.checkpoints import CheckpointStorage
 from .dataflow import STAGE_ENDED
@@ -42,8 +43,6 @@ from .dataflow import STAGE_ENDED
 log = logging.getLogger("cutline.graph.driver")
 
 __all__ = ["GraphDriver", "RunOptions"]
-
-ID_POOL = 8
 
 CANCEL = object()
 """Put on the driver's queue as ``(None, CANCEL)``: stop the run (the caller gave up)."""
@@ -91,29 +90,10 @@ class RunOptions:
                 raise ValueError(f"{what} must be > 0 seconds, got {v!r}")
 
 
-@dataclass
-class _Pending:
-    started: float
-    initiators: list[str] = field(default_factory=list)
-    parts: dict[str, dict] = field(default_factory=dict)
-    scheduled: bool = False
-
-
-@dataclass
-class _Attempt:
-    number: int
-    conns: dict[int, FrameConnection] = field(default_factory=dict)
-    pids: dict[int, int] = field(default_factory=dict)
-    addresses: dict[int, Any] = field(default_factory=dict)
-    finals: dict[int, m.FinalStates] = field(default_factory=dict)
-    trace: list = field(default_factory=list)
-    metrics: dict[int, m.HostMetrics] = field(default_factory=dict)
-    started: bool = False
-    lost: bool = False  # a host went away: no more triggers until the next attempt
-
-
 class GraphDriver:
-    """The snapshot service of one run, in the driver process."""
+    """The snapshot service of one run, in the driver process: the I/O shell of a
+    :class:`~cutline.protocol.graphjob.GraphController` (sockets, clock, storage,
+    predicates, callbacks)."""
 
     def __init__(self, graph: Any, opts: RunOptions, placement: dict[str, int], hosts: int,
                  storage_url: str, host: str = "127.0.0.1",
@@ -129,33 +109,32 @@ class GraphDriver:
                 p.kind == "stable" and p.name == "terminated" for p in self.predicates):
             self.predicates.append(terminated())
         self.on_snapshot = on_snapshot
-        self.rng = random.Random(opts.seed)
-        self.next_id = self.storage.next_id()
         self.restore_path: str | None = None
-        self.restore_info: tuple[int | None, int] = (None, 0)
+        first_id, restore = self.storage.next_id(), None
         if opts.restore_from is not None:
-            self.restore_path = self._check_restore(opts.restore_from)
+            restore = self._check_restore(opts.restore_from)
+            self.restore_path = restore.path
+            first_id = max(first_id, (restore.snapshot_id or 0) + 1)
+        self.controller = GraphController(
+            self.names, self.edges, placement, hosts, interval=opts.snapshot_interval,
+            initiators=opts.initiators, max_concurrent=opts.max_concurrent,
+            duration=opts.duration, first_id=first_id, restore=restore,
+            rng=random.Random(opts.seed))
         self.snapshots: list = []  # GraphSnapshot, completion order
         self.checkpoints = self.snapshots  # spark.faults.Kill counts these
-        self.pending: dict[int, _Pending] = {}
-        self.attempt = _Attempt(-1)
-        self.attempts: list[Attempt] = []
         self.events: queue.Queue = queue.Queue()
         self.done = threading.Event()
         self.error: str | None = None
-        self.stopping: str | None = None
         self.stopped_by: Any = None  # the GraphSnapshot that ended the run
-        self.stop_deadline = 0.0
-        self.t_run = time.time()
-        self.last_trigger = 0.0
-        self._reach = self._adjacency()
-        self._cover_cache: dict[frozenset, list[str]] = {}
+        self.trace: list = []  # the current attempt's trace events
+        self.metrics: dict[int, m.HostMetrics] = {}  # slot -> latest, current attempt
+        self._data_attempt = -1
         self._control = ControlService(host, self.secret, self.events, "cutline-graph")
         self.address: tuple[str, int] = self._control.address
 
     # ------------------------------------------------------------------ set-up
 
-    def _check_restore(self, path: str) -> str:
+    def _check_restore(self, path: str) -> RestorePoint:
         handle = open_snapshot(path)
         meta = handle.metadata
         if meta.get("kind") != KIND:
@@ -170,47 +149,34 @@ class GraphDriver:
         if stored_edges != set(self.edges):
             raise ValueError(f"snapshot {handle.path} was taken on other channels than graph "
                              f"{self.graph.name!r} has")
-        self.next_id = max(self.next_id, handle.id + 1)
-        self.restore_info = (handle.id, int(meta.get("in_transit") or 0))
-        return handle.path
+        return RestorePoint(handle.id, handle.path, int(meta.get("in_transit") or 0))
 
-    def _adjacency(self) -> dict[str, list[str]]:
-        adj: dict[str, list[str]] = {n: [] for n in self.names}
-        for a, b in self.edges:
-            adj[a].append(b)
-        return adj
+    # ------------------------------------------------------------------ what callers read
 
-    def _cover(self, initiators: list[str]) -> list[str]:
-        """Processes to trigger besides ``initiators`` so that every process takes part:
-        those no marker can reach from the initiators (and what they reach)."""
-        key = frozenset(initiators)
-        got = self._cover_cache.get(key)
-        if got is not None:
-            return got
-        seen: set[str] = set()
+    @property
+    def attempt(self) -> Any:
+        """The current attempt (number, started, pids: spark.faults and chaos read it)."""
+        return self.controller.attempt
 
-        def reach(start: str) -> None:
-            todo = deque([start])
-            seen.add(start)
-            while todo:
-                for b in self._reach[todo.popleft()]:
-                    if b not in seen:
-                        seen.add(b)
-                        todo.append(b)
+    @property
+    def attempts(self) -> list[Attempt]:
+        return [Attempt(a.number, a.started, a.restored_from, restored_id=a.restored_id,
+                        redelivered=a.redelivered, lost_at=a.lost_at)
+                for a in self.controller.attempts]
 
-        for n in initiators:
-            if n not in seen:
-                reach(n)
-        extra = []
-        for n in self.names:
-            if n not in seen:
-                extra.append(n)
-                reach(n)
-        if len(self._cover_cache) < 4096:
-            self._cover_cache[key] = extra
-        return extra
+    @property
+    def stopping(self) -> str | None:
+        return self.controller.stopping
 
-    # ------------------------------------------------------------------ network
+    @property
+    def t_run(self) -> float:
+        return self.controller.t_run if self.controller.t_run is not None else time.time()
+
+    @property
+    def task_pids(self) -> dict[int, int]:
+        return dict(self.controller.attempt.pids)
+
+    # ------------------------------------------------------------------ main loop
 
     def start(self) -> None:
         self._control.start()
@@ -219,192 +185,72 @@ class GraphDriver:
         for t in self._threads:
             t.start()
 
-    def _send(self, conn: FrameConnection | None, msg: m.Message) -> None:
-        if conn is None:
-            return
-        try:
-            conn.send(msg)
-        except OSError:
-            pass
-
-    def _broadcast(self, msg: m.Message) -> None:
-        for conn in list(self.attempt.conns.values()):
-            self._send(conn, msg)
-
-    # ------------------------------------------------------------------ main loop
-
     def _main_loop(self) -> None:
         try:
             while not self.done.is_set():
                 try:
                     conn, msg = self.events.get(timeout=0.01)
-                    self._handle(conn, msg)
+                    self._perform(self._handle(conn, msg))
                 except queue.Empty:
                     pass
-                self._tick()
+                if not self.done.is_set():
+                    self._perform(self.controller.tick(time.time()))
         except Exception as exc:  # pragma: no cover - reported to the caller
             log.exception("graph driver failed")
             self.error = f"driver failed: {type(exc).__name__}: {exc}"
             self.done.set()
 
-    def _tick(self) -> None:
-        if not self.attempt.started or self.done.is_set():
-            return
-        now = time.monotonic()
-        if self.stopping is not None:
-            if now > self.stop_deadline:
-                log.warning("run stopped, but hosts %s sent no final state",
-                            sorted(set(self.attempt.conns) - set(self.attempt.finals)))
-                self.done.set()
-            return
-        if self.attempt.lost:
-            return
-        opts = self.opts
-        if opts.duration is not None and time.time() - self.t_run >= opts.duration:
-            self._stop("duration")
-            return
-        if opts.snapshot_interval is None or now - self.last_trigger < opts.snapshot_interval:
-            return
-        if sum(p.scheduled for p in self.pending.values()) >= opts.max_concurrent:
-            return
-        self.last_trigger = now
-        if isinstance(opts.initiators, int):
-            who = self.rng.sample(self.names, opts.initiators)
-        else:
-            who = list(opts.initiators)
-        n = self._alloc(1)[0]
-        self.pending[n] = _Pending(now, list(who), scheduled=True)
-        self._trigger(n, who + self._cover(who))
-
-    def _alloc(self, k: int) -> list[int]:
-        ids = list(range(self.next_id, self.next_id + k))
-        self.next_id += k
-        return ids
-
-    def _trigger(self, n: int, names: list[str]) -> None:
-        by_host: dict[int, list[str]] = {}
-        for name in names:
-            by_host.setdefault(self.placement[name], []).append(name)
-        for slot, who in by_host.items():
-            self._send(self.attempt.conns.get(slot), m.TriggerProcesses(n, who))
-
-    def _handle(self, conn: FrameConnection | None, msg: Any) -> None:
+    def _handle(self, conn: FrameConnection | None, msg: Any) -> list[GraphCommand]:
+        now, c = time.time(), self.controller
         t = type(msg)
         if t is m.Register and conn is not None:
-            self._register(conn, msg)
-            return
+            return c.on_register(conn, msg, now)
         if msg is CANCEL:
-            if self.stopping is None:
-                self._stop("cancelled")
-            return
+            return c.cancel(now)
         if msg is STAGE_ENDED:
-            if not self.done.is_set():
-                got = sorted(self.attempt.finals)
-                self.error = self.error or ("the Spark stage ended before the run did "
-                                            f"(final states from hosts {got})")
-                self.done.set()
-            return
-        if conn not in self.attempt.conns.values():
-            return  # from an earlier attempt
-        slot = next(s for s, c in self.attempt.conns.items() if c is conn)
-        if t is m.Parts:
-            for n, name, part in msg.parts:
-                pending = self.pending.get(n)
-                if pending is None:
-                    pending = self.pending[n] = _Pending(time.monotonic())
-                pending.parts[name] = part
-                if len(pending.parts) == len(self.names):
-                    self._complete(n)
-        elif t is m.Initiated:
-            n, name = msg.checkpoint, msg.process
-            pending = self.pending.setdefault(n, _Pending(time.monotonic()))
-            pending.initiators.append(name)
-            extra = self._cover([name])
-            if extra:
-                self._trigger(n, extra)
-        elif t is m.IdsWanted:
-            self._send(conn, m.Ids(self._alloc(ID_POOL)))
-        elif t is m.HostMetrics:
-            self.attempt.metrics[slot] = msg
+            return c.on_stage_ended(now)
+        if msg is CLOSED:
+            return c.on_closed(conn, now)
+        slot = c.slot_of(conn)
+        if slot is None:
+            return []  # from an earlier attempt
+        if self._data_attempt != c.attempt.number:
+            self._data_attempt = c.attempt.number
+            self.trace, self.metrics = [], {}
+        if t is m.HostMetrics:
+            self.metrics[slot] = msg
         elif t is m.TraceEvents:
-            self.attempt.trace.extend(msg.events)
-        elif t is m.FinalStates:
-            self.attempt.finals[slot] = msg
-            if self.stopping is not None and len(self.attempt.finals) == self.hosts:
-                self.done.set()
-        elif t is m.Failed:
-            if msg.fatal:
-                self.error = msg.error or "a process failed"
-                self.done.set()
+            self.trace.extend(msg.events)
+        return c.on_message(conn, msg, now)
+
+    def _perform(self, cmds: list[GraphCommand]) -> None:
+        for cmd in cmds:
+            if isinstance(cmd, Send):
+                try:
+                    cast(FrameConnection, cmd.conn).send(cmd.msg)
+                except OSError:
+                    pass  # a lost host: the attempt is over
+            elif isinstance(cmd, StoreSnapshot):
+                self._perform(self._store(cmd))
             else:
-                log.warning("host %s failed: %s", slot, msg.error)
-        elif msg is CLOSED:
-            if slot in self.attempt.finals:
-                return
-            self.attempt.lost = True
-            if self.attempts and self.attempts[-1].lost_at is None:
-                self.attempts[-1].lost_at = time.time()
-            if not self.done.is_set():
-                log.warning("attempt %d lost host %d; waiting for Spark to restart the stage",
-                            self.attempt.number, slot)
-
-    def _register(self, conn: FrameConnection, msg: m.Register) -> None:
-        slot = msg.slot
-        if self.stopping is not None or self.done.is_set():
-            self._send(conn, m.Stop())
-            return
-        if self.attempt.started or slot in self.attempt.conns:
-            self._new_attempt()
-        self.attempt.conns[slot] = conn
-        self.attempt.pids[slot] = msg.pid
-        self.attempt.addresses[slot] = msg.addresses.get(str(slot))
-        if len(self.attempt.conns) == self.hosts:
-            self._start_attempt()
-
-    def _new_attempt(self) -> None:
-        for c in self.attempt.conns.values():
-            self._send(c, m.Stop())
-        self.attempt = _Attempt(self.attempt.number + 1)
-        self.pending.clear()  # markers of the lost attempt will never arrive
-
-    def _start_attempt(self) -> None:
-        if self.attempt.number < 0:
-            self.attempt.number = 0
-        kept = set(self.storage.completed()) if self.snapshots else set()
-        done = [s for s in self.snapshots if s.path and s.id in kept]
-        # the snapshot this run completed last (retention keeps the highest ids, and ids
-        # handed to processes complete out of order, so check it is still there)
-        path = done[-1].path if done else self.restore_path
-        info = ((done[-1].id, done[-1].in_transit) if done else self.restore_info
-                if path else (None, 0))
-        self.next_id = max(self.next_id, self.storage.next_id())
-        self.attempt.started = True
-        t0 = time.time()
-        if not self.attempts:
-            self.t_run = t0  # times of the run count from when its processes started
-        self.attempts.append(Attempt(self.attempt.number, t0, path, restored_id=info[0],
-                                     redelivered=info[1]))
-        self.last_trigger = time.monotonic()
-        for conn in self.attempt.conns.values():
-            self._send(conn, m.Start(self.attempt.number,
-                                     {str(k): v for k, v in self.attempt.addresses.items()},
-                                     path, t0))
-        log.info("attempt %d started%s", self.attempt.number, f" from {path}" if path else "")
+                if cmd.error is not None:
+                    self.error = self.error or cmd.error
+                self.done.set()
 
     # ------------------------------------------------------------------ snapshots
 
-    def _complete(self, n: int) -> None:
-        pending = self.pending.pop(n)
-        snap = decode(n, pending.parts, self.edges, self.names)
-        snap.initiators = sorted(set(pending.initiators))
-        snap.by_driver = pending.scheduled
-        snap.attempt = self.attempt.number
-        base = self.attempts[-1].started - self.t_run if self.attempts else 0.0
+    def _store(self, cmd: StoreSnapshot) -> list[GraphCommand]:
+        n, c = cmd.snapshot_id, self.controller
+        snap = decode(n, cmd.parts, self.edges, self.names)
+        snap.initiators = list(cmd.initiators)
+        snap.by_driver = cmd.by_driver
+        snap.attempt = cmd.attempt
+        base = c.attempts[-1].started - self.t_run if c.attempts else 0.0
         snap.started = round(base + min(snap.taken_at.values(), default=0.0), 6)
         snap.completed = round(time.time() - self.t_run, 6)
         snap.checks = [p.evaluate(snap) for p in self.predicates]
         files: dict[str, dict] = {}
-        for name, part in pending.parts.items():
+        for name, part in cmd.parts.items():
             files.setdefault(f"host-{self.placement[name]}", {})[name] = part
         metadata = {"job": self.graph.name, "snapshot": n, "attempt": snap.attempt,
                     "initiators": snap.initiators, "by_driver": snap.by_driver,
@@ -413,34 +259,34 @@ class GraphDriver:
                     "passive": sum(snap.passive.values()), "in_transit": snap.in_transit,
                     "started": snap.started, "completed": snap.completed, "time": time.time(),
                     "checks": [c.as_dict() for c in snap.checks]}
+        kept = None
         try:
             snap.path = write_snapshot(self.storage, n, files, metadata)
             self.storage.retain(self.opts.retained)
+            kept = self.storage.completed()
         except Exception as exc:  # a storage failure loses this snapshot, not the run
             log.warning("snapshot %d could not be stored: %s", n, exc)
         self.snapshots.append(snap)
-        for c in snap.checks:
-            if c.violated:
-                log.warning("snapshot %d violates %s: %s", n, c.name, c.detail)
+        for check in snap.checks:
+            if check.violated:
+                log.warning("snapshot %d violates %s: %s", n, check.name, check.detail)
         if self.on_snapshot is not None:
             try:
                 self.on_snapshot(snap)
             except Exception:  # noqa: BLE001 - a callback must not kill the driver
                 log.exception("on_snapshot callback failed")
-        if self.stopping is None:
-            stop = next((c for c, p in zip(snap.checks, self.predicates)
-                         if c.detected and p.stop), None)
+        stop = None
+        if c.stopping is None:
+            hit = next((ch for ch, p in zip(snap.checks, self.predicates)
+                        if ch.detected and p.stop), None)
+            if hit is not None:
+                stop = hit.name if hit.name == "terminated" else f"{hit.name} detected"
+            elif self.opts.stop_on_violation and snap.violations:
+                stop = f"{snap.violations[0].name} violated"
             if stop is not None:
                 self.stopped_by = snap
-                self._stop(stop.name if stop.name == "terminated" else f"{stop.name} detected")
-            elif self.opts.stop_on_violation and snap.violations:
-                self.stopped_by = snap
-                self._stop(f"{snap.violations[0].name} violated")
-
-    def _stop(self, reason: str) -> None:
-        self.stopping = reason
-        self.stop_deadline = time.monotonic() + 30.0
-        self._broadcast(m.Stop())
+        return c.stored(n, path=snap.path, in_transit=snap.in_transit, kept=kept, stop=stop,
+                        now=time.time())
 
     def close(self) -> None:
         self.done.set()
@@ -448,10 +294,6 @@ class GraphDriver:
         for t in getattr(self, "_threads", ()):
             if t is not threading.current_thread():
                 t.join(timeout=2)
-
-    @property
-    def task_pids(self) -> dict[int, int]:
-        return dict(self.attempt.pids)
 
     # ------------------------------------------------------------------ the result
 
@@ -461,7 +303,7 @@ class GraphDriver:
                         duration=duration, storage=self.storage.fs.unstrip_protocol(
                             self.storage.dir), restored_from=self.restore_path,
                         task_pids=self.task_pids, started_at=self.t_run)
-        for final in self.attempt.finals.values():
+        for final in self.controller.finals.values():
             for name, blob in final.states.items():
                 try:
                     res.final_states[name] = pickle.loads(blob)
@@ -469,7 +311,7 @@ class GraphDriver:
                     pass
             res.trace_dropped += final.trace_dropped
             res.delivered += final.delivered
-        events = sorted(self.attempt.trace, key=lambda ev: ev[0])
+        events = sorted(self.trace, key=lambda ev: ev[0])
         res.trace = [TraceEvent(t, p, k, index=i, message=m, channel=c, checkpoint=n)
                      for t, p, k, i, m, c, n in events]
         return res
