@@ -13,6 +13,10 @@ are outstanding -> ``FinishSnapshot`` -> the part goes to the driver, which asse
 checks and stores the global snapshot.
 
 Nothing here imports pyspark; :mod:`cutline.spark.graph` runs :class:`Host` in a Spark task.
+
+It is longer than most modules on purpose: the host's one thread runs its processes, their
+handlers, timers and snapshot parts, and that ordering is what makes a process's snapshot
+consistent with its channels, so it stays in one place.
 """
 
 from __future__ import annotations

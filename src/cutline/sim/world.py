@@ -13,6 +13,10 @@ Model
   (backpressure), which is where alignment and unaligned barriers differ.
 * Every application event (send, receive, internal) is numbered per process and logged in
   the trace with the time it happened; the consistent-cut checker reads the trace.
+
+It is longer than most modules on purpose: the clock, the channels, the processes and the
+trace are one event loop whose ordering rules (FIFO, one thing at a time) every scenario
+and the explorer rely on, so they are read together.
 """
 
 from __future__ import annotations
