@@ -59,6 +59,12 @@ class Operator:
     def process(self, batch: list) -> list:
         raise NotImplementedError
 
+    def on_watermark(self, ts: float) -> list:
+        """Event time reached ``ts`` (the task's combined input watermark advanced): the
+        records to emit because of it (window results, timer output).  Called in chain
+        order, after the output of the operators before it went through this one."""
+        return []
+
     def snapshot(self) -> bytes | DeferredSnapshot | None:
         return None
 

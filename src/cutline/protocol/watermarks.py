@@ -1,0 +1,296 @@
+"""Event-time watermarks, sans-IO: the items that carry them, how a task combines its
+inputs' watermarks, and how a timestamp assigner makes them.
+
+* :class:`Watermark` and :data:`IDLE` (an :class:`InputIdle`) travel **inside record
+  batches**, FIFO with records, on every channel.  The snapshot protocol does not know them:
+  to a handler they are records, so an aligned checkpoint blocks them with their channel and
+  an unaligned one records them as channel state.  That makes watermarks part of the
+  consistent cut.
+* :class:`WatermarkTracker`: a task's watermark is the minimum over its open, active input
+  channels, and never goes back.  An idle channel (its source said :data:`IDLE`) does not
+  hold the minimum back until a record or a watermark arrives on it again; a closed
+  channel does not either; all channels closed -> ``math.inf``.
+* Generators: :class:`BoundedOutOfOrderness` (Spark's ``withWatermark``: the largest
+  timestamp seen minus ``max_delay``) and the :class:`WatermarkGenerator` protocol a custom
+  generator follows.
+
+Times are seconds (int or float, epoch seconds for timestamps); :func:`to_timestamp` and
+:func:`to_duration` turn what users pass (``datetime``, ``timedelta``) into them.  Window
+semantics follow Spark: a window ``[start, end)`` fires when ``watermark >= end``.
+
+Nothing here imports the runtime: the simulator and the Spark runtime drive these objects.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["BoundedOutOfOrderness", "IDLE", "InputIdle", "NO_WATERMARK", "Watermark",
+           "WatermarkGenerator", "WatermarkTracker", "is_time_item", "to_duration",
+           "to_timestamp"]
+
+#: The watermark before any: every timestamp is later.
+NO_WATERMARK = -math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """No record with a timestamp ``<= ts`` is expected any more on this channel (records
+    that still come are *late*).  Travels in band, FIFO with records."""
+
+    ts: float
+
+
+@dataclass(frozen=True, slots=True)
+class InputIdle:
+    """The channel's sender has had no input for its ``idle_timeout``: downstream stops
+    holding its watermark back for this channel until a record or a watermark arrives on
+    it again.  Use the singleton :data:`IDLE`."""
+
+
+IDLE = InputIdle()
+
+_TIME_ITEMS = (Watermark, InputIdle)
+
+
+def is_time_item(item: Any) -> bool:
+    """True for a :class:`Watermark` or :class:`InputIdle` (items that are not records)."""
+    return type(item) in _TIME_ITEMS
+
+
+# --------------------------------------------------------------------------- units
+
+
+def to_timestamp(value: Any) -> float:
+    """``value`` as epoch seconds: an int/float (not NaN, not bool), or a ``datetime``
+    (aware, or naive meaning UTC).  Anything else raises ``TypeError`` / ``ValueError``
+    naming what it got."""
+    t = type(value)
+    if t is float:
+        if value != value:
+            raise ValueError("timestamp is NaN")
+        return value
+    if t is int:
+        return value
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=_dt.timezone.utc)
+        return value.timestamp()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        f = float(value)
+        if f != f:
+            raise ValueError("timestamp is NaN")
+        return f
+    raise TypeError(f"a timestamp must be a number of seconds or a datetime, "
+                    f"not {type(value).__name__} {value!r}")
+
+
+def to_duration(value: Any, name: str, *, positive: bool = False,
+                allow_none: bool = False) -> float | None:
+    """``value`` (seconds as int/float, or a ``timedelta``) as seconds, for the argument
+    ``name``: NaN, infinite, negative (or, with ``positive``, zero) values and other types are
+    refused with a ``ValueError`` / ``TypeError`` naming ``name``."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, _dt.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise TypeError(f"{name} must be seconds (int or float) or a timedelta, "
+                        f"not {type(value).__name__} {value!r}")
+    if seconds != seconds or math.isinf(seconds):
+        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
+    if seconds < 0 or (positive and seconds == 0):
+        raise ValueError(f"{name} must be {'> 0' if positive else '>= 0'} seconds, "
+                         f"got {value!r}")
+    return seconds
+
+
+# --------------------------------------------------------------------------- tracker
+
+
+class WatermarkTracker:
+    """The combined watermark of a task's input channels.
+
+    Per channel: its watermark, whether it is idle, whether it is closed.  The combined
+    watermark (:attr:`current`) is the minimum over open, active channels; it never goes
+    back.  When every open channel is idle it stays where it is (:attr:`all_idle` says so:
+    the task then tells its own outputs it is idle).  When every channel is closed it is
+    ``math.inf``.  Each method returns the new combined watermark when it advanced, else
+    ``None``.
+    """
+
+    __slots__ = ("_wm", "_idle", "_closed", "current")
+
+    def __init__(self, channels: Iterable[Hashable]) -> None:
+        self._wm: dict[Hashable, float] = {ch: NO_WATERMARK for ch in channels}
+        self._idle: set[Hashable] = set()
+        self._closed: set[Hashable] = set()
+        self.current: float = NO_WATERMARK
+
+    @property
+    def channels(self) -> list[Hashable]:
+        return list(self._wm)
+
+    def watermark_of(self, ch: Hashable) -> float:
+        return self._wm[ch]
+
+    def is_idle(self, ch: Hashable) -> bool:
+        return ch in self._idle
+
+    def is_closed(self, ch: Hashable) -> bool:
+        return ch in self._closed
+
+    @property
+    def all_idle(self) -> bool:
+        """Every open channel is idle (and at least one is)."""
+        n_open = len(self._wm) - len(self._closed)
+        return n_open > 0 and len(self._idle) == n_open
+
+    def on_watermark(self, ch: Hashable, ts: float) -> float | None:
+        """``Watermark(ts)`` arrived on ``ch``: it is active again; its watermark rises to
+        ``ts`` (a lower one is ignored: a channel's watermark never goes back)."""
+        self._idle.discard(ch)
+        if ts > self._wm[ch]:
+            self._wm[ch] = ts
+        return self._advance()
+
+    def on_idle(self, ch: Hashable) -> float | None:
+        """:data:`IDLE` arrived on ``ch``: it stops holding the minimum back."""
+        if ch not in self._closed:
+            self._idle.add(ch)
+        return self._advance()
+
+    def on_active(self, ch: Hashable) -> None:
+        """A record arrived on ``ch``: if it was idle it holds the minimum again (at its last
+        watermark; the combined watermark does not go back, so its records may be late)."""
+        self._idle.discard(ch)
+
+    def on_close(self, ch: Hashable) -> float | None:
+        """``ch`` ended (EOF): it no longer holds the minimum back."""
+        self._closed.add(ch)
+        self._idle.discard(ch)
+        return self._advance()
+
+    def _advance(self) -> float | None:
+        closed, idle = self._closed, self._idle
+        low = math.inf
+        active = False
+        for ch, wm in self._wm.items():
+            if ch in closed or ch in idle:
+                continue
+            active = True
+            if wm < low:
+                low = wm
+        if not active and len(closed) < len(self._wm):
+            return None  # every open channel idle: hold
+        if low > self.current:
+            self.current = low
+            return low
+        return None
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def snapshot(self) -> dict[str, Any]:
+        """The tracker's state, msgpack/JSON-able: ``{"current": wm, "channels": {str(ch):
+        [wm, idle]}}`` (``None`` stands for no watermark yet, ``"inf"`` for the end).
+        Closed flags are not kept: after a restore every channel is open again and its
+        sender ends it again."""
+        return {"current": _enc(self.current),
+                "channels": {str(ch): [_enc(wm), ch in self._idle]
+                             for ch, wm in self._wm.items()}}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Take the state :meth:`snapshot` returned (of a tracker with the same channels, by
+        ``str(ch)``; channels it does not name keep no watermark, names it has that this
+        tracker lacks are ignored)."""
+        by_name = {str(ch): ch for ch in self._wm}
+        self.current = _dec(state.get("current"))
+        self._idle.clear()
+        self._closed.clear()
+        for name, (wm, idle) in state.get("channels", {}).items():
+            ch = by_name.get(name)
+            if ch is None:
+                continue
+            self._wm[ch] = _dec(wm)
+            if idle:
+                self._idle.add(ch)
+
+    def restore_rescaled(self, floor: float) -> None:
+        """After a rescale: every channel (and the combined watermark) starts at ``floor``,
+        the minimum of the old subtasks' output watermarks, so nothing fires early."""
+        self.current = floor
+        self._idle.clear()
+        self._closed.clear()
+        for ch in self._wm:
+            self._wm[ch] = floor
+
+
+def _enc(ts: float) -> float | str | None:
+    if ts == NO_WATERMARK:
+        return None
+    if ts == math.inf:
+        return "inf"
+    return ts
+
+
+def _dec(v: Any) -> float:
+    if v is None:
+        return NO_WATERMARK
+    if v == "inf":
+        return math.inf
+    return float(v) if not isinstance(v, int) else v
+
+
+# --------------------------------------------------------------------------- generators
+
+
+@runtime_checkable
+class WatermarkGenerator(Protocol):
+    """What ``assign_timestamps(..., watermark=g)`` accepts.
+
+    ``on_event(ts)`` sees every record's timestamp (seconds); ``current()`` is the
+    watermark after them (``-math.inf`` for none yet); the assigner emits it after each
+    batch when it rose.  ``snapshot()`` / ``restore(state)`` (optional; msgpack-able state)
+    keep it across restores; a generator without them restarts empty after a restore and
+    its watermark never goes back (the assigner keeps the last it emitted).
+    A generator object is copied for every subtask (deepcopy) before use.
+    """
+
+    def on_event(self, ts: float) -> None: ...
+
+    def current(self) -> float: ...
+
+
+class BoundedOutOfOrderness:
+    """Spark's ``withWatermark(col, delay)`` / Flink's bounded out-of-orderness: the
+    watermark is the largest timestamp seen minus ``max_delay`` seconds."""
+
+    __slots__ = ("max_delay", "max_ts")
+
+    def __init__(self, max_delay: Any = 0) -> None:
+        delay = to_duration(max_delay, "max_delay")
+        assert delay is not None
+        self.max_delay: float = delay
+        self.max_ts: float = NO_WATERMARK
+
+    def on_event(self, ts: float) -> None:
+        if ts > self.max_ts:
+            self.max_ts = ts
+
+    def current(self) -> float:
+        return self.max_ts - self.max_delay
+
+    def snapshot(self) -> Any:
+        return _enc(self.max_ts)
+
+    def restore(self, state: Any) -> None:
+        self.max_ts = _dec(state)
+
+    def __repr__(self) -> str:
+        return f"BoundedOutOfOrderness(max_delay={self.max_delay!r})"
