@@ -221,6 +221,13 @@ class WatermarkTracker:
             if idle:
                 self._idle.add(ch)
 
+    def copy(self) -> "WatermarkTracker":
+        """An independent copy (the model checker copies a task's state at every step)."""
+        c = WatermarkTracker(())
+        c._wm, c._idle, c._closed = dict(self._wm), set(self._idle), set(self._closed)
+        c.current = self.current
+        return c
+
     def restore_rescaled(self, floor: float) -> None:
         """After a rescale: every channel (and the combined watermark) starts at ``floor``,
         the minimum of the old subtasks' output watermarks, so nothing fires early."""

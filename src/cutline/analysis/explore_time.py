@@ -1,0 +1,465 @@
+"""Exhaustive exploration of event time across a restore: windows fire exactly once.
+
+A small dataflow is run through *every* order of steps FIFO channels allow, with a crash
+and a restore at every point: sources with timestamped records and the watermarks their
+generator (:class:`~cutline.protocol.watermarks.BoundedOutOfOrderness`) makes, one channel
+each into a window operator that counts records per key in tumbling windows.  The window
+operator combines its inputs with the real
+:class:`~cutline.protocol.watermarks.WatermarkTracker` behind the real
+:class:`~cutline.protocol.SnapshotHandler`; to the handler a watermark is a record, so an
+aligned checkpoint blocks it with its channel and an unaligned or Chandy-Lamport one
+records it as channel state.  Checkpoints are triggered at the sources; a crash restores
+the last completed one (source positions, window state, the tracker's watermarks, the
+output committed with it, the recorded channel state re-delivered first) and the run goes
+on to the end of input, which closes the channels (watermark ``inf``: every window fires).
+
+Verdicts at every final state, in Dijkstra's spirit (the ground truth travels with the
+state):
+
+* every input item (record or watermark) of every channel took effect exactly once, in
+  channel order: the items the output reflects are exactly the channels' contents;
+* the output equals what a failure-free window operator makes from that same sequence of
+  items (so no window fired twice, none was lost, none fired early: a restored watermark
+  that ran ahead of the cut would make a later record late, one that fell behind would
+  re-open a fired window);
+* with no record late on its own channel, the output as a set equals the failure-free
+  run's, whatever the interleaving;
+* no window fires twice, and nothing is left in a channel (no deadlock).
+
+Items are tuples here (``("r", (key, ts))``, ``("w", ts)``): the runtime's
+:class:`~cutline.protocol.watermarks.Watermark` plays ``("w", ts)``.
+
+``fault`` injects a known bug so the checker is seen to catch it: ``"watermarks_not_in_
+channel_state"`` (unaligned channel state without its watermarks),
+``"tracker_ahead"`` (the tracker snapshotted after the cut: it restores the watermark the
+operator reached later), ``"tracker_not_restored"`` (restore starts the watermark over).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from ..protocol import (
+    Barrier,
+    Deliver,
+    EmitBarrier,
+    FinishSnapshot,
+    Mode,
+    RecordChannelState,
+    SnapshotHandler,
+    TakeSnapshot,
+)
+from ..protocol.watermarks import BoundedOutOfOrderness, WatermarkTracker
+
+__all__ = ["FAULTS", "TimeExploreResult", "explore_time", "SCENARIOS"]
+
+FAULTS = ("watermarks_not_in_channel_state", "tracker_ahead", "tracker_not_restored")
+
+Record = tuple[str, float]  # (key, timestamp)
+
+#: Two sources into one window operator, tumbling windows of 10 s, max_delay 2 s.
+#: ``late``: source B sends ("a", 8) after its watermark passed 10 - whether the window
+#: [0, 10) fired by then depends on source A: a record late or not by interleaving.
+SCENARIOS: dict[str, tuple[tuple[Record, ...], ...]] = {
+    "small": ((("a", 12.0),), (("a", 8.0), ("b", 14.0))),
+    "in-order": ((("a", 3.0), ("a", 12.0)), (("a", 5.0), ("b", 14.0))),
+    "out-of-order": ((("a", 3.0), ("b", 12.0), ("a", 11.0)), (("a", 9.0), ("a", 5.0))),
+    "late": ((("a", 3.0), ("a", 12.0)), (("b", 14.0), ("a", 8.0))),
+}
+
+
+def _items(records: Sequence[Record], max_delay: float) -> tuple:
+    """What a source sends: each record, then the watermark if it rose."""
+    gen, last = BoundedOutOfOrderness(max_delay), None
+    out: list[tuple] = []
+    for key, ts in records:
+        out.append(("r", (key, ts)))
+        gen.on_event(ts)
+        wm = gen.current()
+        if last is None or wm > last:
+            out.append(("w", wm))
+            last = wm
+    return tuple(out)
+
+
+class _Windows:
+    """The window operator's logic (tumbling count per key), failure-free: the oracle
+    replays an item sequence through it, the explorer runs one per world."""
+
+    def __init__(self, channels: list[str], size: float) -> None:
+        self.size = size
+        self.tracker = WatermarkTracker(channels)
+        self.counts: dict[tuple[str, float], int] = {}
+        self.output: list[tuple] = []
+
+    def record(self, ch: str, rec: Record) -> None:
+        key, ts = rec
+        start = ts - ts % self.size
+        self.tracker.on_active(ch)
+        if start + self.size <= self.tracker.current:
+            self.output.append(("late", key, ts))
+        else:
+            self.counts[(key, start)] = self.counts.get((key, start), 0) + 1
+
+    def watermark(self, ch: str, ts: float) -> None:
+        self._fire(self.tracker.on_watermark(ch, ts))
+
+    def close(self, ch: str) -> None:
+        self._fire(self.tracker.on_close(ch))
+
+    def _fire(self, wm: float | None) -> None:
+        if wm is None:
+            return
+        due = sorted((start + self.size, key, start) for (key, start) in self.counts
+                     if start + self.size <= wm)
+        for end, key, start in due:
+            self.output.append(("window", key, start, end, self.counts.pop((key, start))))
+
+    def clone(self) -> "_Windows":
+        c = _Windows.__new__(_Windows)
+        c.size, c.tracker = self.size, self.tracker.copy()
+        c.counts, c.output = dict(self.counts), list(self.output)
+        return c
+
+    def key(self) -> tuple:
+        t = self.tracker
+        return (tuple(sorted(self.counts.items())), t.current,
+                tuple((t.watermark_of(c), t.is_closed(c)) for c in t.channels),
+                tuple(self.output))
+
+
+@dataclass(frozen=True)
+class _World:
+    pcs: tuple[int, ...]                 # per source: items sent
+    queues: tuple[tuple, ...]            # per channel: ("r", rec) | ("w", ts) | ("b", B) | ("eof",)
+    handler: SnapshotHandler
+    win: _Windows
+    log: tuple                           # (channel, item) the operator took, in order
+    triggered: tuple[int, ...]           # per source: checkpoints triggered at it
+    snaps: tuple                         # per checkpoint: None | (pcs, win, log, recorded)
+    recorded: tuple                      # per checkpoint, per channel: recorded items
+    done: frozenset                      # completed checkpoints
+    crashed: bool
+
+    def key(self) -> tuple:
+        snaps = tuple(None if s is None else (s[0], s[1] and s[1].key(), s[2], len(s))
+                      for s in self.snaps)
+        return (self.pcs, self.queues, self.handler.state_key(), self.win.key(), self.log,
+                self.triggered, snaps, self.recorded, self.done, self.crashed)
+
+
+@dataclass
+class TimeExploreResult:
+    scenario: str
+    mode: str
+    checkpoints: int
+    fault: str | None
+    states: int = 0
+    interleavings: int = 0
+    violating: int = 0
+    counterexample: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.violating == 0
+
+    def summary(self) -> str:
+        head = (f"{self.mode}, scenario {self.scenario!r}, {self.checkpoints} checkpoint(s), "
+                f"a crash anywhere{', fault ' + self.fault if self.fault else ''}: "
+                f"{self.interleavings:,} interleavings ({self.states:,} distinct states)")
+        if self.ok:
+            return head + " - every window fires exactly once, none early, none lost"
+        lines = [head, f"{self.violating:,} interleavings break event time; first "
+                       "counterexample:"]
+        lines += [f"  {i + 1:>2}. {s}" for i, s in enumerate(self.counterexample)]
+        lines += [f"  => {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+class _Explorer:
+    def __init__(self, sources: tuple[tuple[Record, ...], ...], mode: Mode, checkpoints: int,
+                 size: float, max_delay: float, fault: str | None) -> None:
+        self.mode, self.k, self.size, self.fault = mode, checkpoints, size, fault
+        self.chans = [f"S{i + 1}->W" for i in range(len(sources))]
+        self.items = [_items(recs, max_delay) for recs in sources]
+        # no record is late on its own channel (its window ends after the channel's
+        # watermark when it is sent): then no interleaving makes one late
+        self.in_order = all(
+            all(ts - ts % size + size > max((t for _, t in recs[:j]), default=-1e18)
+                - max_delay for j, (_, ts) in enumerate(recs)) for recs in sources)
+
+    def initial(self) -> _World:
+        n = len(self.chans)
+        return _World(tuple(0 for _ in range(n)), tuple(() for _ in range(n)),
+                      SnapshotHandler(self.chans, self.mode), _Windows(self.chans, self.size),
+                      (), tuple(0 for _ in range(n)), tuple(None for _ in range(self.k)),
+                      tuple(tuple(() for _ in range(n)) for _ in range(self.k)), frozenset(),
+                      False)
+
+    # ------------------------------------------------------------------ steps
+
+    def steps(self, w: _World) -> list[tuple[str, Callable[[], _World]]]:
+        out: list[tuple[str, Callable[[], _World]]] = []
+        for s, items in enumerate(self.items):
+            if w.pcs[s] <= len(items) and not self._sent_eof(w, s):
+                what = "ends" if w.pcs[s] == len(items) else _show(items[w.pcs[s]])
+                out.append((f"S{s + 1} sends {what}", partial(self._send, w, s)))
+            if not w.crashed and w.triggered[s] < self.k and w.pcs[s] <= len(items) \
+                    and not self._sent_eof(w, s):
+                out.append((f"S{s + 1} starts checkpoint {w.triggered[s] + 1}",
+                            partial(self._trigger, w, s)))
+        for c, q in enumerate(w.queues):
+            if not q or self.chans[c] in w.handler.blocked:
+                continue
+            out.append((f"W takes {_show(q[0])} from {self.chans[c]}",
+                        partial(self._deliver, w, c)))
+            if self.mode is Mode.UNALIGNED:
+                pos = next((i for i, it in enumerate(q) if it[0] == "b"), 0)
+                if pos:
+                    out.append((f"barrier {q[pos][1].checkpoint_id} overtakes {pos} item(s) "
+                                f"on {self.chans[c]}", partial(self._overtake, w, c, pos)))
+        if not w.crashed and out:
+            out.append(("crash; restore the last completed checkpoint",
+                        partial(self._crash, w)))
+        return out
+
+    def _sent_eof(self, w: _World, s: int) -> bool:
+        return w.pcs[s] > len(self.items[s])
+
+    def _send(self, w: _World, s: int) -> _World:
+        items = self.items[s]
+        item = items[w.pcs[s]] if w.pcs[s] < len(items) else ("eof",)
+        return self._with(w, pcs=_set(w.pcs, s, w.pcs[s] + 1),
+                          queues=_set(w.queues, s, w.queues[s] + (item,)))
+
+    def _trigger(self, w: _World, s: int) -> _World:
+        n = w.triggered[s] + 1
+        snaps = list(w.snaps)
+        src_pcs = dict(snaps[n - 1][0]) if snaps[n - 1] is not None else {}
+        src_pcs[s] = w.pcs[s]
+        part = snaps[n - 1]
+        snaps[n - 1] = (tuple(sorted(src_pcs.items())),) + (part[1:] if part else (None, None))
+        w = self._with(w, triggered=_set(w.triggered, s, n), snaps=tuple(snaps),
+                       queues=_set(w.queues, s, w.queues[s] + (("b", Barrier(n)),)))
+        return self._complete(w)
+
+    def _deliver(self, w: _World, c: int) -> _World:
+        item = w.queues[c][0]
+        w = self._with(w, queues=_set(w.queues, c, w.queues[c][1:]))
+        ch = self.chans[c]
+        if item[0] == "eof":
+            return self._run(w, lambda h: h.on_close(ch), close=ch)
+        if item[0] == "b":
+            return self._run(w, lambda h: h.on_barrier(ch, item[1]))
+        return self._run(w, lambda h: h.on_records(ch, (item,)))
+
+    def _overtake(self, w: _World, c: int, pos: int) -> _World:
+        q = w.queues[c]
+        barrier = Barrier(q[pos][1].checkpoint_id, unaligned=True)
+        w = self._with(w, queues=_set(w.queues, c, q[pos + 1:]))
+        ch = self.chans[c]
+        return self._run(w, lambda h: h.on_barrier(ch, barrier, q[:pos]))
+
+    def _run(self, w: _World, event: Callable[[SnapshotHandler], list],
+             close: str | None = None) -> _World:
+        h = copy.deepcopy(w.handler)
+        win = w.win.clone()
+        log = w.log
+        snaps, recorded = list(w.snaps), [list(r) for r in w.recorded]
+        actions = event(h)
+        if close is not None:
+            win.close(close)
+            log = log + ((close, ("eof",)),)
+        for a in actions:
+            t = type(a)
+            if t is Deliver:
+                for item in a.records:
+                    log = log + ((a.channel, item),)
+                    if item[0] == "r":
+                        win.record(a.channel, item[1])
+                    else:
+                        win.watermark(a.channel, item[1])
+            elif t is TakeSnapshot:
+                n = a.checkpoint_id
+                part = snaps[n - 1]
+                snaps[n - 1] = ((part[0] if part else ()), win.clone(), log)
+            elif t is RecordChannelState:
+                k, c = a.checkpoint_id - 1, self.chans.index(a.channel)
+                recorded[k][c] = recorded[k][c] + tuple(a.records)
+            elif t is FinishSnapshot:
+                n = a.checkpoint_id
+                snaps[n - 1] = snaps[n - 1][:3] + ("finished",)
+            elif t is EmitBarrier:
+                pass  # W is the last operator: its output is the committed result
+        if self.fault == "tracker_ahead":
+            # the bug: the tracker's state in an open snapshot follows the live one
+            for n, part in enumerate(snaps):
+                if part is not None and part[1] is not None and len(part) == 3:
+                    snap_win = part[1].clone()
+                    snap_win.tracker = win.tracker.copy()
+                    snaps[n] = (part[0], snap_win, part[2])
+        w = self._with(w, handler=h, win=win, log=log, snaps=tuple(snaps),
+                       recorded=tuple(tuple(r) for r in recorded))
+        return self._complete(w)
+
+    def _complete(self, w: _World) -> _World:
+        """A checkpoint is complete once every source took its part and W finished."""
+        done = set(w.done)
+        for n, part in enumerate(w.snaps, start=1):
+            if n in done or part is None or len(part) < 4:
+                continue
+            if all(t >= n for t in w.triggered):
+                done.add(n)
+        return self._with(w, done=frozenset(done)) if done != w.done else w
+
+    def _crash(self, w: _World) -> _World:
+        n = max(w.done, default=0)
+        if n == 0:
+            fresh = self.initial()
+            return self._with(fresh, crashed=True)
+        src_pcs, win, log = dict(w.snaps[n - 1][0]), w.snaps[n - 1][1].clone(), \
+            w.snaps[n - 1][2]
+        pcs = tuple(src_pcs[s] for s in range(len(self.chans)))
+        queues = []
+        for c in range(len(self.chans)):
+            state = w.recorded[n - 1][c]
+            if self.fault == "watermarks_not_in_channel_state":
+                state = tuple(it for it in state if it[0] != "w")
+            queues.append(tuple(state))
+        if self.fault == "tracker_not_restored":
+            win.tracker = WatermarkTracker(self.chans)
+        return _World(pcs, tuple(queues), SnapshotHandler(self.chans, self.mode), win, log,
+                      w.triggered, w.snaps, w.recorded, w.done, True)
+
+    @staticmethod
+    def _with(w: _World, **changes: Any) -> _World:
+        d = {f: getattr(w, f) for f in w.__dataclass_fields__}
+        d.update(changes)
+        return _World(**d)
+
+    # ------------------------------------------------------------------ verdict
+
+    def problems(self, w: _World) -> list[str]:
+        found = []
+        stuck = [self.chans[c] for c, q in enumerate(w.queues) if q]
+        if stuck:
+            found.append(f"deadlock: {', '.join(stuck)} still hold items nobody takes")
+            return found
+        for c, ch in enumerate(self.chans):
+            took = tuple(it for chan, it in w.log if chan == ch)
+            want = self.items[c] + (("eof",),)
+            if took != want:
+                found.append(f"{ch}: the operator took {_shows(took)}, the channel carried "
+                             f"{_shows(want)}")
+        replay = _Windows(self.chans, self.size)
+        for ch, item in w.log:
+            if item[0] == "r":
+                replay.record(ch, item[1])
+            elif item[0] == "w":
+                replay.watermark(ch, item[1])
+            else:
+                replay.close(ch)
+        if w.win.output != replay.output:
+            found.append(f"output {w.win.output} differs from the failure-free operator's "
+                         f"on the same items {replay.output}")
+        if self.in_order:
+            expected = self.failure_free()
+            if sorted(w.win.output) != sorted(expected):
+                found.append(f"output {sorted(w.win.output)} is not the failure-free run's "
+                             f"{sorted(expected)}")
+        fired = [o[1:4] for o in w.win.output if o[0] == "window"]
+        if len(set(fired)) != len(fired):
+            found.append(f"a window fired twice: {fired}")
+        return found
+
+    def failure_free(self) -> list[tuple]:
+        win = _Windows(self.chans, self.size)
+        for c, items in enumerate(self.items):
+            for item in items:
+                if item[0] == "r":
+                    win.record(self.chans[c], item[1])
+                else:
+                    win.watermark(self.chans[c], item[1])
+        for ch in self.chans:
+            win.close(ch)
+        return win.output
+
+
+def _set(t: tuple, i: int, v: Any) -> tuple:
+    return t[:i] + (v,) + t[i + 1:]
+
+
+def _show(item: tuple) -> str:
+    if item[0] == "r":
+        return f"record {item[1][0]}@{item[1][1]:g}"
+    if item[0] == "w":
+        return f"watermark {item[1]:g}"
+    if item[0] == "b":
+        return f"barrier {item[1].checkpoint_id}"
+    return "end of input"
+
+
+def _shows(items: Sequence[tuple]) -> str:
+    return "[" + ", ".join(_show(i) for i in items) + "]"
+
+
+def explore_time(scenario: str = "in-order", *, mode: str = "aligned", checkpoints: int = 1,
+                 size: float = 10.0, max_delay: float = 2.0, fault: str | None = None,
+                 max_states: int = 2_000_000) -> TimeExploreResult:
+    """Check every interleaving, with a crash at every point; see the module docstring."""
+    m = Mode.parse(mode)
+    if m is Mode.AT_LEAST_ONCE:
+        raise ValueError("at_least_once replays records on restore by design: windows may "
+                         "count them twice; explore an exactly-once mode")
+    if scenario not in SCENARIOS:
+        raise ValueError(f"unknown scenario {scenario!r}; expected one of "
+                         f"{', '.join(SCENARIOS)}")
+    if fault is not None and fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; expected one of {', '.join(FAULTS)}")
+    if checkpoints < 1:
+        raise ValueError(f"checkpoints must be >= 1, got {checkpoints}")
+    ex = _Explorer(SCENARIOS[scenario], m, checkpoints, size, max_delay, fault)
+    result = TimeExploreResult(scenario, m.value, checkpoints, fault)
+    memo: dict[tuple, tuple[int, int]] = {}
+    path: list[str] = []
+
+    def visit(w: _World) -> tuple[int, int]:
+        key = w.key()
+        hit = memo.get(key)
+        if hit is not None:
+            return hit
+        steps = ex.steps(w)
+        if not steps:
+            bad = ex.problems(w)
+            if bad and not result.counterexample:
+                result.counterexample, result.problems = list(path), bad
+            res = (1, 1 if bad else 0)
+        else:
+            total = violating = 0
+            for label, step in steps:
+                path.append(label)
+                t, v = visit(step())
+                path.pop()
+                total += t
+                violating += v
+            res = (total, violating)
+        memo[key] = res
+        if len(memo) > max_states:
+            raise RuntimeError(f"more than {max_states:,} states: choose a smaller system")
+        return res
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10_000))
+    try:
+        result.interleavings, result.violating = visit(ex.initial())
+    finally:
+        sys.setrecursionlimit(limit)
+    result.states = len(memo)
+    return result
+
