@@ -6,14 +6,18 @@ raise are reported with the operator's uid and the record that failed.
 
 from __future__ import annotations
 
+import copy
+import math
+import time
 from collections.abc import Callable
 from typing import Any
 
 from ..logical import Node
+from ..protocol.watermarks import NO_WATERMARK, decode_ts, encode_ts, to_timestamp
 from ..state import DeferredSnapshot, KeyedStateBackend, StateTable, ValueState, create_backend
 from ..state.keygroups import key_group_range
 
-__all__ = ["UserFunctionError", "build_operator", "Operator"]
+__all__ = ["AssignTimestamps", "UserFunctionError", "build_operator", "Operator"]
 
 
 class UserFunctionError(RuntimeError):
@@ -48,6 +52,7 @@ class UserFunctionError(RuntimeError):
 
 class Operator:
     keyed = False
+    emits_watermarks = False  # an event-time assigner (AssignTimestamps)
 
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -121,6 +126,79 @@ class Filter(Operator):
             return [r for r in batch if fn(r)]
         except Exception as exc:
             return self._one_by_one(batch, lambda r: (r,) if fn(r) else (), exc)
+
+
+class AssignTimestamps(Operator):
+    """``Stream.assign_timestamps``: reads each record's timestamp with the user's ``ts_fn``
+    and feeds the watermark generator; records pass unchanged.  After a batch,
+    :meth:`take_watermark` is the new watermark when the generator's rose (the chain emits
+    it after the batch's records).  Upstream watermarks stop here: this operator's are the
+    ones downstream sees.
+
+    ``idle``: no input for ``idle_timeout`` seconds (:meth:`check_idle`, called by the task
+    when it has nothing to read); a record ends it.
+    """
+
+    emits_watermarks = True
+
+    def __init__(self, node: Node) -> None:
+        super().__init__(node)
+        spec = node.fn
+        self.ts_fn: Callable[[Any], Any] = spec.ts_fn
+        self.generator: Any = copy.deepcopy(spec.generator)  # one per subtask
+        self.idle_timeout: float | None = spec.idle_timeout
+        self.emitted: float = NO_WATERMARK  # the last watermark emitted (never goes back)
+        self.last_input = time.monotonic()
+        self.idle = False
+
+    def _stamp(self, record: Any) -> tuple:
+        self.generator.on_event(to_timestamp(self.ts_fn(record)))
+        return (record,)
+
+    def process(self, batch: list) -> list:
+        ts_fn, on_event = self.ts_fn, self.generator.on_event
+        if self.idle_timeout is not None:
+            self.last_input = time.monotonic()
+            self.idle = False
+        try:
+            for r in batch:
+                on_event(to_timestamp(ts_fn(r)))
+        except Exception as exc:
+            # record by record: the bad one fails the job named, or is a dead letter
+            return self._one_by_one(batch, self._stamp, exc)
+        return batch
+
+    def take_watermark(self) -> float | None:
+        """The generator's watermark, when it rose above the last one emitted."""
+        wm = self.generator.current()
+        if wm > self.emitted:
+            self.emitted = wm
+            return wm
+        return None
+
+    def end_of_input(self) -> None:
+        self.emitted = math.inf
+
+    def check_idle(self, now: float) -> bool:
+        """True once when input has been quiet for ``idle_timeout`` (then :attr:`idle`)."""
+        t = self.idle_timeout
+        if t is None or self.idle or now - self.last_input < t:
+            return False
+        self.idle = True
+        return True
+
+    def time_snapshot(self) -> dict:
+        snap = getattr(self.generator, "snapshot", None)
+        return {"emitted": encode_ts(self.emitted),
+                "generator": snap() if snap is not None else None}
+
+    def time_restore(self, state: dict, exact: bool) -> None:
+        """``exact``: this subtask's own state; else (rescaled) the lowest of the old
+        subtasks' ``emitted`` and a fresh generator."""
+        self.emitted = decode_ts(state.get("emitted"))
+        restore = getattr(self.generator, "restore", None)
+        if exact and restore is not None and state.get("generator") is not None:
+            restore(state["generator"])
 
 
 class Passthrough(Operator):
@@ -273,6 +351,8 @@ def build_operator(node: Node, subtask: int, parallelism: int, max_parallelism: 
         return Filter(node)
     if node.kind in ("union", "iterate"):
         return Passthrough(node)
+    if node.kind == "assign_timestamps":
+        return AssignTimestamps(node)
     if node.kind == "reduce":
         return Reduce(node, subtask, parallelism, max_parallelism, state_backend, storage)
     if node.kind == "process":
