@@ -245,7 +245,7 @@ class EventTime:
             for a in self.assigners:
                 st = assigners.get(self.ops[a].uid)
                 if st is not None:
-                    self.ops[a].time_restore(st, exact=True)
+                    self.ops[a].time_restore([st], exact=True)
         elif old:
             lows = [min((decode_ts((o.get("segments") or [None] * segs)[k])
                          if k < len(o.get("segments") or []) else NO_WATERMARK) for o in old)
@@ -256,9 +256,7 @@ class EventTime:
             for a in self.assigners:
                 uid = self.ops[a].uid
                 states = [(o.get("assigners") or {}).get(uid) for o in old]
-                emitted = min((decode_ts(s.get("emitted")) if s else NO_WATERMARK)
-                              for s in states)
-                self.ops[a].time_restore({"emitted": encode_ts(emitted)}, exact=False)
+                self.ops[a].time_restore([s or {} for s in states], exact=False)
         if upstream_floor is not None:
             current = self.tracker.current
             self.tracker.restore_rescaled(upstream_floor)
