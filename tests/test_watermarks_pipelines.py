@@ -208,3 +208,11 @@ class SilentSplitReader:
 
     def close(self) -> None:
         pass
+
+
+def shaky_event(i: int) -> dict:
+    """``event(i)``, but every 500th has no usable timestamp (None, text, NaN in turn)."""
+    e = event(i)
+    if i % 500 == 499:
+        e["ts"] = (None, "soon", float("nan"))[(i // 500) % 3]
+    return e

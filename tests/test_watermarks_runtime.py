@@ -3,6 +3,7 @@ threads engine (in-band watermarks, end of input, idle sources, checkpoints, res
 
 from __future__ import annotations
 
+import collections
 import math
 import pickle
 
@@ -327,3 +328,56 @@ def test_an_idle_split_does_not_hold_windows_back(tmp_path, idle):
         assert late
         # every record is counted once: in a fired window, or as late
         assert sum(r[3] for r in fired(rows)) + len(late) == n
+
+
+def _shaky(tmp_path, dead_letter: bool):
+    from test_watermarks_pipelines import shaky_event, tumbling_count
+
+    dlq = CollectSink(str(tmp_path / "dead")) if dead_letter else None
+    p = Pipeline("shaky", parallelism=2, dead_letter=dlq,
+                 checkpoint=CheckpointConfig(interval=0.2, storage=f"file://{tmp_path}/ck"))
+    out = CollectSink(str(tmp_path / "out"))
+    stamped = p.source(GeneratorSource(count=5000, fn=shaky_event), uid="events") \
+        .assign_timestamps(event_ts, max_delay=40, uid="stamps")
+    tumbling_count(stamped, event_key).sink(out, uid="out")
+    return p, out, dlq
+
+
+def test_a_bad_timestamp_fails_the_job_naming_operator_record_and_position(tmp_path):
+    from cutline.driver.dataflow import JobFailed
+
+    p, _, _ = _shaky(tmp_path, dead_letter=False)
+    with pytest.raises(JobFailed, match=r"assign_timestamps operator 'stamps' failed on record "
+                       r"\{'k': 'k\d', 'ts': None, 'i': 499\}: TypeError: a timestamp must be "
+                       r".* \(at record \d+ of \d+ in its batch, source 'events' subtask 1"):
+        p.run(engine="threads", timeout=60)
+
+
+def test_bad_timestamps_go_to_the_dead_letter_sink(tmp_path):
+    from test_watermarks_pipelines import shaky_event
+
+    p, out, dlq = _shaky(tmp_path, dead_letter=True)
+    p.run(engine="threads", timeout=60)
+    letters = dlq.results()
+    assert sorted(d["record"]["i"] for d in letters) == list(range(499, 5000, 500))
+    assert {d["operator"] for d in letters} == {"stamps"}
+    good = [shaky_event(i) for i in range(5000) if i % 500 != 499]
+    want = collections.Counter((e["k"], e["ts"] - e["ts"] % 100) for e in good)
+    assert fired(out.results()) == collections.Counter(
+        ("win", k, w, n) for (k, w), n in want.items())
+
+
+def test_the_task_state_keeps_watermarks_and_older_versions_decode():
+    import msgpack
+
+    from cutline.storage.schema import TaskState, decode_task_state, encode_task_state
+
+    st = TaskState(task="w.0", chain="w", index=0, parallelism=1,
+                   watermarks={"input": {"current": 5, "channels": {"a.0->w.0": [5, False]}},
+                               "segments": [5], "assigners": {}, "output": "inf"})
+    assert decode_task_state(encode_task_state(st), "f") == st
+    v2 = msgpack.unpackb(encode_task_state(TaskState(task="w.0", chain="w", index=0,
+                                                     parallelism=1)))
+    v2["version"] = 2
+    del v2["watermarks"]
+    assert decode_task_state(msgpack.packb(v2), "f").watermarks is None
