@@ -12,8 +12,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .logical import FORWARD, HASH, REBALANCE, Node
+from .logical import FORWARD, HASH, REBALANCE, Node, TimestampSpec, timestamp_fn_of
 from .protocol import Mode
+from .protocol.watermarks import BoundedOutOfOrderness, to_duration
 
 __all__ = ["CheckpointConfig", "IterativeStream", "Pipeline", "Stream", "KeyedStream", "Node"]
 
@@ -169,8 +170,19 @@ class Pipeline:
             raise ValueError(f"duplicate operator uid {uid!r}: uids identify state in "
                              "checkpoints and must be unique")
         node = Node(node_id, uid, kind, fn, parallelism, inputs, partitioning, key_fn)
+        if kind == "assign_timestamps":
+            node.timestamp_fn, node.timestamps_from = fn.ts_fn, uid
+        elif inputs:
+            node.timestamp_fn, node.timestamps_from = timestamp_fn_of(
+                [self.nodes[i] for i in inputs])
         self.nodes.append(node)
         return node
+
+    @property
+    def timed(self) -> bool:
+        """The pipeline uses event time (it has an ``assign_timestamps``): its tasks carry
+        watermarks."""
+        return any(n.kind == "assign_timestamps" for n in self.nodes)
 
     def source(self, source: Any, *, uid: str | None = None,
                parallelism: int | None = None) -> "Stream":
@@ -222,6 +234,10 @@ class Pipeline:
         for n in self.nodes:
             if n.kind != "iterate":
                 continue
+            if self.timed:
+                raise ValueError(
+                    f"iteration {n.uid!r} in a pipeline with event time (assign_timestamps): "
+                    "watermarks do not go round loops yet; use event time outside iterations")
             if not n.feedback:
                 raise ValueError(f"iteration {n.uid!r} is never closed: call "
                                  f"close_with(stream) with the records that go round again")
@@ -244,7 +260,7 @@ class Stream:
               on_error: str | None = None) -> "Stream":
         part = partitioning or (FORWARD if parallelism in (None, self._parallelism())
                                 else REBALANCE)
-        if kind in ("map", "flat_map", "filter"):
+        if kind in ("map", "flat_map", "filter", "assign_timestamps"):
             on_error = self._on_error(kind, on_error)
         node = self.pipeline._add(kind, fn, [self.node.id], uid=uid, parallelism=parallelism,
                                   partitioning=part, key_fn=key_fn)
@@ -288,6 +304,48 @@ class Stream:
         """Records for which ``fn(record)`` is true (see ``map`` for ``on_error``)."""
         _check_callable("filter", fn)
         return self._then("filter", fn, uid=uid, parallelism=parallelism, on_error=on_error)
+
+    def assign_timestamps(self, ts_fn: Callable[[Any], Any], *, max_delay: Any = 0,
+                          watermark: Any = None, idle_timeout: Any = None,
+                          uid: str | None = None, parallelism: int | None = None,
+                          on_error: str | None = None) -> "Stream":
+        """Event time: ``ts_fn(record)`` is the record's timestamp (seconds as int/float, or a
+        ``datetime``); watermarks follow the records downstream.
+
+        Records are unchanged: every timed operator downstream (windows, event-time timers)
+        reads a record's time with this ``ts_fn`` again, so a ``map`` in between must keep
+        what ``ts_fn`` reads.  Right after a source (same parallelism) it runs in the
+        source's tasks: one watermark per source split.
+
+        ``max_delay`` (seconds or ``timedelta``): how far out of order records may be; the
+        watermark is the largest timestamp seen minus ``max_delay`` (Spark's
+        ``withWatermark``).  ``watermark``: a custom generator instead (``on_event(ts)``,
+        ``current()``, optionally ``snapshot()`` / ``restore(state)``).  ``idle_timeout``
+        (seconds): a subtask with no input for that long says so downstream, where it stops
+        holding the watermark back until it has records again.  ``on_error``: a record whose
+        ``ts_fn`` raises or returns a non-timestamp fails the job naming the operator and
+        record, or with ``"dead_letter"`` goes to the pipeline's dead-letter sink (as for
+        ``map``).
+        """
+        _check_callable("assign_timestamps", ts_fn)
+        delay = to_duration(max_delay, "assign_timestamps(max_delay=...)")
+        idle = to_duration(idle_timeout, "assign_timestamps(idle_timeout=...)", positive=True,
+                           allow_none=True)
+        if watermark is None:
+            generator: Any = BoundedOutOfOrderness(delay)
+        else:
+            if delay:
+                raise ValueError("assign_timestamps() takes max_delay or watermark=, not "
+                                 "both (a custom generator decides the delay itself)")
+            for meth in ("on_event", "current"):
+                if not callable(getattr(watermark, meth, None)):
+                    raise TypeError(
+                        "assign_timestamps(watermark=...) needs a watermark generator with "
+                        f"on_event(ts) and current() (e.g. BoundedOutOfOrderness), got "
+                        f"{watermark!r}: it has no {meth}()")
+            generator = watermark
+        return self._then("assign_timestamps", TimestampSpec(ts_fn, generator, idle),
+                          uid=uid, parallelism=parallelism, on_error=on_error)
 
     def rebalance(self) -> "Stream":
         """Spread records round-robin over the next operator's subtasks."""

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FORWARD", "REBALANCE", "HASH", "BROADCAST", "Node"]
+__all__ = ["FORWARD", "REBALANCE", "HASH", "BROADCAST", "Node", "TimestampSpec",
+           "timestamp_fn_of"]
 
 # Partitioning of an edge into an operator.
 FORWARD, REBALANCE, HASH, BROADCAST = "forward", "rebalance", "hash", "broadcast"
@@ -24,7 +25,7 @@ class Node:
     id: int
     uid: str
     kind: str  # source | map | flat_map | filter | reduce | process | count | union |
-    #            iterate | sink
+    #            iterate | assign_timestamps | operator (tests: node.fn builds it) | sink
     fn: Any = None
     parallelism: int | None = None
     inputs: list[int] = field(default_factory=list)
@@ -34,7 +35,38 @@ class Node:
     # an iteration head: feedback input node id -> (partitioning, key_fn) of the back edge
     feedback: dict[int, tuple[str, Any]] = field(default_factory=dict)
     dead_letter: Any = None  # the pipeline's dead-letter sink, when on_error="dead_letter"
+    # Event time: the ``ts_fn`` of the nearest upstream ``assign_timestamps`` (its own for
+    # an assigner), filled in when the node is added (:func:`timestamp_fn_of`); ``None``
+    # when no assigner is upstream, or the inputs' assigners differ.
+    timestamp_fn: Callable[[Any], Any] | None = None
+    # the uid of that assigner (or, when inputs' assigners differ, "" : ambiguous)
+    timestamps_from: str | None = None
 
     @property
     def keyed(self) -> bool:
         return self.kind in ("reduce", "process", "count")
+
+
+@dataclass
+class TimestampSpec:
+    """What an ``assign_timestamps`` node runs (its ``Node.fn``): the user's ``ts_fn``, the
+    watermark generator (a prototype, copied per subtask), and ``idle_timeout`` seconds
+    (``None``: never idle)."""
+
+    ts_fn: Callable[[Any], Any]
+    generator: Any
+    idle_timeout: float | None = None
+
+
+def timestamp_fn_of(inputs: list[Node]) -> tuple[Callable[[Any], Any] | None, str | None]:
+    """``(ts_fn, assigner uid)`` of the nearest upstream ``assign_timestamps`` of a node with
+    ``inputs``: the same for every input that has one; ``(None, "")`` when inputs reach
+    different assigners, ``(None, None)`` when none does."""
+    found = {(n.timestamps_from, id(n.timestamp_fn)): n for n in inputs
+             if n.timestamps_from is not None}
+    if not found:
+        return None, None
+    if len(found) > 1:
+        return None, ""
+    n = next(iter(found.values()))
+    return n.timestamp_fn, n.timestamps_from

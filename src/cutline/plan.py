@@ -69,6 +69,8 @@ class PhysicalPlan:
     max_parallelism: int
     slots: int = field(init=False)
     state_backend: str = "memory"  # where keyed operators keep state (CheckpointConfig)
+    # the pipeline uses event time: tasks split batches at watermarks (no cost otherwise)
+    timed: bool = False
 
     def __post_init__(self) -> None:
         self.slots = max(c.parallelism for c in self.chains)
@@ -165,4 +167,5 @@ def plan(pipeline: Pipeline) -> PhysicalPlan:
             edges.append(Edge(chain_of[i].id, chain_of[n.id].id, part,
                               n.key_fn if part == HASH else None))
     return PhysicalPlan(pipeline.name, chains, edges, pipeline.max_parallelism,
-                        state_backend=pipeline.checkpoint.state_backend)
+                        state_backend=pipeline.checkpoint.state_backend,
+                        timed=any(n.kind == "assign_timestamps" for n in nodes))

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["BoundedOutOfOrderness", "IDLE", "InputIdle", "NO_WATERMARK", "Watermark",
-           "WatermarkGenerator", "WatermarkTracker", "is_time_item", "to_duration",
-           "to_timestamp"]
+           "WatermarkGenerator", "WatermarkTracker", "decode_ts", "encode_ts", "is_time_item",
+           "to_duration", "to_timestamp"]
 
 #: The watermark before any: every timestamp is later.
 NO_WATERMARK = -math.inf
@@ -201,8 +201,8 @@ class WatermarkTracker:
         [wm, idle]}}`` (``None`` stands for no watermark yet, ``"inf"`` for the end).
         Closed flags are not kept: after a restore every channel is open again and its
         sender ends it again."""
-        return {"current": _enc(self.current),
-                "channels": {str(ch): [_enc(wm), ch in self._idle]
+        return {"current": encode_ts(self.current),
+                "channels": {str(ch): [encode_ts(wm), ch in self._idle]
                              for ch, wm in self._wm.items()}}
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -210,14 +210,14 @@ class WatermarkTracker:
         ``str(ch)``; channels it does not name keep no watermark, names it has that this
         tracker lacks are ignored)."""
         by_name = {str(ch): ch for ch in self._wm}
-        self.current = _dec(state.get("current"))
+        self.current = decode_ts(state.get("current"))
         self._idle.clear()
         self._closed.clear()
         for name, (wm, idle) in state.get("channels", {}).items():
             ch = by_name.get(name)
             if ch is None:
                 continue
-            self._wm[ch] = _dec(wm)
+            self._wm[ch] = decode_ts(wm)
             if idle:
                 self._idle.add(ch)
 
@@ -238,7 +238,9 @@ class WatermarkTracker:
             self._wm[ch] = floor
 
 
-def _enc(ts: float) -> float | str | None:
+def encode_ts(ts: float) -> float | str | None:
+    """A watermark for a checkpoint (msgpack/JSON): ``None`` for none yet, ``"inf"`` for
+    the end, else the number."""
     if ts == NO_WATERMARK:
         return None
     if ts == math.inf:
@@ -246,7 +248,8 @@ def _enc(ts: float) -> float | str | None:
     return ts
 
 
-def _dec(v: Any) -> float:
+def decode_ts(v: Any) -> float:
+    """The watermark :func:`encode_ts` encoded."""
     if v is None:
         return NO_WATERMARK
     if v == "inf":
@@ -294,10 +297,10 @@ class BoundedOutOfOrderness:
         return self.max_ts - self.max_delay
 
     def snapshot(self) -> Any:
-        return _enc(self.max_ts)
+        return encode_ts(self.max_ts)
 
     def restore(self, state: Any) -> None:
-        self.max_ts = _dec(state)
+        self.max_ts = decode_ts(state)
 
     def __repr__(self) -> str:
         return f"BoundedOutOfOrderness(max_delay={self.max_delay!r})"

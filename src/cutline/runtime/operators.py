@@ -6,14 +6,18 @@ raise are reported with the operator's uid and the record that failed.
 
 from __future__ import annotations
 
+import copy
+import math
+import time
 from collections.abc import Callable
 from typing import Any
 
 from ..logical import Node
+from ..protocol.watermarks import NO_WATERMARK, decode_ts, encode_ts, to_timestamp
 from ..state import DeferredSnapshot, KeyedStateBackend, StateTable, ValueState, create_backend
 from ..state.keygroups import key_group_range
 
-__all__ = ["UserFunctionError", "build_operator", "Operator"]
+__all__ = ["AssignTimestamps", "UserFunctionError", "build_operator", "Operator"]
 
 
 class UserFunctionError(RuntimeError):
@@ -48,6 +52,7 @@ class UserFunctionError(RuntimeError):
 
 class Operator:
     keyed = False
+    emits_watermarks = False  # an event-time assigner (AssignTimestamps)
 
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -121,6 +126,135 @@ class Filter(Operator):
             return [r for r in batch if fn(r)]
         except Exception as exc:
             return self._one_by_one(batch, lambda r: (r,) if fn(r) else (), exc)
+
+
+class AssignTimestamps(Operator):
+    """``Stream.assign_timestamps``: reads each record's timestamp with the user's ``ts_fn``
+    and feeds the watermark generator; records pass unchanged.  After a batch,
+    :meth:`take_watermark` is the new watermark when it rose (the chain emits it after the
+    batch's records).  Upstream watermarks stop here: this operator's are the ones
+    downstream sees.
+
+    **Per split**: right after a source whose reader names its splits (``split_key()``: the
+    split the last batch came from, ``split_keys()``: the splits it still reads), it keeps
+    one generator per split and its watermark is the lowest over the reader's splits (a
+    split with no record yet holds it back).  A split's generator state moves with the
+    split on a rescaled restore.
+
+    ``idle``: no input for ``idle_timeout`` seconds (:meth:`check_idle`, called by the task
+    when it has nothing to read); a record ends it.
+    """
+
+    emits_watermarks = True
+
+    def __init__(self, node: Node) -> None:
+        super().__init__(node)
+        spec = node.fn
+        self.ts_fn: Callable[[Any], Any] = spec.ts_fn
+        self.prototype: Any = spec.generator
+        self.generator: Any = copy.deepcopy(spec.generator)  # one per subtask (or split)
+        self.splits: dict[str, Any] | None = None  # split key -> its generator (per split)
+        self.reader: Any = None
+        self.idle_timeout: float | None = spec.idle_timeout
+        self.emitted: float = NO_WATERMARK  # the last watermark emitted (never goes back)
+        self.last_input = time.monotonic()
+        self.idle = False
+
+    def read_splits_of(self, reader: Any) -> None:
+        """The chain starts at ``reader``'s source: one generator per split, if it names them."""
+        if callable(getattr(reader, "split_key", None)) and callable(
+                getattr(reader, "split_keys", None)):
+            self.reader, self.splits = reader, {}
+
+    def _generator(self) -> Any:
+        if self.splits is None:
+            return self.generator
+        key = self.reader.split_key()
+        g = self.splits.get(key)
+        if g is None:
+            g = self.splits[key] = copy.deepcopy(self.prototype)
+        return g
+
+    def _stamp(self, record: Any) -> tuple:
+        self._generator().on_event(to_timestamp(self.ts_fn(record)))
+        return (record,)
+
+    def process(self, batch: list) -> list:
+        ts_fn, on_event = self.ts_fn, self._generator().on_event
+        if self.idle_timeout is not None:
+            self.last_input = time.monotonic()
+            self.idle = False
+        try:
+            for r in batch:
+                on_event(to_timestamp(ts_fn(r)))
+        except Exception as exc:
+            # record by record: the bad one fails the job named, or is a dead letter
+            return self._one_by_one(batch, self._stamp, exc)
+        return batch
+
+    def current(self) -> float:
+        """The generator's watermark; per split, the lowest over the reader's splits."""
+        splits = self.splits
+        if splits is None:
+            return self.generator.current()
+        keys = self.reader.split_keys()
+        if not keys:  # every split read to its end: what they reached (inf follows)
+            return min((g.current() for g in splits.values()), default=NO_WATERMARK)
+        for gone in set(splits) - set(keys):  # finished splits hold nothing back
+            del splits[gone]
+        return min(splits[k].current() if k in splits else NO_WATERMARK for k in keys)
+
+    def take_watermark(self) -> float | None:
+        """The watermark, when it rose above the last one emitted."""
+        wm = self.current()
+        if wm > self.emitted:
+            self.emitted = wm
+            return wm
+        return None
+
+    def end_of_input(self) -> None:
+        self.emitted = math.inf
+
+    def check_idle(self, now: float) -> bool:
+        """True once when input has been quiet for ``idle_timeout`` (then :attr:`idle`)."""
+        t = self.idle_timeout
+        if t is None or self.idle or now - self.last_input < t:
+            return False
+        self.idle = True
+        return True
+
+    @staticmethod
+    def _snap(g: Any) -> Any:
+        snap = getattr(g, "snapshot", None)
+        return snap() if snap is not None else None
+
+    def time_snapshot(self) -> dict:
+        out: dict[str, Any] = {"emitted": encode_ts(self.emitted),
+                               "generator": self._snap(self.generator)}
+        if self.splits is not None:
+            out["splits"] = {k: self._snap(g) for k, g in self.splits.items()}
+        return out
+
+    def _restored(self, state: Any) -> Any:
+        g = copy.deepcopy(self.prototype)
+        restore = getattr(g, "restore", None)
+        if restore is not None and state is not None:
+            restore(state)
+        return g
+
+    def time_restore(self, states: list[dict], exact: bool) -> None:
+        """``states``: this subtask's own (``exact``), or every old subtask's (rescaled):
+        then the lowest ``emitted``, a fresh generator, and per split the state of the
+        splits this reader reads now (a split cut in two starts fresh)."""
+        if not states:
+            return
+        self.emitted = min(decode_ts(st.get("emitted")) for st in states)
+        if exact and states[0].get("generator") is not None:
+            self.generator = self._restored(states[0]["generator"])
+        if self.splits is not None:
+            keys = set(self.reader.split_keys())
+            self.splits = {k: self._restored(g) for st in states
+                           for k, g in (st.get("splits") or {}).items() if k in keys}
 
 
 class Passthrough(Operator):
@@ -273,6 +407,12 @@ def build_operator(node: Node, subtask: int, parallelism: int, max_parallelism: 
         return Filter(node)
     if node.kind in ("union", "iterate"):
         return Passthrough(node)
+    if node.kind == "assign_timestamps":
+        return AssignTimestamps(node)
+    if node.kind == "operator":  # an operator class of its own (tests; no user API yet):
+        # ``node.fn(node, subtask, parallelism, max_parallelism, state_backend=, storage=)``
+        return node.fn(node, subtask, parallelism, max_parallelism,
+                       state_backend=state_backend, storage=storage)
     if node.kind == "reduce":
         return Reduce(node, subtask, parallelism, max_parallelism, state_backend, storage)
     if node.kind == "process":
