@@ -68,8 +68,7 @@ def apply(tracker: WatermarkTracker, what: str, ch: str, ts: int) -> float | Non
     if what == "idle":
         return tracker.on_idle(ch)
     if what == "active":
-        tracker.on_active(ch)
-        return None
+        return tracker.on_active(ch)
     return tracker.on_close(ch)
 
 

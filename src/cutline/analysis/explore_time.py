@@ -100,7 +100,7 @@ class _Windows:
     def record(self, ch: str, rec: Record) -> None:
         key, ts = rec
         start = ts - ts % self.size
-        self.tracker.on_active(ch)
+        self._fire(self.tracker.on_active(ch))
         if start + self.size <= self.tracker.current:
             self.output.append(("late", key, ts))
         else:

@@ -166,10 +166,16 @@ class WatermarkTracker:
             self._idle.add(ch)
         return self._advance()
 
-    def on_active(self, ch: Hashable) -> None:
+    def on_active(self, ch: Hashable) -> float | None:
         """A record arrived on ``ch``: if it was idle it holds the minimum again (at its last
-        watermark; the combined watermark does not go back, so its records may be late)."""
+        watermark; the combined watermark does not go back, so its records may be late).
+        When every other open channel was idle too, the combined watermark may now rise to
+        ``ch``'s (as Flink's valve does): the caller advances *before* the record, since
+        that watermark came ahead of it on ``ch``."""
+        if ch not in self._idle:
+            return None
         self._idle.discard(ch)
+        return self._advance()
 
     def on_close(self, ch: Hashable) -> float | None:
         """``ch`` ended (EOF): it no longer holds the minimum back."""

@@ -158,7 +158,9 @@ class EventTime:
 
     def _records(self, records: list, channel: str | None) -> None:
         if channel is not None:
-            self.tracker.on_active(channel)
+            ts = self.tracker.on_active(channel)
+            if ts is not None:
+                self.advance(0, ts)
         self.emit(self.run(records, 0))
 
     def run(self, batch: list, start: int) -> list:
