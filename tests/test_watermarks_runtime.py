@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import math
+import json
 import pickle
 
 import pytest
@@ -381,3 +382,20 @@ def test_the_task_state_keeps_watermarks_and_older_versions_decode():
     v2["version"] = 2
     del v2["watermarks"]
     assert decode_task_state(msgpack.packb(v2), "f").watermarks is None
+
+
+def test_checkpoints_show_names_each_operator_s_watermark(tmp_path, capsys):
+    """`cutline checkpoints show`: the lowest output watermark of each timed chain's
+    subtasks (the final checkpoint of a bounded run: the end of input)."""
+    from cutline.cli import main
+
+    p, _ = windowed(tmp_path, 2_000, interval=0.2)
+    p.run(engine="threads", timeout=60)
+    storage = CheckpointStorage(p.checkpoint.storage, p.name)
+    path = storage.open(storage.completed()[-1]).path
+    assert main(["checkpoints", "show", path, "--format", "json"]) == 0
+    ops = {op["uid"]: op for op in json.loads(capsys.readouterr().out)["operators"]}
+    assert ops["events"]["watermark"] == "inf" and ops["windows"]["watermark"] == "inf"
+    assert "watermark" not in ops["out"]  # the sink's chain: part of windows' chain or none
+    assert main(["checkpoints", "show", path]) == 0
+    assert "end of" in capsys.readouterr().out  # "end of input", wrapped in a narrow table

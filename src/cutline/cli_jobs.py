@@ -49,6 +49,22 @@ def add_parser(sub: Any) -> None:
     ch.add_argument("--format", choices=["table", "json"], default="table")
 
 
+def _watermark(op: dict) -> str:
+    """An operator's event-time watermark for a table: UTC time for epoch seconds."""
+    if "watermark" not in op:
+        return "-"
+    wm = op["watermark"]
+    if wm is None:
+        return "none yet"
+    if wm == "inf":
+        return "end of input"
+    if wm >= 1e9:  # epoch seconds
+        import datetime as dt
+
+        return dt.datetime.fromtimestamp(wm, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return f"{wm:g}"
+
+
 def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -94,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
                       f"{_size(info['state_bytes'])}")
         t = Table()
         for col in ("operator", "kind", "parallelism", "keyed state", "keys", "source position",
-                    "pending sink transactions", "in-flight"):
+                    "pending sink transactions", "in-flight", "watermark"):
             t.add_column(col, justify="left" if col in ("operator", "kind") else "right")
         for op in info["operators"]:
             t.add_row(op["uid"], op["kind"] or "-", str(op["parallelism"] or "-"),
@@ -102,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
                       f"{op['keys']:,}" if op["tasks"] else "-",
                       "yes" if op.get("source") else "-",
                       str(op.get("pending_transactions", "-")),
-                      _size(op["in_flight_bytes"]) if op.get("in_flight_bytes") else "-")
+                      _size(op["in_flight_bytes"]) if op.get("in_flight_bytes") else "-",
+                      _watermark(op))
         console.print(t)
         return 0
     from .storage.checkpoints import CheckpointStorage

@@ -289,7 +289,11 @@ class Subtask:
         """Input exhausted: flush, send EOF downstream, tell the driver this task drained.
 
         The final checkpoint of a bounded job is triggered at every task directly once all
-        drained, so it covers every record (no barrier can leave data behind it)."""
+        drained, so it covers every record (no barrier can leave data behind it).  With
+        event time, every watermark of the task goes to ``inf`` first: each window and
+        event-time timer fires, and the final checkpoint records the end of input."""
+        if self.event_time is not None:
+            self.event_time.end_of_input()
         self.router.close_outputs()
         self.drained = True
         self.slot.send(m.Drained(self.task_id))

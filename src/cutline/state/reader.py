@@ -7,11 +7,13 @@ show``.  ``cutline.state.read`` turns the rows into a Spark DataFrame (``cutline
 
 from __future__ import annotations
 
+import math
 import pickle
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ..protocol.watermarks import decode_ts, encode_ts
 from ..storage.schema import TaskState, read_task_states
 
 __all__ = ["keyed_rows", "keyed_entries", "operators_with_state", "summary"]
@@ -90,12 +92,18 @@ def summary(handle: Any) -> dict:
         if st.in_flight_bytes:
             chain = per_op[st.chain]
             chain["in_flight_bytes"] = chain.get("in_flight_bytes", 0) + st.in_flight_bytes
+        if st.watermarks is not None:  # event time: the chain's output, lowest subtask's
+            chain = per_op[st.chain]
+            wm = decode_ts(st.watermarks.get("output"))
+            chain["_wm"] = min(chain.get("_wm", math.inf), wm)
     operators = []
     for uid in sorted(set(plan) | set(per_op)):
         info = dict(per_op.get(uid, {}))
         info.setdefault("tasks", 0)
         info.setdefault("keys", 0)
         info.setdefault("bytes", 0)
+        if "_wm" in info:  # None: no watermark yet, "inf": the end of input
+            info["watermark"] = encode_ts(info.pop("_wm"))
         operators.append({"uid": uid, "kind": plan.get(uid, {}).get("kind"),
                           "parallelism": plan.get(uid, {}).get("parallelism"), **info})
     return {"path": handle.path, "id": handle.id, "savepoint": handle.is_savepoint,
