@@ -213,3 +213,17 @@ def test_any_order_of_events_keeps_the_job_consistent(events):
         if c.drained >= set(TASKS) and c.attempt.started:
             assert c.final is not None
     assert len(committed) == len(set(committed))
+
+
+def test_the_job_s_event_time_is_its_lowest_timed_task_s_watermark():
+    c = controller()
+    register(c, 0)
+    assert c.watermark() is None  # no event time
+    c.on_message("a0s0", m.Metrics("src.0", 10, True, 0.1, True, 120.0), 1.0)
+    c.on_message("a0s1", m.Metrics("src.1", 10, True, 0.1, True, None), 1.0)
+    c.on_message("a0s1", m.Metrics("sink.1", 10, False, 0.1), 1.0)  # untimed: not counted
+    assert c.watermark() == float("-inf")  # src.1 has none yet
+    c.on_message("a0s1", m.Metrics("src.1", 20, True, 0.2, True, 100.5), 2.0)
+    assert c.watermark() == 100.5
+    c.on_message("a0s1", m.Metrics("src.1", 30, True, 0.3, True, "inf"), 3.0)
+    assert c.watermark() == 120.0 and c.source_records() == 40

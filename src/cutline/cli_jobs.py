@@ -53,16 +53,10 @@ def _watermark(op: dict) -> str:
     """An operator's event-time watermark for a table: UTC time for epoch seconds."""
     if "watermark" not in op:
         return "-"
-    wm = op["watermark"]
-    if wm is None:
-        return "none yet"
-    if wm == "inf":
-        return "end of input"
-    if wm >= 1e9:  # epoch seconds
-        import datetime as dt
+    from .protocol.watermarks import decode_ts
+    from .report import format_event_time
 
-        return dt.datetime.fromtimestamp(wm, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-    return f"{wm:g}"
+    return format_event_time(decode_ts(op["watermark"]))
 
 
 def _size(n: float) -> str:

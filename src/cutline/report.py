@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import math
 import time
 from typing import Any
 
@@ -18,6 +20,18 @@ def _size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"  # pragma: no cover
+
+
+def format_event_time(ts: float) -> str:
+    """A watermark for people: UTC time for epoch seconds, else the number."""
+    if ts == -math.inf:
+        return "none yet"
+    if ts == math.inf:
+        return "end of input"
+    if ts >= 1e9:
+        return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime(
+            "%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return f"{ts:g}"
 
 
 def checkpoint_table(result: Any, title: str | None = None) -> Table:
@@ -64,5 +78,8 @@ class Progress:
         text = (f"[bold]{driver.job}[/] {now - self.t0:5.1f}s  "
                 f"read {total:>10,} records  [cyan]{self.rate:>9,.0f} records/s[/]  "
                 f"checkpoints {len(ckpts)} latest {latest}  attempt {driver.attempt.number}")
+        wm = driver.watermark() if hasattr(driver, "watermark") else None
+        if wm is not None:
+            text += f"  watermark {format_event_time(wm)}"
         if self.live is not None:
             self.live.update(text)

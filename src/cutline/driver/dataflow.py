@@ -122,6 +122,10 @@ class JobDriver:
         """Records read by the sources in the current attempt."""
         return self.controller.source_records()
 
+    def watermark(self) -> float | None:
+        """The job's event time (lowest timed task's output watermark), or None."""
+        return self.controller.watermark()
+
     @property
     def cpu_seconds(self) -> dict[int, float]:
         """CPU seconds each slot's process spent in the current attempt (all its threads)."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from . import messages as m
+from .watermarks import decode_ts
 from .coordinator import (
     Abort,
     CheckpointCoordinator,
@@ -190,6 +191,7 @@ class JobController:
         self.error: str | None = None
         self.stopped_with_savepoint: str | None = None
         self.metrics: dict[str, tuple[int, bool]] = {}  # task -> (records in, is source)
+        self.watermarks: dict[str, float] = {}  # task -> output watermark (event time)
         self.source_records_before = 0
         self._savepoints: dict[int, tuple[Hashable, bool]] = {}  # id -> (token, stop after)
         self._committing: dict[int, Complete] = {}
@@ -217,6 +219,11 @@ class JobController:
     def source_records(self) -> int:
         """Records read by the sources in the current attempt."""
         return sum(n for n, is_source in self.metrics.values() if is_source)
+
+    def watermark(self) -> float | None:
+        """The job's event time: the lowest output watermark of its timed tasks (``None``
+        without event time; ``-inf`` before the first watermark)."""
+        return min(self.watermarks.values()) if self.watermarks else None
 
     # ------------------------------------------------------------------ events
 
@@ -247,6 +254,8 @@ class JobController:
                 self.probe_at = now
         elif t is m.Metrics:
             self.metrics[msg.task] = (msg.records, msg.source)
+            if msg.timed:
+                self.watermarks[msg.task] = decode_ts(msg.watermark)
             self._note_cpu(conn, msg.cpu)
         elif t is m.Finished:
             self._note_cpu(conn, msg.cpu)

@@ -145,10 +145,15 @@ class ForwardClosed:
 @_message("metrics")
 @dataclass(frozen=True, slots=True)
 class Metrics:
+    """A task's progress.  ``watermark``: its output watermark with event time, encoded
+    (:func:`~cutline.protocol.watermarks.encode_ts`: ``None`` none yet, ``"inf"`` the end);
+    ``timed``: whether it has one."""
     task: str
     records: int
     source: bool
     cpu: float
+    timed: bool = False
+    watermark: float | str | None = None
     TAG: ClassVar[str]
 
 

@@ -44,6 +44,7 @@ from ..protocol import (
     UnblockChannel,
 )
 from ..protocol import messages as m
+from ..protocol.watermarks import encode_ts
 from .chain import EventTime, OperatorChain
 from .channels import InputGate, OutputChannel
 from .control import FrameConnection, connect
@@ -276,8 +277,10 @@ class Subtask:
         now = time.monotonic()
         if now - self.last_metrics >= 0.5:
             self.last_metrics = now
+            et = self.event_time
             self.slot.send(m.Metrics(self.task_id, self.records_in, self.reader is not None,
-                                     self.slot.cpu()))
+                                     self.slot.cpu(), et is not None,
+                                     None if et is None else encode_ts(et.output)))
 
     def _timers(self) -> None:
         now = time.monotonic()
