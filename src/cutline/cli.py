@@ -215,7 +215,7 @@ def _explore(args: argparse.Namespace) -> int:
         timed = explore_time(args.event_time, mode=args.mode or "aligned",
                              checkpoints=args.snapshots,
                              fault=args.fault)
-        console.print(timed.summary())
+        console.print(timed.summary(), markup=False, highlight=False)
         return 0 if timed.ok else 1
     from .analysis.explore import explore
 
@@ -223,7 +223,7 @@ def _explore(args: argparse.Namespace) -> int:
                      snapshots=args.snapshots, mode=args.mode or "chandy_lamport",
                      topology=args.topology,
                      progress=not args.quiet)
-    console.print(result.summary())
+    console.print(result.summary(), markup=False, highlight=False)
     return 0 if result.ok else 1
 
 
