@@ -1,0 +1,248 @@
+"""Event-time windows, sans-IO: which windows a timestamp falls in, and how sessions merge.
+
+* :func:`tumbling` ``(size, offset=0)``: windows ``[offset + k*size, offset + (k+1)*size)``;
+  every timestamp is in exactly one.
+* :func:`sliding` ``(size, slide, offset=0)``: windows of ``size`` starting every ``slide``;
+  a timestamp is in ``size / slide`` of them when ``slide`` divides ``size`` (else in
+  ``floor`` or ``ceil`` of it), as Spark's ``window(col, size, slide)``.
+* :func:`session` ``(gap)``: a record opens ``[ts, ts + gap)``; windows that overlap or touch
+  merge into one (Flink's ``MergingWindowSet`` / ``TimeWindow.mergeWindows``): a session
+  ends after ``gap`` seconds without records.  :func:`merge_into` says which windows a new
+  one merges with; the final sessions of a set of timestamps do not depend on the order
+  they arrive in.
+
+Windows are half open, ``[start, end)``, and follow Spark: a window fires when the
+watermark reaches ``end`` (:mod:`cutline.protocol.watermarks`).  Durations are seconds
+(int or float) or ``datetime.timedelta``; window bounds are ints when they are whole
+numbers, so ``60`` and ``60.0`` name the same window in the same way.
+
+:class:`WindowResult` ``(key, start, end, value)`` is what a windowed aggregate emits per
+key and window (a ``NamedTuple``: ``_asdict()`` gives a row for a sink).
+
+Nothing here does I/O or imports the runtime.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+__all__ = ["Session", "Sliding", "TimeWindow", "Tumbling", "WindowAssigner", "WindowResult",
+           "merge_into", "merge_windows", "session", "sliding", "tumbling"]
+
+
+class TimeWindow(NamedTuple):
+    """The half-open interval ``[start, end)`` of event time (seconds)."""
+
+    start: float
+    end: float
+
+    def intersects(self, other: tuple[float, float]) -> bool:
+        """Overlapping or touching (Flink's rule: sessions ``[0, 10)`` and ``[10, 20)``
+        merge, a record 10 s after another with ``gap=10`` continues its session)."""
+        return self.start <= other[1] and other[0] <= self.end
+
+    def cover(self, other: tuple[float, float]) -> "TimeWindow":
+        """The smallest window holding both."""
+        return TimeWindow(min(self.start, other[0]), max(self.end, other[1]))
+
+
+class WindowResult(NamedTuple):
+    """One window's result for one key: emitted when the watermark passes ``end`` (and again,
+    updated, for each late record within ``allowed_lateness``)."""
+
+    key: Any
+    start: float
+    end: float
+    value: Any
+
+
+def _whole(x: Any) -> Any:
+    """``x`` as an int when it is a whole float (window bounds compare and print alike)."""
+    if type(x) is float and x.is_integer():
+        return int(x)
+    return x
+
+
+def duration(value: Any, name: str, *, positive: bool = True) -> float:
+    """``value`` (seconds as int/float, or a ``timedelta``) checked for the argument
+    ``name``: a ``TypeError`` / ``ValueError`` naming ``name`` for other types, NaN,
+    infinity, negative values, or (``positive``) zero.  Whole numbers come back as int."""
+    if isinstance(value, _dt.timedelta):
+        seconds: Any = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = value
+    else:
+        raise TypeError(f"{name} must be seconds (int or float) or a timedelta, "
+                        f"not {type(value).__name__} {value!r}")
+    if seconds != seconds:
+        raise ValueError(f"{name} must be a number of seconds, got NaN")
+    if math.isinf(seconds):
+        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
+    if seconds < 0 or (positive and seconds == 0):
+        raise ValueError(f"{name} must be {'> 0' if positive else '>= 0'} seconds, "
+                         f"got {value!r}")
+    return _whole(seconds)
+
+
+def _offset(value: Any, name: str, period: float, period_name: str) -> float:
+    if isinstance(value, _dt.timedelta):
+        value = value.total_seconds()
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f"{name} must be seconds (int or float) or a timedelta, "
+                        f"not {type(value).__name__} {value!r}")
+    if value != value or math.isinf(value):
+        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
+    if abs(value) >= period:
+        raise ValueError(f"{name} must be smaller than {period_name} ({period!r}) in "
+                         f"absolute value, got {value!r}")
+    return _whole(value)
+
+
+class WindowAssigner(ABC):
+    """Which windows a timestamp falls in.  ``merging``: windows of one key merge
+    (sessions; see :func:`merge_into`)."""
+
+    merging = False
+
+    @abstractmethod
+    def assign(self, ts: float) -> tuple[TimeWindow, ...]:
+        """The windows holding ``ts``, by start (ascending)."""
+
+    @abstractmethod
+    def signature(self) -> str:
+        """What identifies the windows in a checkpoint (a restore into different windows is
+        refused): e.g. ``tumbling(size=60, offset=0)``."""
+
+    def __repr__(self) -> str:
+        return self.signature()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.signature() == self.signature()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self.signature())
+
+
+class Tumbling(WindowAssigner):
+    """Fixed, non-overlapping windows of ``size`` seconds, aligned to ``offset``."""
+
+    __slots__ = ("size", "offset")
+
+    def __init__(self, size: Any, offset: Any = 0) -> None:
+        self.size = duration(size, "tumbling(size=...)")
+        self.offset = _offset(offset, "tumbling(offset=...)", self.size, "size")
+
+    def assign(self, ts: float) -> tuple[TimeWindow, ...]:
+        size = self.size
+        start = _whole(ts - (ts - self.offset) % size)
+        return (TimeWindow(start, _whole(start + size)),)
+
+    def start_of(self, ts: float) -> Any:
+        """The start of the one window holding ``ts`` (the operator's fast path)."""
+        return _whole(ts - (ts - self.offset) % self.size)
+
+    def signature(self) -> str:
+        return f"tumbling(size={self.size!r}, offset={self.offset!r})"
+
+
+class Sliding(WindowAssigner):
+    """Windows of ``size`` seconds starting every ``slide`` seconds (aligned to ``offset``):
+    overlapping when ``slide < size``; ``slide == size`` is tumbling."""
+
+    __slots__ = ("size", "slide", "offset", "_n")
+
+    def __init__(self, size: Any, slide: Any, offset: Any = 0) -> None:
+        self.size = duration(size, "sliding(size=...)")
+        self.slide = duration(slide, "sliding(slide=...)")
+        if self.slide > self.size:
+            raise ValueError(f"sliding(slide=...) must be <= size ({self.size!r}): a slide "
+                             f"of {self.slide!r} leaves gaps no window covers")
+        self.offset = _offset(offset, "sliding(offset=...)", self.slide, "slide")
+        self._n = math.ceil(self.size / self.slide)  # at most this many windows per ts
+
+    def assign(self, ts: float) -> tuple[TimeWindow, ...]:
+        size, slide = self.size, self.slide
+        last = ts - (ts - self.offset) % slide  # the latest start <= ts
+        out = []
+        for i in range(self._n - 1, -1, -1):
+            start = last - i * slide
+            if start + size > ts:
+                start = _whole(start)
+                out.append(TimeWindow(start, _whole(start + size)))
+        return tuple(out)
+
+    def signature(self) -> str:
+        return f"sliding(size={self.size!r}, slide={self.slide!r}, offset={self.offset!r})"
+
+
+class Session(WindowAssigner):
+    """A window per activity burst: a record at ``ts`` opens ``[ts, ts + gap)``; windows of
+    one key that overlap or touch merge."""
+
+    __slots__ = ("gap",)
+    merging = True
+
+    def __init__(self, gap: Any) -> None:
+        self.gap = duration(gap, "session(gap=...)")
+
+    def assign(self, ts: float) -> tuple[TimeWindow, ...]:
+        ts = _whole(ts)
+        return (TimeWindow(ts, _whole(ts + self.gap)),)
+
+    def signature(self) -> str:
+        return f"session(gap={self.gap!r})"
+
+
+def tumbling(size: Any, offset: Any = 0) -> Tumbling:
+    """Tumbling windows of ``size`` seconds (or a ``timedelta``) starting at
+    ``offset + k * size``."""
+    return Tumbling(size, offset)
+
+
+def sliding(size: Any, slide: Any, offset: Any = 0) -> Sliding:
+    """Sliding windows of ``size`` seconds starting every ``slide`` seconds (``0 < slide <=
+    size``)."""
+    return Sliding(size, slide, offset)
+
+
+def session(gap: Any) -> Session:
+    """Session windows that close after ``gap`` seconds without records (per key)."""
+    return Session(gap)
+
+
+# --------------------------------------------------------------------------- merging
+
+
+def merge_into(windows: Iterable[tuple[float, float]],
+               new: tuple[float, float]) -> tuple[TimeWindow, list[TimeWindow]]:
+    """Add ``new`` to a key's ``windows`` (pairwise disjoint: the result of earlier
+    merges).  Returns ``(result, merged)``: the window ``new`` ends up in, and the existing
+    windows that merge into it, by start (``merged == [result]`` when ``new`` lies inside
+    an existing window; ``[]`` when it touches none: then ``result == new``).
+
+    The existing windows ``new`` intersects are exactly those ``result`` covers: they are
+    disjoint, so none lies between two of them without touching ``new`` too.
+    """
+    result = TimeWindow(*new)
+    merged = sorted(TimeWindow(*w) for w in windows if result.intersects(w))
+    for w in merged:
+        result = result.cover(w)
+    return result, merged
+
+
+def merge_windows(windows: Iterable[tuple[float, float]]) -> list[tuple[TimeWindow,
+                                                                          list[TimeWindow]]]:
+    """Merge any windows (Flink's ``TimeWindow.mergeWindows``): ``[(result, members)]`` by
+    start, members by start; windows that overlap or touch, transitively, are one result."""
+    out: list[tuple[TimeWindow, list[TimeWindow]]] = []
+    for w in sorted(TimeWindow(*w) for w in windows):
+        if out and out[-1][0].intersects(w):
+            cur, members = out[-1]
+            out[-1] = (cur.cover(w), members + [w])
+        else:
+            out.append((w, [w]))
+    return out
