@@ -25,7 +25,7 @@ class Node:
     id: int
     uid: str
     kind: str  # source | map | flat_map | filter | reduce | process | count | union |
-    #            iterate | assign_timestamps | sink
+    #            iterate | assign_timestamps | window | window_results | window_late | sink
     fn: Any = None
     parallelism: int | None = None
     inputs: list[int] = field(default_factory=list)
@@ -44,7 +44,7 @@ class Node:
 
     @property
     def keyed(self) -> bool:
-        return self.kind in ("reduce", "process", "count")
+        return self.kind in ("reduce", "process", "count", "window")
 
 
 @dataclass

@@ -19,6 +19,12 @@ numbers, so ``60`` and ``60.0`` name the same window in the same way.
 :class:`WindowResult` ``(key, start, end, value)`` is what a windowed aggregate emits per
 key and window (a ``NamedTuple``: ``_asdict()`` gives a row for a sink).
 
+What is computed per key and window is an :class:`Aggregate` (an accumulator: create, add,
+merge, result): :func:`counting`, :func:`summarizing` (sum / min / max / mean of a field or
+of a function of the record), :func:`reducing`, :func:`aggregating` (the user's own) and
+:func:`applying` (a function of all the window's records).  A :class:`WindowSpec` is the
+whole definition the window operator runs.
+
 Nothing here does I/O or imports the runtime.
 """
 
@@ -27,11 +33,14 @@ from __future__ import annotations
 import datetime as _dt
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-__all__ = ["Session", "Sliding", "TimeWindow", "Tumbling", "WindowAssigner", "WindowResult",
-           "merge_into", "merge_windows", "session", "sliding", "tumbling"]
+__all__ = ["Aggregate", "Session", "Sliding", "TimeWindow", "Tumbling", "WindowAssigner",
+           "WindowResult", "WindowSpec", "aggregating", "applying", "counting",
+           "merge_into", "merge_windows", "reducing", "session", "sliding", "summarizing",
+           "tumbling"]
 
 
 class TimeWindow(NamedTuple):
@@ -246,3 +255,199 @@ def merge_windows(windows: Iterable[tuple[float, float]]) -> list[tuple[TimeWind
         else:
             out.append((w, [w]))
     return out
+
+
+# --------------------------------------------------------------------------- aggregates
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """What a window computes, as an accumulator.
+
+    ``create()`` a new accumulator, ``add(acc, value) -> acc`` (``value``: ``value(record)``,
+    or the record when ``value`` is None), ``merge(a, b) -> acc`` (session windows merging;
+    None: the aggregate cannot merge), ``result(acc)`` the window's value.  ``full``
+    (:func:`applying`): the accumulator is the window's records and ``full(key, window,
+    records)`` yields the records to emit instead of one :class:`WindowResult`.
+    ``name`` identifies the aggregate in a checkpoint (a restore into another is refused).
+    """
+
+    name: str
+    create: Callable[[], Any]
+    add: Callable[[Any, Any], Any]
+    merge: Callable[[Any, Any], Any] | None
+    result: Callable[[Any], Any]
+    value: Callable[[Any], Any] | None = None
+    full: Callable[[Any, TimeWindow, list], Iterable[Any]] | None = None
+
+
+def _zero() -> int:
+    return 0
+
+
+def _plus_one(acc: int, _: Any) -> int:
+    return acc + 1
+
+
+def _plus(a: Any, b: Any) -> Any:
+    return a + b
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _none() -> None:
+    return None
+
+
+def _min(acc: Any, v: Any) -> Any:
+    return v if acc is None or v < acc else acc
+
+
+def _max(acc: Any, v: Any) -> Any:
+    return v if acc is None or v > acc else acc
+
+
+def _merge_min(a: Any, b: Any) -> Any:
+    return a if b is None else _min(a, b)
+
+
+def _merge_max(a: Any, b: Any) -> Any:
+    return a if b is None else _max(a, b)
+
+
+def _mean_zero() -> tuple[Any, int]:
+    return (0, 0)
+
+
+def _mean_add(acc: tuple[Any, int], v: Any) -> tuple[Any, int]:
+    return (acc[0] + v, acc[1] + 1)
+
+
+def _mean_merge(a: tuple[Any, int], b: tuple[Any, int]) -> tuple[Any, int]:
+    return (a[0] + b[0], a[1] + b[1])
+
+
+def _mean_result(acc: tuple[Any, int]) -> Any:
+    return acc[0] / acc[1] if acc[1] else None
+
+
+def counting() -> Aggregate:
+    """The number of records."""
+    return Aggregate("count", _zero, _plus_one, _plus, _identity, value=None)
+
+
+class _Field:
+    """``record[name]`` for a mapping (a JSON object), else ``getattr(record, name)``."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, record: Any) -> Any:
+        if isinstance(record, Mapping):
+            return record[self.name]
+        return getattr(record, self.name)
+
+
+def _value_of(what: str, of: Any) -> tuple[Callable[[Any], Any], str]:
+    """A field name or a function of the record -> (the function, its description)."""
+    if isinstance(of, str):
+        return _Field(of), repr(of)
+    if callable(of):
+        return of, "<function>"
+    raise TypeError(f"{what}() takes a field name (str) or a function of the record, "
+                    f"got {type(of).__name__} {of!r}")
+
+
+def summarizing(kind: str, of: Any) -> Aggregate:
+    """``kind`` ("sum", "min", "max" or "mean") of ``of`` (a field name, or a function of
+    the record).  ``mean`` is a float; ``min``/``max`` of an empty merge are None."""
+    value, text = _value_of(kind, of)
+    name = f"{kind}({text})"
+    if kind == "sum":
+        return Aggregate(name, _zero, _plus, _plus, _identity, value)
+    if kind == "min":
+        return Aggregate(name, _none, _min, _merge_min, _identity, value)
+    if kind == "max":
+        return Aggregate(name, _none, _max, _merge_max, _identity, value)
+    if kind == "mean":
+        return Aggregate(name, _mean_zero, _mean_add, _mean_merge, _mean_result, value)
+    raise ValueError(f"no aggregate {kind!r}: sum, min, max or mean")
+
+
+class _Reducing:
+    """``reduce(fn)``'s accumulator: ``()`` empty, else ``(value,)`` (a record may be None)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[Any, Any], Any]) -> None:
+        self.fn = fn
+
+    @staticmethod
+    def create() -> tuple:
+        return ()
+
+    def add(self, acc: tuple, record: Any) -> tuple:
+        return (self.fn(acc[0], record),) if acc else (record,)
+
+    def merge(self, a: tuple, b: tuple) -> tuple:
+        if not a or not b:
+            return a or b
+        return (self.fn(a[0], b[0]),)
+
+    @staticmethod
+    def result(acc: tuple) -> Any:
+        return acc[0] if acc else None
+
+
+def reducing(fn: Callable[[Any, Any], Any]) -> Aggregate:
+    """``fn(a, b)`` over the window's records (in arrival order)."""
+    r = _Reducing(fn)
+    return Aggregate("reduce", r.create, r.add, r.merge, r.result)
+
+
+def aggregating(create: Callable[[], Any], add: Callable[[Any, Any], Any],
+                merge: Callable[[Any, Any], Any] | None = None,
+                result: Callable[[Any], Any] | None = None) -> Aggregate:
+    """The user's accumulator: ``create()``, ``add(acc, record) -> acc``, ``merge(a, b) ->
+    acc`` (needed by session windows), ``result(acc)`` (default: the accumulator)."""
+    return Aggregate("aggregate", create, add, merge, result or _identity)
+
+
+def _new_list() -> list:
+    return []
+
+
+def _append(acc: list, record: Any) -> list:
+    acc.append(record)
+    return acc
+
+
+def applying(fn: Callable[[Any, TimeWindow, list], Iterable[Any] | None]) -> Aggregate:
+    """``fn(key, window, records)`` once the window is complete: the records it returns or
+    yields are emitted (instead of a :class:`WindowResult`).  Keeps every record of a window
+    in state until it fires."""
+    return Aggregate("apply", _new_list, _append, _plus, _identity, full=fn)
+
+
+@dataclass
+class WindowSpec:
+    """A window operator's definition (its logical node's ``fn``): the assigner, how late a
+    record may be (``allowed_lateness`` seconds past a window's end: the window is updated
+    and its result emitted again), how a record's timestamp is read (``ts_fn``), and the
+    aggregate.  ``emit_late``: records later than that are emitted (wrapped) for the late
+    side output, else dropped."""
+
+    assigner: WindowAssigner
+    allowed_lateness: float
+    ts_fn: Callable[[Any], Any]
+    aggregate: Aggregate
+    emit_late: bool = False
+
+    def signature(self) -> str:
+        """What a checkpoint's state of this operator depends on (a restore into another
+        signature is refused): the windows and the aggregate, not the lateness."""
+        return f"{self.assigner.signature()}.{self.aggregate.name}"
