@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 __all__ = ["Aggregate", "Session", "Sliding", "TimeWindow", "Tumbling", "WindowAssigner",
            "WindowResult", "WindowSpec", "aggregating", "applying", "counting",
            "merge_into", "merge_windows", "reducing", "session", "sliding", "summarizing",
-           "tumbling"]
+           "tumbling", "window_time"]
 
 
 class TimeWindow(NamedTuple):
@@ -67,6 +67,13 @@ class WindowResult(NamedTuple):
     start: float
     end: float
     value: Any
+
+
+def window_time(result: WindowResult) -> float:
+    """A window result's event time, for a timed operator after a window: the last instant
+    of its window, ``end - 1e-6`` (Spark's ``window_time``), so a result falls in the
+    downstream window that holds its own."""
+    return result.end - 1e-6
 
 
 def _whole(x: Any) -> Any:
@@ -447,7 +454,7 @@ class WindowSpec:
     aggregate: Aggregate
     emit_late: bool = False
 
-    def signature(self) -> str:
+    def state_signature(self) -> str:
         """What a checkpoint's state of this operator depends on (a restore into another
         signature is refused): the windows and the aggregate, not the lateness."""
         return f"{self.assigner.signature()}.{self.aggregate.name}"
