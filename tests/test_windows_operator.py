@@ -25,7 +25,7 @@ from cutline.protocol.windows import (
 )
 from cutline.runtime.operators import UserFunctionError, build_operator
 from cutline.runtime.windows import LateRecord, WindowLate, WindowResults, group_keys
-from cutline.state.keygroups import key_group, key_group_range
+from cutline.state.keygroups import key_group
 from cutline.storage.checkpoints import CheckpointStorage
 
 MAXP = 16

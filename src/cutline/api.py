@@ -579,10 +579,10 @@ class WindowedStream:
         """An accumulator: ``create()`` a new one, ``add(acc, record) -> acc``,
         ``merge(a, b) -> acc`` (needed by session windows, which merge), and
         ``result(acc)`` the window's value (default: the accumulator)."""
-        for name, fn in (("create", create), ("add", add)):
-            _check_callable(f"aggregate({name}=...)", fn)
-        for name, fn in (("merge", merge), ("result", result)):
-            if fn is not None:
+        given: dict[str, Any] = {"create": create, "add": add, "merge": merge,
+                                 "result": result}
+        for name, fn in given.items():
+            if fn is not None or name in ("create", "add"):
                 _check_callable(f"aggregate({name}=...)", fn)
         return self._build(aggregating(create, add, merge, result), uid, parallelism)
 

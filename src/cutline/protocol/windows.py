@@ -137,7 +137,8 @@ class WindowAssigner(ABC):
         return self.signature()
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.signature() == self.signature()  # type: ignore[attr-defined]
+        return isinstance(other, WindowAssigner) and type(other) is type(self) and \
+            other.signature() == self.signature()
 
     def __hash__(self) -> int:
         return hash(self.signature())
@@ -285,7 +286,7 @@ class Aggregate:
     merge: Callable[[Any, Any], Any] | None
     result: Callable[[Any], Any]
     value: Callable[[Any], Any] | None = None
-    full: Callable[[Any, TimeWindow, list], Iterable[Any]] | None = None
+    full: Callable[[Any, TimeWindow, list], Iterable[Any] | None] | None = None
 
 
 def _zero() -> int:
