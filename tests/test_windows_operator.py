@@ -441,3 +441,56 @@ def test_session_results_do_not_depend_on_arrival_order(ts_list, gap, seed):
     shuffled = list(ts_list)
     random.Random(seed).shuffle(shuffled)
     assert sessions(ts_list) == sessions(shuffled)
+
+
+def session_model(gap, lateness, steps):
+    """Sessions the slow way (Flink's rules): merge first, the merged window decides
+    lateness; fire when the watermark passes a session's end; forget it after lateness."""
+    wm, sessions, out = -math.inf, collections.defaultdict(dict), []
+    for step in steps:
+        if isinstance(step, (int, float)):
+            fired = collections.Counter()
+            if step > wm:
+                for k, ws in sessions.items():
+                    for (s, e), n in ws.items():
+                        if wm < e <= step:
+                            fired[WindowResult(k, s, e, n)] += 1
+                wm = step
+                for k in sessions:
+                    sessions[k] = {w: n for w, n in sessions[k].items() if w[1] + lateness > wm}
+            out.append(fired)
+            continue
+        for k, t in step:
+            ws = sessions[k]
+            s, e = t, t + gap
+            hit = [w for w in ws if w[0] <= e and s <= w[1]]
+            s, e = min([s] + [w[0] for w in hit]), max([e] + [w[1] for w in hit])
+            if e + lateness <= wm:
+                out.append(LateRecord((k, t)))
+                continue
+            n = sum(ws.pop(w) for w in hit) + 1
+            ws[(s, e)] = n
+            if e <= wm:
+                out.append(WindowResult(k, s, e, n))
+    return out
+
+
+session_steps = st.lists(st.one_of(
+    st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 80)), max_size=6),
+    st.integers(0, 90)), max_size=16)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=session_steps, gap=st.integers(1, 12), lateness=st.sampled_from([0, 9]),
+       data=st.data())
+def test_sessions_same_output_as_the_model_with_any_restores(steps, gap, lateness, data,
+                                                             storage):
+    steps = steps + [math.inf]
+    want = session_model(gap, lateness, steps)
+    restores = data.draw(st.dictionaries(st.integers(0, len(steps) - 1),
+                                         st.sampled_from([1, 2, 3]), max_size=2))
+    backend = data.draw(st.sampled_from(BACKENDS))
+    assigner = session(gap)
+    ops = [make(assigner, backend=backend, lateness=lateness, late=True)]
+    assert drive(ops, steps, storage, restores, backend, assigner, lateness) == want

@@ -124,9 +124,14 @@ class WindowAssigner(ABC):
 
     merging = False
 
-    @abstractmethod
     def assign(self, ts: float) -> tuple[TimeWindow, ...]:
         """The windows holding ``ts``, by start (ascending)."""
+        return tuple(TimeWindow(s, e) for s, e in self.bounds(ts))
+
+    @abstractmethod
+    def bounds(self, ts: float) -> list[tuple[Any, Any]]:
+        """:meth:`assign` as plain ``(start, end)`` tuples (equal, and hashing equal, to
+        the :class:`TimeWindow` s): what the window operator keys its state by."""
 
     @abstractmethod
     def signature(self) -> str:
@@ -153,14 +158,9 @@ class Tumbling(WindowAssigner):
         self.size = duration(size, "tumbling(size=...)")
         self.offset = _offset(offset, "tumbling(offset=...)", self.size, "size")
 
-    def assign(self, ts: float) -> tuple[TimeWindow, ...]:
-        size = self.size
-        start = _whole(ts - (ts - self.offset) % size)
-        return (TimeWindow(start, _whole(start + size)),)
-
-    def start_of(self, ts: float) -> Any:
-        """The start of the one window holding ``ts`` (the operator's fast path)."""
-        return _whole(ts - (ts - self.offset) % self.size)
+    def bounds(self, ts: float) -> list[tuple[Any, Any]]:
+        start = _whole(ts - (ts - self.offset) % self.size)
+        return [(start, _whole(start + self.size))]
 
     def signature(self) -> str:
         return f"tumbling(size={self.size!r}, offset={self.offset!r})"
@@ -181,16 +181,19 @@ class Sliding(WindowAssigner):
         self.offset = _offset(offset, "sliding(offset=...)", self.slide, "slide")
         self._n = math.ceil(self.size / self.slide)  # at most this many windows per ts
 
-    def assign(self, ts: float) -> tuple[TimeWindow, ...]:
+    def bounds(self, ts: float) -> list[tuple[Any, Any]]:
         size, slide = self.size, self.slide
-        last = ts - (ts - self.offset) % slide  # the latest start <= ts
+        last = _whole(ts - (ts - self.offset) % slide)  # the latest start <= ts
+        if type(last) is int and type(slide) is int and type(size) is int:  # exact
+            return [(s, s + size) for s in range(last - (self._n - 1) * slide, last + 1, slide)
+                    if s + size > ts]
         out = []
         for i in range(self._n - 1, -1, -1):
             start = last - i * slide
             if start + size > ts:
                 start = _whole(start)
-                out.append(TimeWindow(start, _whole(start + size)))
-        return tuple(out)
+                out.append((start, _whole(start + size)))
+        return out
 
     def signature(self) -> str:
         return f"sliding(size={self.size!r}, slide={self.slide!r}, offset={self.offset!r})"
@@ -206,9 +209,9 @@ class Session(WindowAssigner):
     def __init__(self, gap: Any) -> None:
         self.gap = duration(gap, "session(gap=...)")
 
-    def assign(self, ts: float) -> tuple[TimeWindow, ...]:
+    def bounds(self, ts: float) -> list[tuple[Any, Any]]:
         ts = _whole(ts)
-        return (TimeWindow(ts, _whole(ts + self.gap)),)
+        return [(ts, _whole(ts + self.gap))]
 
     def signature(self) -> str:
         return f"session(gap={self.gap!r})"
@@ -235,20 +238,25 @@ def session(gap: Any) -> Session:
 
 
 def merge_into(windows: Iterable[tuple[float, float]],
-               new: tuple[float, float]) -> tuple[TimeWindow, list[TimeWindow]]:
+               new: tuple[float, float]) -> tuple[TimeWindow, list]:
     """Add ``new`` to a key's ``windows`` (pairwise disjoint: the result of earlier
     merges).  Returns ``(result, merged)``: the window ``new`` ends up in, and the existing
-    windows that merge into it, by start (``merged == [result]`` when ``new`` lies inside
-    an existing window; ``[]`` when it touches none: then ``result == new``).
+    windows (as given) that merge into it, by start (``merged == [result]`` when ``new``
+    lies inside an existing window; ``[]`` when it touches none: then ``result == new``).
 
     The existing windows ``new`` intersects are exactly those ``result`` covers: they are
     disjoint, so none lies between two of them without touching ``new`` too.
     """
-    result = TimeWindow(*new)
-    merged = sorted(TimeWindow(*w) for w in windows if result.intersects(w))
+    start, end = new
+    merged = [w for w in windows if w[0] <= end and start <= w[1]]  # TimeWindow.intersects
+    if len(merged) > 1:
+        merged.sort()
     for w in merged:
-        result = result.cover(w)
-    return result, merged
+        if w[0] < start:
+            start = w[0]
+        if w[1] > end:
+            end = w[1]
+    return TimeWindow(start, end), merged
 
 
 def merge_windows(windows: Iterable[tuple[float, float]]) -> list[tuple[TimeWindow,

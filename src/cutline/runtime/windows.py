@@ -83,8 +83,16 @@ def group_keys(max_parallelism: int) -> tuple[int, ...]:
     return tuple(found[g] for g in range(max_parallelism))
 
 
-def _time_of(w: tuple) -> tuple:
-    return (w[1], w[0])
+def _timestamp(value: Any) -> float:
+    """A record's timestamp as finite seconds (a ``datetime`` converted), or an error."""
+    ts = to_timestamp(value)
+    if ts == _INF or ts == -_INF:
+        raise ValueError(f"timestamp {ts!r} is not a finite number")
+    return ts
+
+
+def _fired_order(f: tuple) -> tuple:
+    return f[0]
 
 
 class WindowOperator(Keyed):
@@ -139,45 +147,105 @@ class WindowOperator(Keyed):
 
     def process(self, batch: list) -> list:
         out: list = []
+        if type(self.assigner) is Tumbling:
+            self._process_tumbling(batch, out)
+        else:
+            self._process_any(batch, out)
+        self.state.after_batch()
+        return out
+
+    def _failed(self, record: Any, exc: Exception, i: int, n: int) -> None:
+        """A record a user function (or its timestamp) failed on: fail the job naming it,
+        or hand it to the dead-letter sink."""
+        if isinstance(exc, UserFunctionError):
+            raise exc
+        if self.on_bad_record is None:
+            raise UserFunctionError(self.uid, "window", record, exc, index=i,
+                                    batch_size=n) from exc
+        self.on_bad_record(self, record, exc, i, n)
+
+    def _late(self, record: Any, emit: Callable[[Any], None]) -> None:
+        self.late_records += 1
+        if self.spec.emit_late:
+            emit(LateRecord(record))
+
+    def _process_tumbling(self, batch: list, out: list) -> None:
+        """The common case, inlined: one window per record, no merging."""
+        emit = out.append
+        key_fn, ts_fn, agg = self.key_fn, self.ts_fn, self.agg
+        value_fn, create, add = agg.value, agg.create, agg.add
+        counting = agg.name == "count"
+        table = self.windows
+        fast, mutable, lateness = table.fast, table.mutable, self.lateness
+        size, offset = self.assigner.size, self.assigner.offset  # type: ignore[attr-defined]
+        wm, ahead, due, at = self.wm, self.ahead, self._due, self._at
+        n = len(batch)
+        for i, record in enumerate(batch):
+            try:
+                k = key_fn(record)
+                ts = ts_fn(record)
+                t = type(ts)
+                if t is not int and (t is not float or ts != ts or ts == _INF or ts == -_INF):
+                    ts = _timestamp(ts)
+                cur = self._watermark_of(k) if ahead else wm
+                start = ts - (ts - offset) % size
+                if type(start) is float:  # whole floats as ints, as TimeWindow does
+                    if start.is_integer():
+                        start = int(start)
+                    end = start + size
+                    if type(end) is float and end.is_integer():
+                        end = int(end)
+                else:
+                    end = start + size
+                if end + lateness <= cur:
+                    self._late(record, emit)
+                    continue
+                m = fast.get(k)
+                if m is None:
+                    m = mutable(k, dict)
+                w = (start, end)
+                acc = m.get(w, _MISSING)
+                if acc is _MISSING:
+                    acc = create()
+                    if end > cur:
+                        keys = due.get(end)
+                        if keys is None:
+                            at(end, k)
+                        else:
+                            keys[k] = None
+                    if lateness:
+                        at(end + lateness, k)
+                if counting:
+                    m[w] = acc = acc + 1
+                else:
+                    m[w] = acc = add(acc, record if value_fn is None else value_fn(record))
+                if end <= cur:  # a fired window, within the lateness: emit it again
+                    self._fire(k, w, acc, emit)
+            except Exception as exc:  # noqa: BLE001 - reported with the record
+                self._failed(record, exc, i, n)
+
+    def _process_any(self, batch: list, out: list) -> None:
+        """Sliding and session windows (any assigner)."""
         emit = out.append
         key_fn, ts_fn, agg = self.key_fn, self.ts_fn, self.agg
         value_fn, create, add = agg.value, agg.create, agg.add
         mutable, lateness = self.windows.mutable, self.lateness
-        tumbling = type(self.assigner) is Tumbling
-        size = getattr(self.assigner, "size", 0)
-        offset = getattr(self.assigner, "offset", 0)
-        assign, merging = self.assigner.assign, self.assigner.merging
-        emit_late, report = self.spec.emit_late, self.on_bad_record
+        assign, merging = self.assigner.bounds, self.assigner.merging
         at, n = self._at, len(batch)
         for i, record in enumerate(batch):
             try:
                 k = key_fn(record)
-                ts = to_timestamp(ts_fn(record))
-                if ts == _INF or ts == -_INF:
-                    raise ValueError(f"timestamp {ts!r} is not a finite number")
+                ts = _timestamp(ts_fn(record))
                 cur = self._watermark_of(k) if self.ahead else self.wm
                 v = record if value_fn is None else value_fn(record)
-                if tumbling:
-                    start = ts - (ts - offset) % size
-                    if type(start) is float:  # whole floats as ints, as TimeWindow does
-                        if start.is_integer():
-                            start = int(start)
-                        end = start + size
-                        if type(end) is float and end.is_integer():
-                            end = int(end)
-                    else:
-                        end = start + size
-                    windows: tuple = ((start, end),)
-                else:
-                    windows = assign(ts)
                 late = True
                 if merging:
-                    for w in windows:
+                    for w in assign(ts):
                         if self._add_merging(k, w, v, cur, emit):
                             late = False
                 else:
                     m = None
-                    for w in windows:
+                    for w in assign(ts):
                         end = w[1]
                         if end + lateness <= cur:
                             continue  # late for this window
@@ -195,18 +263,9 @@ class WindowOperator(Keyed):
                         if end <= cur:  # a fired window, within the lateness: emit it again
                             self._fire(k, w, acc, emit)
                 if late:
-                    self.late_records += 1
-                    if emit_late:
-                        emit(LateRecord(record))
+                    self._late(record, emit)
             except Exception as exc:  # noqa: BLE001 - reported with the record
-                if isinstance(exc, UserFunctionError):
-                    raise
-                if report is None:
-                    raise UserFunctionError(self.uid, "window", record, exc, index=i,
-                                            batch_size=n) from exc
-                report(self, record, exc, i, n)
-        self.state.after_batch()
-        return out
+                self._failed(record, exc, i, n)
 
     def _add_merging(self, key: Any, new: tuple, value: Any, cur: float,
                      emit: Callable[[Any], None]) -> bool:
@@ -214,22 +273,27 @@ class WindowOperator(Keyed):
         overlaps or touches (their accumulators merge, by start), as Flink does: the merged
         window decides whether the record is late.  False if it is."""
         table, agg, lateness = self.windows, self.agg, self.lateness
-        result, merged = merge_into(table.get(key) or (), new)
+        m = table.fast.get(key)
+        if m is None:
+            m = table.read(key, None)
+        result, merged = merge_into(m or (), new)
         end = result[1]
         if end + lateness <= cur:
             return False
-        m = table.mutable(key, dict)
+        if m is None:
+            m = {}
+        table.fast[key] = m  # (changed below: written back at the next spill)
         if merged == [result]:  # inside a session the key has
             acc = m[result]
-        else:  # a new session, or several merged into a new one: due at its end
-            if merged:
-                merge = agg.merge
-                assert merge is not None  # refused up front for merging windows
-                acc = m.pop(merged[0])
-                for w in merged[1:]:
-                    acc = merge(acc, m.pop(w))
-            else:
-                acc = agg.create()
+        elif merged:  # sessions merged into a longer one: the key is due when the first
+            # of them was (on_watermark then finds the new end and makes it due then)
+            merge = agg.merge
+            assert merge is not None  # refused up front for merging windows
+            acc = m.pop(merged[0])
+            for w in merged[1:]:
+                acc = merge(acc, m.pop(w))
+        else:  # a new session
+            acc = agg.create()
             if end > cur:
                 self._at(end, key)
             if lateness:
@@ -256,31 +320,61 @@ class WindowOperator(Keyed):
         keys: dict[Any, None] = {}
         while times and times[0] <= ts:
             keys.update(due.pop(heapq.heappop(times)))
-        fired: list[tuple[tuple, int, Any, tuple, Any]] = []
+        fired: list[tuple[tuple, Any, tuple, Any]] = []
+        add_fired = fired.append
         table, lateness, ahead = self.windows, self.lateness, self.ahead
-        maxp = self.max_parallelism
+        fast, read, delete = table.fast, table.read, table.delete
+        maxp, at, merging = self.max_parallelism, self._at, self.assigner.merging
         for seq, k in enumerate(keys):
-            m = table.get(k)
-            if not m:
-                continue
+            m = fast.get(k)
+            if m is None:
+                m = read(k, None)
+                if not m:
+                    continue  # (stale: fired and gone)
+                fast[k] = m  # changed below: written back at the next spill
             p = prev
             if ahead:
                 g = ahead.get(key_group(k, maxp))
                 if g is not None and g > p:
                     p = g
-            m = table.mutable(k, dict)
-            for w in [w for w in m if p < w[1] <= ts]:
-                fired.append((_time_of(w), seq, k, w, m[w]))
-            for w in [w for w in m if w[1] + lateness <= ts]:
-                del m[w]
-            if not m:
-                table.delete(k)
+            dead = None
+            for w, acc in m.items():
+                e = w[1]
+                if e <= ts:
+                    if e > p:
+                        add_fired(((e, w[0], seq), k, w, acc))
+                    if e + lateness <= ts:
+                        if dead is None:
+                            dead = [w]
+                        else:
+                            dead.append(w)
+                    else:
+                        at(e + lateness, k)
+                elif merging:  # a session that grew since it was made due: due at its end
+                    at(e, k)
+            if dead is not None:
+                if len(dead) == len(m):
+                    delete(k)
+                else:
+                    for w in dead:
+                        del m[w]
         out: list = []
+        if not fired:
+            if ahead:
+                self.ahead = {g: v for g, v in ahead.items() if v > ts}
+            return out
+        fired.sort(key=_fired_order)  # by window end, start; keys in the order they came
+        agg = self.agg
         emit = out.append
-        fired.sort(key=lambda f: f[:2])  # by window end, start; keys in the order they came
+        k = w = None
         try:
-            for _, _, k, w, acc in fired:
-                self._fire(k, w, acc, emit)
+            if agg.full is None:
+                result, new = agg.result, tuple.__new__
+                for _, k, w, acc in fired:
+                    emit(new(WindowResult, (k, w[0], w[1], result(acc))))
+            else:
+                for _, k, w, acc in fired:
+                    self._fire(k, w, acc, emit)
         except Exception as exc:
             raise UserFunctionError(self.uid, "window", f"window {w!r} of key {k!r}",
                                     exc) from exc
