@@ -156,3 +156,21 @@ def test_a_restore_into_changed_windows_is_refused(tmp_path):
     # the same windows with another lateness restore
     r, _, _ = windowed(tmp_path, 2_000, "tumbling", late=False)
     assert r.run(engine="threads", timeout=60, restore_from=path).restored_from == path
+
+
+def test_window_state_reads_as_rows(tmp_path):
+    """``cutline.state.read``'s rows (decoded without Spark here): a key's windows, and the
+    per key group watermark under its own state name."""
+    from cutline.spark.state_reader import _column_type, _encode
+    from cutline.state.reader import keyed_rows
+    from cutline.storage.checkpoints import open_checkpoint
+
+    p, _, _ = windowed(tmp_path, 2_000, "tumbling", late=False, interval=0.05)
+    p.run(engine="threads", timeout=60)
+    # the last checkpoint is taken at the end: every window fired and gone, marks at inf
+    handle = open_checkpoint(CheckpointStorage(p.checkpoint.storage, p.name).latest().path)
+    rows = list(keyed_rows(handle, "counts"))
+    marks = [r["window-watermark"] for r in rows if "window-watermark" in r]
+    assert len(marks) == 128 and set(marks) == {float("inf")}
+    value = {(0, 100): 3, (100, 200): 1}
+    assert _encode(value, _column_type([value])) == '{"(0, 100)": 3, "(100, 200)": 1}'
