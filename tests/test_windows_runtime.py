@@ -125,16 +125,17 @@ def test_a_result_after_a_window_has_its_window_time(tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["aligned", "unaligned"])
-@pytest.mark.parametrize("scales", [(2, 1), (1, 3)])
+@pytest.mark.parametrize("scales", [(2, 1), (1, 3), (2, 1, 2)])
 def test_restores_and_rescales_are_exact(tmp_path, mode, scales):
     """Cancelled midway at one parallelism, resumed at another: the committed output equals
     the failure-free run's (every window once, every re-emit once, every late record once)."""
-    first, last = scales
-    p, _, _ = windowed(tmp_path, N, "tumbling", mode, rate=15_000, parallelism=first,
-                       interval=0.2)
-    with pytest.raises(JobCancelled):
-        p.run(engine="threads", timeout=1.2)
-    assert CheckpointStorage(p.checkpoint.storage, p.name).completed()
+    *steps, last = scales
+    for first in steps:
+        p, _, _ = windowed(tmp_path, N, "tumbling", mode, rate=15_000, parallelism=first,
+                           interval=0.2)
+        with pytest.raises(JobCancelled):
+            p.run(engine="threads", timeout=1.0)
+        assert CheckpointStorage(p.checkpoint.storage, p.name).completed()
     p, out, late = windowed(tmp_path, N, "tumbling", mode, parallelism=last, interval=0.2)
     result = p.run(engine="threads", timeout=120)
     assert result.restored_from is not None
