@@ -3,6 +3,7 @@
 from typing import TYPE_CHECKING, Any
 
 from .api import CheckpointConfig, IterativeStream, KeyedStream, Pipeline, Stream
+from .protocol.windows import TimeWindow, WindowResult, session, sliding, tumbling
 
 if TYPE_CHECKING:
     from .connectors.discard import DiscardSink
@@ -10,7 +11,8 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = ["CheckpointConfig", "DiscardSink", "IterativeStream", "KeyedStream", "Pipeline",
-           "Stream", "__version__"]
+           "Stream", "TimeWindow", "WindowResult", "__version__", "session", "sliding",
+           "tumbling"]
 
 
 def __getattr__(name: str) -> Any:

@@ -15,8 +15,22 @@ from typing import Any
 from .logical import FORWARD, HASH, REBALANCE, Node, TimestampSpec, timestamp_fn_of
 from .protocol import Mode
 from .protocol.watermarks import BoundedOutOfOrderness, to_duration
+from .protocol.windows import (
+    Aggregate,
+    TimeWindow,
+    WindowAssigner,
+    WindowSpec,
+    aggregating,
+    applying,
+    counting,
+    duration,
+    reducing,
+    summarizing,
+    window_time,
+)
 
-__all__ = ["CheckpointConfig", "IterativeStream", "Pipeline", "Stream", "KeyedStream", "Node"]
+__all__ = ["CheckpointConfig", "IterativeStream", "Pipeline", "Stream", "KeyedStream", "Node",
+           "WindowedResults", "WindowedStream"]
 
 _UID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -467,3 +481,136 @@ class KeyedStream:
     def count(self, *, uid: str | None = None, parallelism: int | None = None) -> Stream:
         """Running count per key: emits ``(key, count)`` for every record."""
         return self._keyed("count", None, uid, parallelism)
+
+    # ------------------------------------------------------------------ windows (issue 14)
+
+    def window(self, assigner: WindowAssigner, *, allowed_lateness: Any = 0,
+               timestamp: Callable[[Any], Any] | None = None) -> "WindowedStream":
+        """Event-time windows per key: ``tumbling(size)``, ``sliding(size, slide)`` or
+        ``session(gap)`` (from ``cutline``); then an aggregate (``count()``, ``sum(field)``,
+        ``min``, ``max``, ``mean``, ``reduce(fn)``, ``aggregate(...)``, ``apply(fn)``).
+
+        A window ``[start, end)`` fires when the watermark reaches ``end`` (Spark's rule),
+        emitting ``WindowResult(key, start, end, value)`` per key.  A record's time is read
+        with the ``ts_fn`` of the nearest upstream ``assign_timestamps`` (or ``timestamp=``):
+        a window needs an ``assign_timestamps`` upstream, whose watermarks drive it.
+
+        ``allowed_lateness`` (seconds or ``timedelta``): a record up to that late for a fired
+        window updates it and its result is emitted again (as Flink does); a record later
+        than that for all its windows is dropped, or goes to ``.late()`` of the result.
+        """
+        if not isinstance(assigner, WindowAssigner):
+            raise TypeError("window() takes tumbling(size), sliding(size, slide) or "
+                            f"session(gap) (from cutline), got {assigner!r}")
+        lateness = duration(allowed_lateness, "window(allowed_lateness=...)", positive=False)
+        node = self.stream.node
+        if timestamp is not None:
+            _check_callable("window(timestamp=...)", timestamp)
+        if node.timestamps_from is None:
+            raise ValueError(
+                "window() needs event time: call .assign_timestamps(ts_fn, max_delay=...) "
+                "upstream (its watermarks fire the windows)")
+        ts_fn = timestamp if timestamp is not None else node.timestamp_fn
+        if ts_fn is None:
+            raise ValueError(
+                "window() cannot tell which timestamp function to use: its input comes from "
+                "different assign_timestamps (e.g. after a union); pass "
+                "window(..., timestamp=ts_fn)")
+        return WindowedStream(self, assigner, lateness, ts_fn)
+
+
+class WindowedStream:
+    """A keyed stream cut into event-time windows (:meth:`KeyedStream.window`): choose what
+    each window computes.  Every method takes ``uid`` (names the window state in
+    checkpoints) and ``parallelism``, and returns a :class:`WindowedResults` stream."""
+
+    def __init__(self, keyed: KeyedStream, assigner: WindowAssigner, lateness: float,
+                 ts_fn: Callable[[Any], Any]) -> None:
+        self.keyed, self.assigner, self.lateness, self.ts_fn = keyed, assigner, lateness, ts_fn
+
+    def _build(self, agg: Aggregate, uid: str | None,
+               parallelism: int | None) -> "WindowedResults":
+        if self.assigner.merging and agg.merge is None:
+            raise ValueError(f"{self.assigner!r} windows merge, and so do their "
+                             "accumulators: aggregate() needs merge=fn(a, b)")
+        spec = WindowSpec(self.assigner, self.lateness, self.ts_fn, agg)
+        win = self.keyed._keyed("window", spec, uid, parallelism)
+        results = win._then("window_results", spec, uid=None, parallelism=parallelism)
+        if agg.full is None:  # a WindowResult's event time is its window's last instant
+            results.node.timestamp_fn, results.node.timestamps_from = window_time, win.node.uid
+        return WindowedResults(results.pipeline, results.node, win.node, spec)
+
+    def count(self, *, uid: str | None = None,
+              parallelism: int | None = None) -> "WindowedResults":
+        """The number of records per key and window."""
+        return self._build(counting(), uid, parallelism)
+
+    def sum(self, of: str | Callable[[Any], Any], *, uid: str | None = None,
+            parallelism: int | None = None) -> "WindowedResults":
+        """The sum of ``of``: a field name (``record[of]`` or ``record.of``) or a function of
+        the record."""
+        return self._build(summarizing("sum", of), uid, parallelism)
+
+    def min(self, of: str | Callable[[Any], Any], *, uid: str | None = None,
+            parallelism: int | None = None) -> "WindowedResults":
+        """The smallest ``of`` (see :meth:`sum`)."""
+        return self._build(summarizing("min", of), uid, parallelism)
+
+    def max(self, of: str | Callable[[Any], Any], *, uid: str | None = None,
+            parallelism: int | None = None) -> "WindowedResults":
+        """The largest ``of`` (see :meth:`sum`)."""
+        return self._build(summarizing("max", of), uid, parallelism)
+
+    def mean(self, of: str | Callable[[Any], Any], *, uid: str | None = None,
+             parallelism: int | None = None) -> "WindowedResults":
+        """The mean of ``of`` (see :meth:`sum`), a float."""
+        return self._build(summarizing("mean", of), uid, parallelism)
+
+    def reduce(self, fn: Callable[[Any, Any], Any], *, uid: str | None = None,
+               parallelism: int | None = None) -> "WindowedResults":
+        """``fn(a, b)`` over the window's records; the value is the last result."""
+        _check_callable("reduce", fn)
+        return self._build(reducing(fn), uid, parallelism)
+
+    def aggregate(self, create: Callable[[], Any], add: Callable[[Any, Any], Any],
+                  merge: Callable[[Any, Any], Any] | None = None,
+                  result: Callable[[Any], Any] | None = None, *, uid: str | None = None,
+                  parallelism: int | None = None) -> "WindowedResults":
+        """An accumulator: ``create()`` a new one, ``add(acc, record) -> acc``,
+        ``merge(a, b) -> acc`` (needed by session windows, which merge), and
+        ``result(acc)`` the window's value (default: the accumulator)."""
+        given: dict[str, Any] = {"create": create, "add": add, "merge": merge,
+                                 "result": result}
+        for name, fn in given.items():
+            if fn is not None or name in ("create", "add"):
+                _check_callable(f"aggregate({name}=...)", fn)
+        return self._build(aggregating(create, add, merge, result), uid, parallelism)
+
+    def apply(self, fn: Callable[[Any, TimeWindow, list], Iterable[Any] | None], *,
+              uid: str | None = None, parallelism: int | None = None) -> "WindowedResults":
+        """``fn(key, window, records)`` when a window fires: the records it returns or yields
+        are emitted (not a ``WindowResult``).  ``window`` has ``.start`` / ``.end``.  The
+        window's records are kept in state until then: prefer an aggregate when one will do.
+        """
+        _check_callable("apply", fn)
+        return self._build(applying(fn), uid, parallelism)
+
+
+class WindowedResults(Stream):
+    """The results of a window aggregate: one ``WindowResult(key, start, end, value)`` per key
+    and window (``apply``: what its function emits).  :meth:`late` is a second output."""
+
+    def __init__(self, pipeline: Pipeline, node: Node, window_node: Node,
+                 spec: WindowSpec) -> None:
+        super().__init__(pipeline, node)
+        self.window_node, self.spec = window_node, spec
+
+    def late(self, *, uid: str | None = None) -> Stream:
+        """The records that came later than ``allowed_lateness`` for all their windows, as a
+        stream to route to any sink.  They are output of the window operator like its
+        results: written exactly once, through the same channels and checkpoints."""
+        self.spec.emit_late = True
+        w = self.window_node
+        node = self.pipeline._add("window_late", self.spec, [w.id], uid=uid,
+                                  parallelism=w.parallelism, partitioning=FORWARD)
+        return Stream(self.pipeline, node)

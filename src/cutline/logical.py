@@ -25,7 +25,8 @@ class Node:
     id: int
     uid: str
     kind: str  # source | map | flat_map | filter | reduce | process | count | union |
-    #            iterate | assign_timestamps | operator (tests: node.fn builds it) | sink
+    #            iterate | assign_timestamps | window | window_results | window_late |
+    #            operator (tests: node.fn builds it) | sink
     fn: Any = None
     parallelism: int | None = None
     inputs: list[int] = field(default_factory=list)
@@ -44,7 +45,7 @@ class Node:
 
     @property
     def keyed(self) -> bool:
-        return self.kind in ("reduce", "process", "count")
+        return self.kind in ("reduce", "process", "count", "window")
 
 
 @dataclass

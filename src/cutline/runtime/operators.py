@@ -419,4 +419,12 @@ def build_operator(node: Node, subtask: int, parallelism: int, max_parallelism: 
         return Process(node, subtask, parallelism, max_parallelism, state_backend, storage)
     if node.kind == "count":
         return Count(node, subtask, parallelism, max_parallelism, state_backend, storage)
+    if node.kind in ("window", "window_results", "window_late"):
+        from . import windows  # (it builds on this module)
+
+        if node.kind == "window":
+            return windows.WindowOperator(node, subtask, parallelism, max_parallelism,
+                                          state_backend, storage)
+        return (windows.WindowResults if node.kind == "window_results"
+                else windows.WindowLate)(node)
     raise ValueError(f"no operator for node kind {node.kind!r}")

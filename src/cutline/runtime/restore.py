@@ -12,7 +12,8 @@ State is matched to operators by ``uid``, never by position:
   (hash edges) or by their old receiver (other edges) to the new subtasks.
 
 :func:`check_compatible` is the up-front check a run makes before it restores: an operator
-whose state the pipeline no longer has, an operator whose kind changed, or a changed
+whose state the pipeline no longer has, an operator whose kind (or, for windows, whose
+windows or aggregate) changed, or a changed
 ``max_parallelism`` is an :class:`IncompatibleCheckpointError` naming them, unless the user
 allows dropping the unmatched state (``allow_non_restored_state=True``, as Flink's flag).
 """
@@ -23,6 +24,7 @@ import pickle
 from collections import defaultdict
 from collections.abc import Mapping
 
+from ..logical import Node
 from ..plan import HASH, Chain, ChannelId, PhysicalPlan
 from ..protocol.watermarks import NO_WATERMARK, decode_ts, is_time_item
 from ..state.keygroups import key_group, subtask_for_key_group
@@ -43,9 +45,23 @@ def plan_summary(plan: PhysicalPlan) -> dict:
     """What a checkpoint records of the plan it was taken with (to check a restore)."""
     return {
         "max_parallelism": plan.max_parallelism,
-        "operators": {n.uid: {"kind": n.kind, "chain": c.uid, "parallelism": c.parallelism}
-                      for c in plan.chains for n in c.nodes},
+        "operators": {n.uid: _operator_summary(n, c) for c in plan.chains for n in c.nodes},
     }
+
+
+def _operator_summary(node: Node, chain: Chain) -> dict:
+    out: dict = {"kind": node.kind, "chain": chain.uid, "parallelism": chain.parallelism}
+    signature = _state_signature(node)
+    if signature is not None:
+        out["state"] = signature
+    return out
+
+
+def _state_signature(node: Node) -> str | None:
+    """What a keyed operator's state means, when its definition says (windows: the assigner
+    and the aggregate, ``WindowSpec.state_signature``): a restore into another is refused."""
+    signature = getattr(node.fn, "state_signature", None)
+    return signature() if node.keyed and callable(signature) else None
 
 
 def _stateful_uids(states: Mapping[str, TaskState]) -> dict[str, str]:
@@ -80,6 +96,12 @@ def check_compatible(metadata: dict, states: Mapping[str, TaskState], plan: Phys
         if node is not None and old.get("kind") and node.kind != old["kind"]:
             problems.append(f"operator {uid!r} was a {old['kind']} in the checkpoint and is "
                             f"a {node.kind} now (give the new operator its own uid)")
+        elif node is not None and old.get("state"):
+            now = _state_signature(node)
+            if now is not None and now != old["state"]:
+                problems.append(f"operator {uid!r} keeps state for {old['state']} in the "
+                                f"checkpoint and is {now} now (give the new operator its own "
+                                "uid)")
     for uid, what in sorted(_stateful_uids(states).items()):
         if what == "in-flight records":
             if uid not in new_chains:

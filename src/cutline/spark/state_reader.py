@@ -48,11 +48,21 @@ def _column_type(values: list) -> str:
     return "json"
 
 
+def _json_keys(value: Any) -> Any:
+    """Dicts with keys JSON cannot hold (a window state's ``(start, end)``) keyed by their
+    ``repr``."""
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else repr(k): _json_keys(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_keys(v) for v in value]
+    return value
+
+
 def _encode(value: Any, kind: str) -> Any:
     if value is None:
         return None
     if kind == "json":
-        return json.dumps(value, default=repr, sort_keys=True)
+        return json.dumps(_json_keys(value), default=repr, sort_keys=True)
     if kind == "double":
         return float(value)
     if kind.startswith("array<double"):

@@ -1,0 +1,434 @@
+"""The window operator: event-time windows per key, on the keyed-state backend.
+
+State (one backend per subtask, memory or RocksDB, checkpointed and moved by key group like
+every keyed operator):
+
+* table ``windows``: key -> ``{(start, end): accumulator}``, the key's open windows (and,
+  with ``allowed_lateness``, its fired windows until the watermark passes ``end +
+  allowed_lateness``);
+* table ``window-watermark``: per key group, the watermark the operator acted on, under a
+  key that falls in that group (:func:`group_keys`).  After a rescale a subtask's
+  watermark starts at the lowest of its inputs' old watermarks; a key group keeps its
+  own, so a window that fired before the checkpoint neither fires again nor takes records
+  that were late for it.
+
+The operator fires on :meth:`WindowOperator.on_watermark` (Spark's rule: a window
+``[start, end)`` fires when the watermark reaches ``end``).  Which keys have something due
+at which time is an index in memory (a heap of times, the keys due at each), rebuilt from
+the state on restore; a key's entry there may be stale (its window merged or fired), and
+is then skipped.
+
+Output: a :class:`~cutline.protocol.windows.WindowResult` ``(key, start, end, value)``
+per key and window (``apply``: whatever the user's function yields), and, when the
+pipeline reads ``late()``, a :class:`LateRecord` per record that came after
+``end + allowed_lateness`` of all its windows.  Late records are ordinary output of the
+operator, so they travel through the same channels and checkpoints as results (exactly
+once); :class:`WindowResults` and :class:`WindowLate`, chained after it, split the two.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import math
+from collections.abc import Callable
+from typing import Any
+
+from ..logical import Node
+from ..protocol.watermarks import NO_WATERMARK, to_timestamp
+from ..protocol.windows import TimeWindow, Tumbling, WindowResult, WindowSpec, merge_into
+from ..state import DeferredSnapshot
+from ..state.keygroups import key_group
+from .operators import Keyed, Operator, UserFunctionError
+
+__all__ = ["LateRecord", "WindowLate", "WindowOperator", "WindowResults", "group_keys"]
+
+_MISSING: Any = object()
+_INF = math.inf
+WINDOWS = "windows"
+MARKS = "window-watermark"
+
+
+class LateRecord:
+    """A record later than ``allowed_lateness`` for all its windows, on its way to the late
+    side output (``windowed.late()``)."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, record: Any) -> None:
+        self.record = record
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is LateRecord and other.record == self.record
+
+    def __hash__(self) -> int:
+        return hash(("late", self.record))
+
+    def __repr__(self) -> str:
+        return f"LateRecord({self.record!r})"
+
+    def __reduce__(self) -> tuple:
+        return (LateRecord, (self.record,))
+
+
+@functools.lru_cache(maxsize=8)
+def group_keys(max_parallelism: int) -> tuple[int, ...]:
+    """For each key group, the smallest int key that hashes to it: where per-key-group
+    values go through the (per key) state interface."""
+    found: dict[int, int] = {}
+    i = 0
+    while len(found) < max_parallelism:
+        found.setdefault(key_group(i, max_parallelism), i)
+        i += 1
+    return tuple(found[g] for g in range(max_parallelism))
+
+
+def _timestamp(value: Any) -> float:
+    """A record's timestamp as finite seconds (a ``datetime`` converted), or an error."""
+    ts = to_timestamp(value)
+    if ts == _INF or ts == -_INF:
+        raise ValueError(f"timestamp {ts!r} is not a finite number")
+    return ts
+
+
+def _fired_order(f: tuple) -> tuple:
+    return f[0]
+
+
+class WindowOperator(Keyed):
+    """``KeyedStream.window(assigner, ...).<aggregate>()``: one accumulator per key and
+    window, fired by the watermark (see the module docstring)."""
+
+    def __init__(self, node: Node, subtask: int, parallelism: int, max_parallelism: int,
+                 state_backend: str = "memory", storage: Any = None) -> None:
+        super().__init__(node, subtask, parallelism, max_parallelism, state_backend, storage)
+        spec: WindowSpec = node.fn
+        self.spec = spec
+        self.assigner = spec.assigner
+        self.lateness: float = spec.allowed_lateness
+        self.ts_fn: Callable[[Any], Any] = spec.ts_fn
+        self.agg = spec.aggregate
+        self.max_parallelism = max_parallelism
+        self.windows = self.state.table(WINDOWS)
+        self.marks = self.state.table(MARKS)
+        keys = group_keys(max_parallelism)
+        self.mark_keys = {g: keys[g] for g in self.state.key_groups}
+        self.wm: float = NO_WATERMARK  # the watermark acted on
+        # key group -> the watermark it acted on before a restore, where above ``wm``
+        self.ahead: dict[int, float] = {}
+        self._due: dict[float, dict[Any, None]] = {}  # time -> keys with something due
+        self._times: list[float] = []  # heap of the times in _due
+        self.late_records = 0  # dropped or sent to the late output
+
+    # ------------------------------------------------------------------ records
+
+    def _watermark_of(self, key: Any) -> float:
+        wm = self.wm
+        g = self.ahead.get(key_group(key, self.max_parallelism))
+        return wm if g is None or g < wm else g
+
+    def _at(self, t: float, key: Any) -> None:
+        keys = self._due.get(t)
+        if keys is None:
+            self._due[t] = {key: None}
+            heapq.heappush(self._times, t)
+        else:
+            keys[key] = None
+
+    def _fire(self, key: Any, w: tuple, acc: Any, emit: Callable[[Any], None]) -> None:
+        agg = self.agg
+        if agg.full is not None:
+            out = agg.full(key, TimeWindow(*w), acc)
+            if out is not None:
+                for item in out:
+                    emit(item)
+        else:
+            emit(WindowResult(key, w[0], w[1], agg.result(acc)))
+
+    def process(self, batch: list) -> list:
+        out: list = []
+        if type(self.assigner) is Tumbling:
+            self._process_tumbling(batch, out)
+        else:
+            self._process_any(batch, out)
+        self.state.after_batch()
+        return out
+
+    def _failed(self, record: Any, exc: Exception, i: int, n: int) -> None:
+        """A record a user function (or its timestamp) failed on: fail the job naming it,
+        or hand it to the dead-letter sink."""
+        if isinstance(exc, UserFunctionError):
+            raise exc
+        if self.on_bad_record is None:
+            raise UserFunctionError(self.uid, "window", record, exc, index=i,
+                                    batch_size=n) from exc
+        self.on_bad_record(self, record, exc, i, n)
+
+    def _late(self, record: Any, emit: Callable[[Any], None]) -> None:
+        self.late_records += 1
+        if self.spec.emit_late:
+            emit(LateRecord(record))
+
+    def _process_tumbling(self, batch: list, out: list) -> None:
+        """The common case, inlined: one window per record, no merging."""
+        emit = out.append
+        key_fn, ts_fn, agg = self.key_fn, self.ts_fn, self.agg
+        value_fn, create, add = agg.value, agg.create, agg.add
+        counting = agg.name == "count"
+        table = self.windows
+        fast, mutable, lateness = table.fast, table.mutable, self.lateness
+        size, offset = self.assigner.size, self.assigner.offset  # type: ignore[attr-defined]
+        wm, ahead, due, at = self.wm, self.ahead, self._due, self._at
+        n = len(batch)
+        for i, record in enumerate(batch):
+            try:
+                k = key_fn(record)
+                ts = ts_fn(record)
+                t = type(ts)
+                if t is not int and (t is not float or ts != ts or ts == _INF or ts == -_INF):
+                    ts = _timestamp(ts)
+                cur = self._watermark_of(k) if ahead else wm
+                start = ts - (ts - offset) % size
+                if type(start) is float:  # whole floats as ints, as TimeWindow does
+                    if start.is_integer():
+                        start = int(start)
+                    end = start + size
+                    if type(end) is float and end.is_integer():
+                        end = int(end)
+                else:
+                    end = start + size
+                if end + lateness <= cur:
+                    self._late(record, emit)
+                    continue
+                m = fast.get(k)
+                if m is None:
+                    m = mutable(k, dict)
+                w = (start, end)
+                acc = m.get(w, _MISSING)
+                if acc is _MISSING:
+                    acc = create()
+                    if end > cur:
+                        keys = due.get(end)
+                        if keys is None:
+                            at(end, k)
+                        else:
+                            keys[k] = None
+                    if lateness:
+                        at(end + lateness, k)
+                if counting:
+                    m[w] = acc = acc + 1
+                else:
+                    m[w] = acc = add(acc, record if value_fn is None else value_fn(record))
+                if end <= cur:  # a fired window, within the lateness: emit it again
+                    self._fire(k, w, acc, emit)
+            except Exception as exc:  # noqa: BLE001 - reported with the record
+                self._failed(record, exc, i, n)
+
+    def _process_any(self, batch: list, out: list) -> None:
+        """Sliding and session windows (any assigner)."""
+        emit = out.append
+        key_fn, ts_fn, agg = self.key_fn, self.ts_fn, self.agg
+        value_fn, create, add = agg.value, agg.create, agg.add
+        mutable, lateness = self.windows.mutable, self.lateness
+        assign, merging = self.assigner.bounds, self.assigner.merging
+        at, n = self._at, len(batch)
+        for i, record in enumerate(batch):
+            try:
+                k = key_fn(record)
+                ts = _timestamp(ts_fn(record))
+                cur = self._watermark_of(k) if self.ahead else self.wm
+                v = record if value_fn is None else value_fn(record)
+                late = True
+                if merging:
+                    for w in assign(ts):
+                        if self._add_merging(k, w, v, cur, emit):
+                            late = False
+                else:
+                    m = None
+                    for w in assign(ts):
+                        end = w[1]
+                        if end + lateness <= cur:
+                            continue  # late for this window
+                        late = False
+                        if m is None:
+                            m = mutable(k, dict)
+                        acc = m.get(w, _MISSING)
+                        if acc is _MISSING:
+                            acc = create()
+                            if end > cur:
+                                at(end, k)
+                            if lateness:
+                                at(end + lateness, k)
+                        m[w] = acc = add(acc, v)
+                        if end <= cur:  # a fired window, within the lateness: emit it again
+                            self._fire(k, w, acc, emit)
+                if late:
+                    self._late(record, emit)
+            except Exception as exc:  # noqa: BLE001 - reported with the record
+                self._failed(record, exc, i, n)
+
+    def _add_merging(self, key: Any, new: tuple, value: Any, cur: float,
+                     emit: Callable[[Any], None]) -> bool:
+        """Sessions: add a record's window ``new`` to the key's windows, merging those it
+        overlaps or touches (their accumulators merge, by start), as Flink does: the merged
+        window decides whether the record is late.  False if it is."""
+        table, agg, lateness = self.windows, self.agg, self.lateness
+        m = table.fast.get(key)
+        if m is None:
+            m = table.read(key, None)
+        result, merged = merge_into(m or (), new)
+        end = result[1]
+        if end + lateness <= cur:
+            return False
+        if m is None:
+            m = {}
+        table.fast[key] = m  # (changed below: written back at the next spill)
+        if merged == [result]:  # inside a session the key has
+            acc = m[result]
+        elif merged:  # sessions merged into a longer one: the key is due when the first
+            # of them was (on_watermark then finds the new end and makes it due then)
+            merge = agg.merge
+            assert merge is not None  # refused up front for merging windows
+            acc = m.pop(merged[0])
+            for w in merged[1:]:
+                acc = merge(acc, m.pop(w))
+        else:  # a new session
+            acc = agg.create()
+            if end > cur:
+                self._at(end, key)
+            if lateness:
+                self._at(end + lateness, key)
+        m[result] = acc = agg.add(acc, value)
+        if end <= cur:  # the session had fired (or is late, within the lateness)
+            self._fire(key, result, acc, emit)
+        return True
+
+    # ------------------------------------------------------------------ time
+
+    def on_watermark(self, ts: float) -> list:
+        """Fire the windows whose end the watermark passed since the last call, and drop
+        those past ``end + allowed_lateness``."""
+        prev = self.wm
+        if ts <= prev:
+            return []
+        self.wm = ts
+        times, due = self._times, self._due
+        if not times or times[0] > ts:
+            if self.ahead:
+                self.ahead = {g: v for g, v in self.ahead.items() if v > ts}
+            return []
+        keys: dict[Any, None] = {}
+        while times and times[0] <= ts:
+            keys.update(due.pop(heapq.heappop(times)))
+        fired: list[tuple[tuple, Any, tuple, Any]] = []
+        add_fired = fired.append
+        table, lateness, ahead = self.windows, self.lateness, self.ahead
+        fast, read, delete = table.fast, table.read, table.delete
+        maxp, at, merging = self.max_parallelism, self._at, self.assigner.merging
+        for seq, k in enumerate(keys):
+            m = fast.get(k)
+            if m is None:
+                m = read(k, None)
+                if not m:
+                    continue  # (stale: fired and gone)
+                fast[k] = m  # changed below: written back at the next spill
+            p = prev
+            if ahead:
+                g = ahead.get(key_group(k, maxp))
+                if g is not None and g > p:
+                    p = g
+            dead = None
+            for w, acc in m.items():
+                e = w[1]
+                if e <= ts:
+                    if e > p:
+                        add_fired(((e, w[0], seq), k, w, acc))
+                    if e + lateness <= ts:
+                        if dead is None:
+                            dead = [w]
+                        else:
+                            dead.append(w)
+                    else:
+                        at(e + lateness, k)
+                elif merging:  # a session that grew since it was made due: due at its end
+                    at(e, k)
+            if dead is not None:
+                if len(dead) == len(m):
+                    delete(k)
+                else:
+                    for w in dead:
+                        del m[w]
+        out: list = []
+        if not fired:
+            if ahead:
+                self.ahead = {g: v for g, v in ahead.items() if v > ts}
+            return out
+        fired.sort(key=_fired_order)  # by window end, start; keys in the order they came
+        agg = self.agg
+        emit = out.append
+        k = w = None
+        try:
+            if agg.full is None:
+                result, new = agg.result, tuple.__new__
+                for _, k, w, acc in fired:
+                    emit(new(WindowResult, (k, w[0], w[1], result(acc))))
+            else:
+                for _, k, w, acc in fired:
+                    self._fire(k, w, acc, emit)
+        except Exception as exc:
+            raise UserFunctionError(self.uid, "window", f"window {w!r} of key {k!r}",
+                                    exc) from exc
+        if ahead:
+            self.ahead = {g: v for g, v in ahead.items() if v > ts}
+        self.state.after_batch()
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def snapshot(self) -> bytes | DeferredSnapshot:
+        wm, ahead, put = self.wm, self.ahead, self.marks.fast
+        for g, key in self.mark_keys.items():
+            a = ahead.get(g)
+            put[key] = a if a is not None and a > wm else wm
+        return self.state.snapshot()
+
+    def restore(self, blobs: list[bytes]) -> None:
+        """Load the state, rebuild what is due when, and take each key group's watermark."""
+        self.state.restore(blobs)
+        self._due.clear()
+        self._times.clear()
+        marks: dict[int, float] = {}
+        lateness, at = self.lateness, self._at
+        for g, name, key, value in self.state.entries():
+            if name == WINDOWS:
+                for w in value:
+                    at(w[1], key)
+                    if lateness:
+                        at(w[1] + lateness, key)
+            elif name == MARKS and self.mark_keys.get(g) == key:
+                marks[g] = value
+        owned = self.mark_keys
+        self.wm = (min(marks[g] for g in owned) if owned and all(g in marks for g in owned)
+                   else NO_WATERMARK)
+        self.ahead = {g: v for g, v in marks.items() if v > self.wm}
+
+
+class WindowResults(Operator):
+    """The results of the window operator before it (its late records go to
+    :class:`WindowLate`)."""
+
+    def __init__(self, node: Node) -> None:
+        super().__init__(node)
+        self.split = bool(node.fn.emit_late)
+
+    def process(self, batch: list) -> list:
+        if not self.split:
+            return batch
+        return [r for r in batch if type(r) is not LateRecord]
+
+
+class WindowLate(Operator):
+    """``windowed.late()``: the records the window operator before it found too late."""
+
+    def process(self, batch: list) -> list:
+        return [r.record for r in batch if type(r) is LateRecord]
