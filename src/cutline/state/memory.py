@@ -9,11 +9,12 @@ merge, not per record.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from .backend import KeyedStateBackend, StateTable
+from .backend import MISSING, KeyedStateBackend, StateTable
 from .keygroups import key_group
+from .timers import MemoryTimerQueue
 
 __all__ = ["MemoryStateBackend"]
 
@@ -37,6 +38,52 @@ class MemoryStateBackend(KeyedStateBackend):
 
     def _new_table(self, name: str) -> StateTable:
         return _MemoryTable(self, name)
+
+    def _new_timers(self, name: str) -> MemoryTimerQueue:
+        return MemoryTimerQueue(self, name)
+
+    def put_group_value(self, name: str, value: Any) -> None:
+        for g in self.key_groups:
+            d = self._groups.get(g)
+            if d is None:
+                d = self._groups[g] = {}
+            d[(name, b"")] = value
+
+    def group_values(self, name: str) -> list[Any]:
+        slot = (name, b"")
+        return [d[slot] for g, d in sorted(self._groups.items()) if slot in d]
+
+    def clean_step(self, name: str, fix: Callable[[Any], Any], budget: int) -> None:
+        t = self._tables.get(name)
+        fast, deleted = (t.fast, t.deleted) if t is not None else ({}, set())
+        cur = self._cursors.get(name)
+        if cur is None:  # a new pass: groups left to visit, the current group's slots
+            cur = self._cursors[name] = (sorted(self._groups, reverse=True), [], [None])
+        groups, slots, current = cur
+        while budget > 0:
+            if not slots:
+                if not groups:
+                    del self._cursors[name]
+                    return
+                g = groups.pop()
+                d = self._groups.get(g)
+                if d:
+                    slots.extend(s for s in d if s[0] == name)
+                    slots.reverse()
+                    current[0] = d
+                budget -= 1
+                continue
+            slot = slots.pop()
+            budget -= 1
+            d = current[0]
+            v = d.get(slot, MISSING)
+            if v is MISSING or slot[1] in fast or slot[1] in deleted:
+                continue
+            new = fix(v)
+            if new is MISSING:
+                del d[slot]
+            elif new is not v:
+                d[slot] = new
 
     def _group_dict(self, key: Any) -> dict[tuple[str, Any], Any]:
         """The dict of ``key``'s key group (an error if this subtask does not own it)."""
@@ -90,6 +137,7 @@ class MemoryStateBackend(KeyedStateBackend):
             for g, table in pickle.loads(blob).items():
                 if g in self.key_groups:
                     self._groups.setdefault(g, {}).update(table)
+        self._restored()
 
     def close(self) -> None:
         pass
