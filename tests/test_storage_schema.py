@@ -74,7 +74,7 @@ def test_task_state_round_trips_in_the_current_version():
                    sink_uid="out", sink=({"files": ["a"]},), dead_letter=({"files": []},),
                    channels={CH: (b"r1", b"r2")}, out_channels={CH: (b"o",)})
     data = encode_task_state(st)
-    assert msgpack.unpackb(data)["version"] == VERSION == 2
+    assert msgpack.unpackb(data)["version"] == VERSION == 3
     back = decode_task_state(data, "x/count.1.state")
     assert back == st
     assert all(type(ch) is ChannelId for ch in back.channels)
@@ -111,12 +111,12 @@ def test_what_is_not_a_task_state_is_refused_naming_the_file(data, match):
         decode_task_state(data, "chk-3/a.0.state")
 
 
-@pytest.mark.parametrize("version", [3, 99, "2", True])
+@pytest.mark.parametrize("version", [4, 99, "2", True])
 def test_an_unknown_version_is_refused_naming_version_and_file(version):
     data = msgpack.packb({**_v1_map(), "version": version, "dead_letter": []})
     with pytest.raises(UnsupportedStateVersionError,
                        match=rf"task state chk-9/count\.1\.state has format version "
-                             rf"{version!r}; this cutline reads versions 1, 2"):
+                             rf"{version!r}; this cutline reads versions 1, 2, 3"):
         decode_task_state(data, "chk-9/count.1.state")
 
 
@@ -154,5 +154,5 @@ def test_a_checkpoint_of_a_newer_version_is_refused_before_the_run(tmp_path):
     path = storage.commit(4, {"plan": {}})
     p, _ = wordcount(tmp_path, 100, "aligned")
     with pytest.raises(UnsupportedStateVersionError,
-                       match=rf"task state {path}/count\.1\.state has format version 3"):
+                       match=rf"task state {path}/count\.1\.state has format version 4"):
         p.run(engine="threads", timeout=60, restore_from=path)

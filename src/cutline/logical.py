@@ -25,7 +25,7 @@ class Node:
     id: int
     uid: str
     kind: str  # source | map | flat_map | filter | reduce | process | count | union |
-    #            iterate | assign_timestamps | sink
+    #            iterate | assign_timestamps | operator (tests: node.fn builds it) | sink
     fn: Any = None
     parallelism: int | None = None
     inputs: list[int] = field(default_factory=list)

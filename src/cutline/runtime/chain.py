@@ -4,15 +4,36 @@
 operators ...; the source and the sink are the task's ends, not in the chain) and names the
 batch's origin in a user-code error: the input channel it came from, or the source position
 it was read up to.
+
+**Event time** (a pipeline with ``assign_timestamps``; :class:`EventTime`, used only then,
+so a pipeline without it pays nothing): a delivered batch is split at its
+:class:`~cutline.protocol.watermarks.Watermark` / ``IDLE`` items.  Records go through
+``process``; a watermark goes to the task's :class:`WatermarkTracker` for its input
+channel, and when the combined watermark advances every operator gets ``on_watermark(ts)``
+in chain order (operator i's output goes through operators i+1.. first), then the router
+broadcasts ``Watermark(ts)`` on every output channel, after the records already buffered.
+An assigner in the chain (``AssignTimestamps``) starts a new *segment*: the operators after
+it follow its watermarks, not the input's.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..protocol.watermarks import (
+    IDLE,
+    NO_WATERMARK,
+    InputIdle,
+    Watermark,
+    WatermarkTracker,
+    decode_ts,
+    encode_ts,
+)
 from .operators import UserFunctionError
 
-__all__ = ["OperatorChain", "describe_position"]
+__all__ = ["EventTime", "OperatorChain", "describe_position"]
 
 
 def describe_position(pos: Any) -> str:
@@ -67,3 +88,179 @@ class OperatorChain:
                 getattr(op, "close", lambda: None)()
             except Exception:  # noqa: BLE001, S110 - closing on the way out
                 pass
+
+
+class EventTime:
+    """The event-time part of a subtask's chain (only for pipelines with event time).
+
+    ``chain``: the :class:`OperatorChain`; ``inputs``: the input channels (none for a source
+    task); ``emit(batch)`` routes records, ``broadcast(item)`` puts a time item on every
+    output channel (the router; a sink drops it).
+
+    Segment 0 is the operators before the chain's first assigner, driven by the input
+    channels' combined watermark; segment k the operators after assigner k-1, driven by it.
+    The last segment's watermark is the task's output watermark.
+    """
+
+    def __init__(self, chain: OperatorChain, inputs: list[str],
+                 emit: Callable[[list], None], broadcast: Callable[[Any], None]) -> None:
+        self.chain, self.ops, self.emit, self.broadcast = chain, chain.ops, emit, broadcast
+        self.tracker = WatermarkTracker(inputs)
+        self.assigners = [i for i, op in enumerate(self.ops) if op.emits_watermarks]
+        self.starts = [0] + [a + 1 for a in self.assigners]
+        self.ends = self.assigners + [len(self.ops)]
+        self.segment_after = {a: k + 1 for k, a in enumerate(self.assigners)}
+        self.wm = [NO_WATERMARK] * len(self.starts)  # per segment: what its operators saw
+        self.last = len(self.starts) - 1
+        self.idle_assigners = [self.ops[a] for a in self.assigners
+                               if self.ops[a].idle_timeout is not None]
+
+    @property
+    def output(self) -> float:
+        """The task's output watermark (what it broadcast last)."""
+        return self.wm[self.last]
+
+    # ------------------------------------------------------------------ data path
+
+    def deliver(self, batch: list, channel: str | None) -> None:
+        """A batch from input ``channel`` (``None``: the task's source), records and time
+        items in channel order: each part in turn, outputs emitted."""
+        try:
+            start, n = 0, len(batch)
+            tracker, advance = self.tracker, self.advance
+            for i, item in enumerate(batch):
+                t = type(item)
+                if t is not Watermark and t is not InputIdle:
+                    continue
+                if i > start:
+                    self._records(batch[start:i], channel)
+                start = i + 1
+                if t is Watermark:
+                    ts = tracker.on_watermark(channel, item.ts)
+                else:
+                    ts = tracker.on_idle(channel)
+                if ts is not None:
+                    advance(0, ts)
+                if t is InputIdle and self.last == 0 and tracker.all_idle:
+                    self.broadcast(IDLE)  # every input idle: so is this task's output
+            if start == 0:
+                self._records(batch, channel)
+            elif start < n:
+                self._records(batch[start:], channel)
+        except UserFunctionError as exc:
+            exc.locate(self.chain.where())
+            raise
+
+    def _records(self, records: list, channel: str | None) -> None:
+        if channel is not None:
+            self.tracker.on_active(channel)
+        self.emit(self.run(records, 0))
+
+    def run(self, batch: list, start: int) -> list:
+        """``batch`` through operators ``start``..; an assigner whose watermark rose sends
+        the rest of the batch on, then advances its segment."""
+        ops = self.ops
+        for i in range(start, len(ops)):
+            if not batch:
+                return batch
+            op = ops[i]
+            batch = op.process(batch)
+            if op.emits_watermarks:
+                ts = op.take_watermark()
+                if ts is not None:
+                    self.emit(self.run(batch, i + 1))
+                    self.advance(self.segment_after[i], ts)
+                    return []
+        return batch
+
+    def advance(self, segment: int, ts: float) -> None:
+        """Segment ``segment``'s watermark reached ``ts``: its operators' ``on_watermark``
+        in order (each one's output through the operators after it), then (the last
+        segment) ``Watermark(ts)`` on every output channel."""
+        if ts <= self.wm[segment]:
+            return
+        self.wm[segment] = ts
+        ops, run, emit = self.ops, self.run, self.emit
+        for i in range(self.starts[segment], self.ends[segment]):
+            out = ops[i].on_watermark(ts)
+            if out:
+                emit(run(out, i + 1))
+        if segment == self.last:
+            self.broadcast(Watermark(ts))
+
+    def on_close(self, channel: str) -> None:
+        """Input ``channel`` ended (EOF)."""
+        ts = self.tracker.on_close(channel)
+        if ts is not None:
+            try:
+                self.advance(0, ts)
+            except UserFunctionError as exc:
+                exc.locate(self.chain.where())
+                raise
+
+    def end_of_input(self) -> None:
+        """The task's input is exhausted: every segment's watermark goes to ``math.inf``
+        (every window and event-time timer fires) before the outputs close."""
+        try:
+            for seg in range(len(self.wm)):
+                if seg > 0:
+                    self.ops[self.assigners[seg - 1]].end_of_input()
+                self.advance(seg, math.inf)
+        except UserFunctionError as exc:
+            exc.locate(self.chain.where())
+            raise
+
+    def check_idle(self, now: float) -> None:
+        """The task has nothing to read: an assigner quiet for its ``idle_timeout`` makes
+        the output idle (when it drives the output)."""
+        for op in self.idle_assigners:
+            if op.check_idle(now) and op is self.ops[self.assigners[-1]]:
+                self.broadcast(IDLE)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def snapshot(self) -> dict[str, Any]:
+        """msgpack-able: the input tracker, the segments' watermarks, each assigner's
+        emitted watermark and generator state (by uid), the output watermark."""
+        return {"input": self.tracker.snapshot(),
+                "segments": [encode_ts(w) for w in self.wm],
+                "assigners": {self.ops[a].uid: self.ops[a].time_snapshot()
+                              for a in self.assigners},
+                "output": encode_ts(self.output)}
+
+    def restore(self, own: Mapping[str, Any] | None, old: list[Mapping[str, Any]],
+                upstream_floor: float | None) -> None:
+        """``own``: this subtask's state, when its chain kept its parallelism (exact); else
+        ``old``, every old subtask's of this chain (each watermark the lowest of theirs).
+        ``upstream_floor``: when the input channels changed (this chain or an upstream one
+        rescaled), the lowest output watermark of the old upstream subtasks: every input
+        channel starts there (never early)."""
+        segs = len(self.wm)
+        if own is not None:
+            self.tracker.restore(own.get("input") or {})
+            saved = own.get("segments") or []
+            self.wm = [decode_ts(saved[k]) if k < len(saved) else NO_WATERMARK
+                       for k in range(segs)]
+            assigners = own.get("assigners") or {}
+            for a in self.assigners:
+                st = assigners.get(self.ops[a].uid)
+                if st is not None:
+                    self.ops[a].time_restore(st, exact=True)
+        elif old:
+            lows = [min((decode_ts((o.get("segments") or [None] * segs)[k])
+                         if k < len(o.get("segments") or []) else NO_WATERMARK) for o in old)
+                    for k in range(segs)]
+            self.wm = lows
+            self.tracker.current = min(decode_ts((o.get("input") or {}).get("current"))
+                                       for o in old)
+            for a in self.assigners:
+                uid = self.ops[a].uid
+                states = [(o.get("assigners") or {}).get(uid) for o in old]
+                emitted = min((decode_ts(s.get("emitted")) if s else NO_WATERMARK)
+                              for s in states)
+                self.ops[a].time_restore({"emitted": encode_ts(emitted)}, exact=False)
+        if upstream_floor is not None:
+            current = self.tracker.current
+            self.tracker.restore_rescaled(upstream_floor)
+            self.tracker.current = min(current, upstream_floor) if (
+                own is not None or old) else upstream_floor

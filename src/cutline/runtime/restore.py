@@ -24,6 +24,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 
 from ..plan import HASH, Chain, ChannelId, PhysicalPlan
+from ..protocol.watermarks import NO_WATERMARK, decode_ts, is_time_item
 from ..state.keygroups import key_group, subtask_for_key_group
 from ..storage.schema import TaskState, read_task_states
 
@@ -160,12 +161,32 @@ class RestoreView:
                 if st.chain == chain.uid and st.index % chain.parallelism == index
                 for h in st.dead_letter]
 
+    def inputs_changed(self, chain: Chain) -> bool:
+        """The input channels of ``chain``'s subtasks are not those of the checkpoint: it
+        or a chain feeding it changed parallelism."""
+        plan = self.plan
+        return self.rescaled(chain) or any(
+            self.rescaled(plan.chains[e.src]) for e in plan.edges if e.dst == chain.id)
+
+    def watermark_states(self, chain: Chain) -> list:
+        """Every old subtask's event-time state of ``chain`` (those that have one)."""
+        return [st.watermarks for st in self.states.values()
+                if st.chain == chain.uid and st.watermarks is not None]
+
+    def upstream_output_floor(self, chain: Chain) -> float:
+        """The lowest output watermark of the old subtasks of the chains feeding ``chain``
+        (no watermark when one of them had none): where its input channels start after a
+        rescale, so that nothing fires early."""
+        plan = self.plan
+        ups = {plan.chains[e.src].uid for e in plan.edges if e.dst == chain.id}
+        lows = [decode_ts(st.watermarks.get("output")) if st.watermarks is not None
+                else NO_WATERMARK for st in self.states.values() if st.chain in ups]
+        return min(lows, default=NO_WATERMARK)
+
     def channel_records(self, chain: Chain, index: int,
                         inputs: list[ChannelId]) -> list[tuple[ChannelId, list]]:
         """``[(input channel, records)]`` to inject, in order, for this subtask."""
-        plan = self.plan
-        if not self.rescaled(chain) and not any(
-                self.rescaled(plan.chains[e.src]) for e in plan.edges if e.dst == chain.id):
+        if not self.inputs_changed(chain):
             own = self.states.get(chain.task_id(index))
             recorded = own.channels if own is not None else {}
             sent: dict[ChannelId, tuple[bytes, ...]] = {}
@@ -205,7 +226,9 @@ class RestoreView:
             mine = [c for c in inputs if c.src_chain == src_chain.uid]
             if not mine:
                 continue
-            records = per_channel[ch]
+            # Watermarks in flight stay behind: each new channel starts at the old senders'
+            # lowest output watermark (upstream_output_floor), which covers them.
+            records = [r for r in per_channel[ch] if not is_time_item(r)]
             if edge.partitioning == HASH:
                 kf = edge.key_fn
                 keep = [r for r in records

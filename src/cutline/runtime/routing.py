@@ -87,6 +87,15 @@ class Router:
                 self.rr += 1
                 buffers[ch].extend(batch)
 
+    def broadcast(self, item: Any) -> None:
+        """A time item (a ``Watermark``, ``IDLE``) on every output channel, after the records
+        already buffered (not key-routed).  A sink never sees one; nor does an output that
+        ended."""
+        if self.writer is not None or self.closed:
+            return
+        for buf in self.buffers.values():
+            buf.append(item)
+
     # ------------------------------------------------------------------ sending
 
     def _flush(self, ch: str, interruptible: bool = False) -> None:

@@ -43,6 +43,7 @@ class PendingSnapshot:
     channels: dict[str, list[bytes]] = field(default_factory=dict)
     out_channels: dict[str, list[bytes]] = field(default_factory=dict)
     in_flight: int = 0  # records in channels + out_channels
+    watermarks: dict[str, Any] | None = None  # event-time state (EventTime.snapshot)
 
 
 class Snapshots:
@@ -66,6 +67,7 @@ class Snapshots:
         self.alignment_started: dict[str, float] = {}  # blocked channel -> since when
         self.uploads: SnapshotUploads | None = None  # asynchronous parts of snapshots
         self.faults: FaultPlan | None = None
+        self.event_time: Any = None  # the task's EventTime, when the pipeline is timed
 
     # ------------------------------------------------------------------ taking
 
@@ -88,6 +90,8 @@ class Snapshots:
             snap.sink = tuple(self.uncommitted[k] for k in sorted(self.uncommitted))
         if self.dead_letters is not None:
             snap.dead_letter = tuple(self.dead_letters.pre_commit(n))
+        if self.event_time is not None:
+            snap.watermarks = self.event_time.snapshot()
         self.pending[n] = snap
 
     def record_channel(self, n: int, channel: str, records: Any) -> None:
@@ -140,7 +144,8 @@ class Snapshots:
             source=snap.source, sink_uid=self.sink_uid, sink=snap.sink,
             dead_letter=snap.dead_letter,
             channels={ids[ch]: tuple(b) for ch, b in snap.channels.items()},
-            out_channels={ids[ch]: tuple(b) for ch, b in snap.out_channels.items()}))
+            out_channels={ids[ch]: tuple(b) for ch, b in snap.out_channels.items()},
+            watermarks=snap.watermarks))
         try:
             info = self.storage.write_task_state(n, self.task_id, data)
         except Exception as exc:  # noqa: BLE001 - storage failure declines this checkpoint only
@@ -206,6 +211,12 @@ class Snapshots:
                 rescale(view.source_states(chain.head.uid))
         if self.writer is not None:
             self.writer.recover(view.sink_handles(chain, index, chain.nodes[-1].uid))
+        if self.event_time is not None:
+            changed = view.inputs_changed(chain)
+            self.event_time.restore(
+                own.watermarks if own is not None else None,
+                [] if own is not None else view.watermark_states(chain),
+                view.upstream_output_floor(chain) if changed and inputs else None)
         if gate is None:
             return
         # inject() puts a batch at the front of its channel: one batch per channel.

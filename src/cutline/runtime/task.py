@@ -44,7 +44,7 @@ from ..protocol import (
     UnblockChannel,
 )
 from ..protocol import messages as m
-from .chain import OperatorChain
+from .chain import EventTime, OperatorChain
 from .channels import InputGate, OutputChannel
 from .control import FrameConnection, connect
 from .deadletter import DeadLetters
@@ -134,6 +134,12 @@ class Subtask:
         self.snapshots = Snapshots(self.task_id, chain, index, ops, self.reader, self.writer,
                                    self.dead_letters, slot.storage, self.channel_ids,
                                    slot.send)
+        # event time: only a pipeline with assign_timestamps splits batches at watermarks
+        self.event_time: EventTime | None = None
+        if plan.timed:
+            self.event_time = EventTime(self.operators, self.inputs, self.router.emit,
+                                  self.router.broadcast)
+            self.snapshots.event_time = self.event_time
         self.handler = SnapshotHandler(self.inputs, spec.mode, back_edges=self.back,
                                        aligned_timeout=spec.aligned_timeout)
         # the record path, looked up once
@@ -197,7 +203,10 @@ class Subtask:
             if t is Deliver:
                 self.records_in += len(a.records)
                 self.operators.origin = a.channel
-                self._emit(self._process(list(a.records)))
+                if self.event_time is None:
+                    self._emit(self._process(list(a.records)))
+                else:
+                    self.event_time.deliver(list(a.records), a.channel)
             elif t is RecordChannelState:
                 self.snapshots.record_channel(a.checkpoint_id, a.channel, a.records)
             elif t is TakeSnapshot:
@@ -330,11 +339,16 @@ class Subtask:
                 self._end_output()
             elif batch:
                 self.records_in += len(batch)
-                self._emit(self._process(batch))
+                if self.event_time is None:
+                    self._emit(self._process(batch))
+                else:
+                    self.event_time.deliver(batch, None)
                 self.flush_full()
                 if time.monotonic() - router.last_flush > self.spec.flush_interval:
                     self.flush_all(interruptible=True)
             else:
+                if self.event_time is not None and self.event_time.idle_assigners:
+                    self.event_time.check_idle(time.monotonic())
                 self.flush_all(interruptible=True)
                 self._control(block=0.005)
 
@@ -353,6 +367,8 @@ class Subtask:
             item = gate.poll(self.blocked, timeout=self.spec.flush_interval)
             self._metrics()
             if item is None:
+                if self.event_time is not None and self.event_time.idle_assigners:
+                    self.event_time.check_idle(time.monotonic())
                 self.flush_all(interruptible=True)
                 continue
             ch, kind, payload = item
@@ -362,6 +378,8 @@ class Subtask:
                 self.perform(h.on_barrier(ch, payload))
             else:
                 self.perform(h.on_close(ch))
+                if self.event_time is not None:
+                    self.event_time.on_close(ch)
                 if not h.open_inputs:
                     self._end_output()
                     continue

@@ -10,6 +10,9 @@ Versions:
 - **1**: the map without a ``"version"`` field, written by cutline up to commit be9b5d9.
   ``out_channels`` (added with unaligned output state) and ``dead_letter`` may be absent.
 - **2**: the same fields plus ``"version": 2``, every field present.
+- **3**: plus ``watermarks`` (event time, issue 14): the task's watermark state, a map
+  (input tracker, per-segment watermarks, assigners' generators) or nil for a task of a
+  pipeline without event time.  Versions 1 and 2 decode with ``watermarks`` nil.
 
 :func:`decode_task_state` reads both; a newer version, or a file that is not a task state,
 is refused naming the file and what it found.  Channel ids keep their text form
@@ -29,8 +32,8 @@ from .checkpoints import CheckpointHandle, CheckpointStorageError, CorruptCheckp
 __all__ = ["VERSION", "ChannelId", "TaskState", "UnsupportedStateVersionError",
            "decode_task_state", "encode_task_state", "read_task_states"]
 
-VERSION = 2
-_VERSIONS = (1, 2)
+VERSION = 3
+_VERSIONS = (1, 2, 3)
 
 
 class ChannelId(NamedTuple):
@@ -101,6 +104,7 @@ class TaskState:
     dead_letter: tuple[Any, ...] = ()
     channels: Mapping[ChannelId, tuple[bytes, ...]] = field(default_factory=dict)
     out_channels: Mapping[ChannelId, tuple[bytes, ...]] = field(default_factory=dict)
+    watermarks: Mapping[str, Any] | None = None
 
     @property
     def in_flight_bytes(self) -> int:
@@ -117,6 +121,7 @@ def encode_task_state(state: TaskState) -> bytes:
         "sink": list(state.sink), "dead_letter": list(state.dead_letter),
         "channels": {str(ch): list(b) for ch, b in state.channels.items()},
         "out_channels": {str(ch): list(b) for ch, b in state.out_channels.items()},
+        "watermarks": None if state.watermarks is None else dict(state.watermarks),
     }, use_bin_type=True)
 
 
@@ -136,6 +141,7 @@ _FIELDS: dict[str, tuple[Any, str]] = {
     "dead_letter": (lambda v: isinstance(v, list), "a list"),
     "channels": (lambda v: _is_channel_map(v), "a map of channel id to a list of bytes"),
     "out_channels": (lambda v: _is_channel_map(v), "a map of channel id to a list of bytes"),
+    "watermarks": (lambda v: v is None or isinstance(v, dict), "a map or nil"),
 }
 
 
@@ -155,7 +161,13 @@ def _upgrade_v1(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
-_UPGRADES = {1: _upgrade_v1}  # version n -> its map as version n + 1
+def _upgrade_v2(obj: dict[str, Any]) -> dict[str, Any]:
+    """A version 2 map as version 3: no event time (``watermarks`` nil)."""
+    obj.setdefault("watermarks", None)
+    return obj
+
+
+_UPGRADES = {1: _upgrade_v1, 2: _upgrade_v2}  # version n -> its map as version n + 1
 
 
 def decode_task_state(data: bytes, where: str) -> TaskState:
@@ -199,7 +211,7 @@ def decode_task_state(data: bytes, where: str) -> TaskState:
         parallelism=obj["parallelism"], ops=obj["ops"], source_uid=obj["source_uid"],
         source=obj["source"], sink_uid=obj["sink_uid"], sink=tuple(obj["sink"]),
         dead_letter=tuple(obj["dead_letter"]), channels=channels["channels"],
-        out_channels=channels["out_channels"])
+        out_channels=channels["out_channels"], watermarks=obj["watermarks"])
 
 
 def read_task_states(handle: CheckpointHandle) -> dict[str, TaskState]:

@@ -1,0 +1,250 @@
+"""Watermarks in the runtime: the chain's event-time path (unit) and whole jobs on the
+threads engine (in-band watermarks, end of input, idle sources, checkpoints, restores)."""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import pytest
+
+from cutline import CheckpointConfig, Pipeline
+from cutline.connectors import CollectSink, GeneratorSource
+from cutline.logical import Node, TimestampSpec
+from cutline.plan import plan
+from cutline.protocol.watermarks import IDLE, BoundedOutOfOrderness, Watermark
+from cutline.runtime.chain import EventTime, OperatorChain
+from cutline.runtime.operators import AssignTimestamps, Operator, UserFunctionError
+from test_watermarks_pipelines import (
+    event,
+    event_key,
+    event_ts,
+    expected_windows,
+    fired,
+    tumbling_count,
+    watermarks_by_subtask,
+    windowed,
+)
+
+# ---------------------------------------------------------------------------- the chain
+
+
+class Recorder(Operator):
+    """Passes records on (x10 when ``scale``), logs what it saw; on a watermark emits
+    ``("fired", name, ts)``."""
+
+    def __init__(self, name: str, log: list, scale: bool = False) -> None:
+        super().__init__(Node(0, name, "map"))
+        self.name, self.log, self.scale = name, log, scale
+
+    def process(self, batch: list) -> list:
+        self.log.append((self.name, "records", list(batch)))
+        return [r * 10 if self.scale and isinstance(r, int) else r for r in batch]
+
+    def on_watermark(self, ts: float) -> list:
+        self.log.append((self.name, "wm", ts))
+        return [("fired", self.name, ts)]
+
+
+def assigner(delay: float = 0, idle_timeout: float | None = None) -> AssignTimestamps:
+    node = Node(0, "stamps", "assign_timestamps",
+                TimestampSpec(lambda r: r if isinstance(r, int) else 0,
+                              BoundedOutOfOrderness(delay), idle_timeout))
+    return AssignTimestamps(node)
+
+
+def make(ops: list, inputs: list[str]) -> tuple[EventTime, list, OperatorChain]:
+    out: list = []
+    chain = OperatorChain(ops, "t.0", None, 0, None)
+    et = EventTime(chain, inputs, out.extend, out.append)
+    return et, out, chain
+
+
+def test_a_batch_is_split_at_watermarks_and_operators_fire_in_chain_order():
+    log: list = []
+    a, b = Recorder("a", log), Recorder("b", log)
+    et, out, _ = make([a, b], ["x", "y"])
+    et.deliver([1, 2, Watermark(5), 3], "x")
+    assert out == [1, 2, 3]  # y holds the watermark back
+    et.deliver([Watermark(7), 4], "y")
+    # a fires first; its output goes through b; then b fires; then the watermark leaves
+    assert out[3:] == [("fired", "a", 5), ("fired", "b", 5), Watermark(5), 4]
+    assert log == [("a", "records", [1, 2]), ("b", "records", [1, 2]),
+                   ("a", "records", [3]), ("b", "records", [3]),
+                   ("a", "wm", 5), ("b", "records", [("fired", "a", 5)]), ("b", "wm", 5),
+                   ("a", "records", [4]), ("b", "records", [4])]
+    assert et.output == 5
+
+
+def test_an_idle_input_stops_holding_back_and_all_idle_inputs_make_the_output_idle():
+    et, out, _ = make([], ["x", "y"])
+    et.deliver([Watermark(5)], "x")
+    et.deliver([IDLE], "y")
+    assert out == [Watermark(5)]
+    et.deliver([IDLE], "x")
+    assert out == [Watermark(5), IDLE]
+    et.deliver([1], "y")  # a record: y holds again (at no watermark)
+    et.deliver([Watermark(9)], "x")
+    assert out == [Watermark(5), IDLE, 1]
+    et.deliver([Watermark(8)], "y")
+    assert out[-1] == Watermark(8)
+
+
+def test_end_of_input_fires_everything_before_the_outputs_close():
+    log: list = []
+    et, out, _ = make([Recorder("a", log)], ["x"])
+    et.deliver([1, Watermark(3)], "x")
+    et.on_close("x")
+    assert out == [1, ("fired", "a", 3), Watermark(3), ("fired", "a", math.inf),
+                   Watermark(math.inf)]
+    et.end_of_input()  # idempotent
+    assert out[-1] == Watermark(math.inf) and len(out) == 5
+
+
+def test_an_assigner_starts_a_segment_and_upstream_watermarks_stop_there():
+    log: list = []
+    before, after = Recorder("before", log), Recorder("after", log)
+    et, out, _ = make([before, assigner(delay=2), after], ["x"])
+    et.deliver([10, 11, Watermark(100)], "x")
+    # records first, then the assigner's watermark 11 - 2 = 9 on the operator after it;
+    # the input watermark 100 reaches only the operator before the assigner
+    assert out == [10, 11, ("fired", "after", 9), Watermark(9), ("fired", "before", 100)]
+    assert ("before", "wm", 100) in log and ("after", "wm", 100) not in log
+    et.deliver([5], "x")  # out of order: the watermark does not move
+    assert out[-1] == 5
+    et.on_close("x")
+    et.end_of_input()
+    assert out[-2:] == [("fired", "after", math.inf), Watermark(math.inf)]
+
+
+def test_a_watermark_generated_mid_chain_follows_the_records_of_its_batch():
+    log: list = []
+    et, out, _ = make([assigner(), Recorder("win", log, scale=True)], [])
+    et.deliver([1, 3, 2], None)  # a source task: no input channels
+    assert out == [10, 30, 20, ("fired", "win", 3), Watermark(3)]
+
+
+def test_a_bad_timestamp_names_the_operator_the_record_and_where():
+    a = AssignTimestamps(Node(0, "stamps", "assign_timestamps",
+                              TimestampSpec(lambda r: r["ts"], BoundedOutOfOrderness(0))))
+    et, _, chain = make([a], ["x"])
+    chain.origin = "x"
+    for bad in ({"ts": None}, {"ts": "soon"}, {"ts": float("nan")}, {"no": 1}):
+        with pytest.raises(UserFunctionError, match=r"assign_timestamps operator 'stamps' "
+                           r"failed on record .*input channel 'x'"):
+            et.deliver([{"ts": 1}, bad], "x")
+
+
+def test_snapshot_restore_same_parallelism_is_exact():
+    log: list = []
+    et, out, _ = make([assigner(delay=1), Recorder("w", log)], ["x", "y"])
+    et.deliver([Watermark(4), 10], "x")
+    et.deliver([IDLE], "y")
+    snap = et.snapshot()
+    et2, out2, _ = make([assigner(delay=1), Recorder("w", log)], ["x", "y"])
+    et2.restore(snap, [], None)
+    assert et2.snapshot() == snap
+    # both go on the same way
+    for e, o in ((et, out), (et2, out2)):
+        del o[:]
+        e.deliver([12, Watermark(6)], "x")
+    assert out == out2 == [12, ("fired", "w", 11), Watermark(11)]
+
+
+def test_rescaled_restore_is_conservative():
+    a = make([assigner(delay=1)], ["x"])[0]
+    a.deliver([Watermark(50), 20], "x")
+    b = make([assigner(delay=1)], ["x"])[0]
+    b.deliver([Watermark(30), 40], "x")
+    new, out, _ = make([assigner(delay=1)], ["p", "q"])
+    new.restore(None, [a.snapshot(), b.snapshot()], upstream_floor=25)
+    assert new.tracker.current == 25 and new.output == 19  # the lowest of the old ones
+    new.deliver([Watermark(60)], "p")
+    assert out == []
+    new.deliver([Watermark(26)], "q")  # above the floor: the combined watermark moves
+    assert new.tracker.current == 26
+    new.deliver([21], "p")  # the assigner's generator starts fresh; never below 19
+    assert out == [21, Watermark(20)]
+
+
+# ---------------------------------------------------------------------------- API
+
+
+def test_assign_timestamps_validates_up_front():
+    p = Pipeline("p")
+    s = p.source(GeneratorSource(count=1))
+    with pytest.raises(TypeError, match="assign_timestamps"):
+        s.assign_timestamps(5)
+    for arg in ("max_delay", "idle_timeout"):
+        for bad in (-1, float("nan")):
+            with pytest.raises(ValueError, match=arg):
+                s.assign_timestamps(event_ts, **{arg: bad})
+    with pytest.raises(ValueError, match="idle_timeout"):
+        s.assign_timestamps(event_ts, idle_timeout=0)
+    with pytest.raises(TypeError, match="on_event"):
+        s.assign_timestamps(event_ts, watermark=object())
+    with pytest.raises(ValueError, match="not both"):
+        s.assign_timestamps(event_ts, max_delay=3, watermark=BoundedOutOfOrderness(3))
+    with pytest.raises(ValueError, match="dead-letter"):
+        s.assign_timestamps(event_ts, on_error="dead_letter")
+
+
+def test_downstream_nodes_find_the_nearest_assigner():
+    p = Pipeline("p")
+    a = p.source(GeneratorSource(count=1), uid="a").assign_timestamps(event_ts, uid="sa")
+    m = a.map(lambda r: r).key_by(event_key).count()
+    assert m.node.timestamp_fn is event_ts and m.node.timestamps_from == "sa"
+    b = p.source(GeneratorSource(count=1), uid="b").assign_timestamps(event_key, uid="sb")
+    assert a.union(b).node.timestamp_fn is None and a.union(b).node.timestamps_from == ""
+    again = a.union(b).assign_timestamps(event_ts, uid="sc").map(lambda r: r)
+    assert again.node.timestamps_from == "sc"
+    plain = p.source(GeneratorSource(count=1), uid="c").map(lambda r: r)
+    assert plain.node.timestamp_fn is None and plain.node.timestamps_from is None
+
+
+def test_event_time_is_refused_in_iterations_and_a_plain_plan_is_not_timed(tmp_path):
+    p = Pipeline("loop", checkpoint=CheckpointConfig(storage=f"file://{tmp_path}"))
+    loop = p.source(GeneratorSource(count=1)).assign_timestamps(event_ts).iterate()
+    loop.close_with(loop.map(lambda r: r).filter(lambda r: False))
+    loop.sink(CollectSink(str(tmp_path)))
+    with pytest.raises(ValueError, match="watermarks do not go round loops"):
+        plan(p)
+    q = Pipeline("plain")
+    q.source(GeneratorSource(count=1)).map(str).sink(CollectSink(str(tmp_path)))
+    assert plan(q).timed is False
+    assert plan(windowed(tmp_path, 10)[0]).timed is True
+
+
+# ---------------------------------------------------------------------------- jobs (threads)
+
+
+def test_watermarks_reach_a_downstream_operator_in_exact_order(tmp_path):
+    """One split, read in batches of 1000 (JobSpec.batch_size): after each batch the
+    assigner emits max ts - delay; the windowed operator sees exactly those watermarks, in
+    order, then inf at the end."""
+    n = 8000
+    p, sink = windowed(tmp_path, n, parallelism=1, record_watermarks=True)
+    result = p.run(engine="threads", timeout=60)
+    assert result.attempts == 1
+    rows = sink.results()
+    want = []
+    for end in range(1000, n + 1, 1000):
+        wm = max(event(i)["ts"] for i in range(end)) - 40
+        if not want or wm > want[-1]:
+            want.append(wm)
+    assert watermarks_by_subtask(rows) == {0: want + [math.inf]}
+    assert fired(rows) == expected_windows(n)
+    assert not [r for r in rows if r[0] == "late"]
+
+
+@pytest.mark.parametrize("mode", ["aligned", "unaligned"])
+def test_windows_fire_once_each_with_parallel_splits(tmp_path, mode):
+    n = 6000
+    p, sink = windowed(tmp_path, n, mode, parallelism=2, record_watermarks=True)
+    p.run(engine="threads", timeout=60)
+    rows = sink.results()
+    assert fired(rows) == expected_windows(n)
+    wms_by_sub = watermarks_by_subtask(rows)
+    assert sorted(wms_by_sub) == [0, 1]
+    for sub, wms in wms_by_sub.items():
+        assert len(wms) > 2 and wms == sorted(set(wms)) and wms[-1] == math.inf, sub
