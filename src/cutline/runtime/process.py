@@ -71,16 +71,16 @@ class TimerService:
         self._op = op
 
     def register_event_time(self, when: Any) -> None:
-        self._op._queue("event_time").register(self._op.ctx.key, _when(when))
+        self._op._timer_op("event_time", True, _when(when))
 
     def register_processing_time(self, when: Any) -> None:
-        self._op._queue("processing_time").register(self._op.ctx.key, _when(when))
+        self._op._timer_op("processing_time", True, _when(when))
 
     def delete_event_time(self, when: Any) -> None:
-        self._op._queue("event_time").delete(self._op.ctx.key, _when(when))
+        self._op._timer_op("event_time", False, _when(when))
 
     def delete_processing_time(self, when: Any) -> None:
-        self._op._queue("processing_time").delete(self._op.ctx.key, _when(when))
+        self._op._timer_op("processing_time", False, _when(when))
 
     def current_watermark(self) -> float:
         return self._op.watermark
@@ -207,6 +207,11 @@ class Process(Keyed):
         self.clock: Callable[[], float] = time.time
         self.ctx = KeyedContext(self.state, self)
         self._queues: dict[str, TimerQueue] = {}
+        # while timers of a domain fire up to a time: timer changes on_timer made that touch
+        # the batch being fired (it goes back to the queue, in order)
+        self._firing_domain: str | None = None
+        self._firing_t: float = -math.inf
+        self._during: list[tuple[bool, Any, Any]] = []
         if self.on_timer is not None:
             self._queues = {"event_time": self.state.timers(EVENT_TIMERS),
                             "processing_time": self.state.timers(PROCESSING_TIMERS)}
@@ -220,6 +225,15 @@ class Process(Keyed):
             raise RuntimeError(f"event-time timers in process operator {self.uid!r} need event "
                                f"time: add assign_timestamps(ts_fn, ...) upstream")
         return q
+
+    def _timer_op(self, domain: str, register: bool, when: Any) -> None:
+        q, key = self._queue(domain), self.ctx.key
+        if register:
+            q.register(key, when)
+        else:
+            q.delete(key, when)
+        if domain == self._firing_domain and when <= self._firing_t:
+            self._during.append((register, key, when))  # may change the batch being fired
 
     @property
     def has_processing_timers(self) -> bool:
@@ -277,10 +291,14 @@ class Process(Keyed):
         return self._fire(q, now, "processing_time")
 
     def _fire(self, q: TimerQueue, t: float, domain: str) -> list:
-        ctx, on_timer = self.ctx, self.on_timer
+        """Fire the timers of ``q`` due at ``t`` strictly in order: when ``on_timer``
+        registers or deletes a timer due at ``t`` too, the rest of the popped batch goes back
+        to the queue, the change is applied again over it, and popping starts over."""
+        ctx, on_timer, during = self.ctx, self.on_timer, self._during
         assert on_timer is not None
         ctx._now = self.clock()
         ctx.time_domain, ctx._record = domain, None
+        self._firing_domain, self._firing_t = domain, t
         out: list = []
         key = when = None
         try:
@@ -288,16 +306,24 @@ class Process(Keyed):
                 due = q.pop_due(t)
                 if not due:
                     break
-                for when, key in due:
+                for i, (when, key) in enumerate(due):
                     ctx.key, ctx._firing = key, when
                     result = on_timer(ctx, key, when)
                     if result is not None:
                         out.extend(result)
+                    if during:
+                        for w, k in due[i + 1:]:
+                            q.register(k, w)
+                        for register, k, w in during:
+                            (q.register if register else q.delete)(k, w)
+                        during.clear()
+                        break
         except Exception as exc:
             raise UserFunctionError(self.uid, "process", _Timer(domain, key, when),
                                     exc) from exc
         finally:
-            ctx._firing = ctx.time_domain = None
+            ctx._firing = ctx.time_domain = self._firing_domain = None
+            during.clear()
         self._after_batch()
         return out
 
