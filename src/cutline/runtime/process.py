@@ -20,6 +20,7 @@ across restores.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from typing import Any
 from ..logical import Node
 from ..protocol.watermarks import NO_WATERMARK, to_timestamp
 from ..state import DeferredSnapshot, KeyedStateBackend, StateTable, ValueState
-from ..state.timers import EVENT_TIMERS, PROCESSING_TIMERS, TimerQueue
+from ..state.timers import EVENT_TIMERS, PROCESSING_TIMERS, TimerQueue, timer_entry_key
 from ..state.ttl import StateTtl, TtlList, TtlMap, TtlValueState, expired_fixer, to_ttl
 from .operators import Keyed, UserFunctionError
 
@@ -51,6 +52,17 @@ class _Timer:
 
     def __repr__(self) -> str:
         return f"<{self.domain.replace('_', '-')} timer at {self.when!r} of key {self.key!r}>"
+
+
+class _Batch:
+    """Timers popped from a queue and being fired (:meth:`Process._fire`)."""
+
+    __slots__ = ("domain", "t", "heap", "live", "last")
+
+    def __init__(self, domain: str, t: float, heap: list[tuple[bytes, Any, Any]]) -> None:
+        self.domain, self.t, self.heap = domain, t, heap
+        self.live = {o for o, _, _ in heap}  # not fired, not deleted
+        self.last = heap[-1][0]
 
 
 class TimerService:
@@ -207,11 +219,7 @@ class Process(Keyed):
         self.clock: Callable[[], float] = time.time
         self.ctx = KeyedContext(self.state, self)
         self._queues: dict[str, TimerQueue] = {}
-        # while timers of a domain fire up to a time: timer changes on_timer made that touch
-        # the batch being fired (it goes back to the queue, in order)
-        self._firing_domain: str | None = None
-        self._firing_t: float = -math.inf
-        self._during: list[tuple[bool, Any, Any]] = []
+        self._batch: _Batch | None = None  # the timers being fired
         if self.on_timer is not None:
             self._queues = {"event_time": self.state.timers(EVENT_TIMERS),
                             "processing_time": self.state.timers(PROCESSING_TIMERS)}
@@ -228,12 +236,20 @@ class Process(Keyed):
 
     def _timer_op(self, domain: str, register: bool, when: Any) -> None:
         q, key = self._queue(domain), self.ctx.key
+        f = self._batch
+        if f is not None and domain == f.domain and when <= f.t:
+            o = timer_entry_key(when, key)
+            if o <= f.last:  # within the batch being fired (the queue holds none of those)
+                if not register:
+                    f.live.discard(o)
+                elif o not in f.live:
+                    f.live.add(o)
+                    heapq.heappush(f.heap, (o, when, key))
+                return
         if register:
             q.register(key, when)
         else:
             q.delete(key, when)
-        if domain == self._firing_domain and when <= self._firing_t:
-            self._during.append((register, key, when))  # may change the batch being fired
 
     @property
     def has_processing_timers(self) -> bool:
@@ -291,39 +307,42 @@ class Process(Keyed):
         return self._fire(q, now, "processing_time")
 
     def _fire(self, q: TimerQueue, t: float, domain: str) -> list:
-        """Fire the timers of ``q`` due at ``t`` strictly in order: when ``on_timer``
-        registers or deletes a timer due at ``t`` too, the rest of the popped batch goes back
-        to the queue, the change is applied again over it, and popping starts over."""
-        ctx, on_timer, during = self.ctx, self.on_timer, self._during
+        """Fire the timers of ``q`` due at ``t``, strictly in (time, key) order.
+
+        A batch popped from the queue fires from a heap; a timer ``on_timer`` registers or
+        deletes that sorts within the batch goes into (or out of) that heap, not the queue,
+        so it fires in its place (or not at all); one sorting after the batch goes to the
+        queue and comes with a later batch."""
+        ctx, on_timer = self.ctx, self.on_timer
         assert on_timer is not None
         ctx._now = self.clock()
         ctx.time_domain, ctx._record = domain, None
-        self._firing_domain, self._firing_t = domain, t
         out: list = []
         key = when = None
+        pop = heapq.heappop
         try:
             while True:
                 due = q.pop_due(t)
                 if not due:
                     break
-                for i, (when, key) in enumerate(due):
+                heap = [(timer_entry_key(w, k), w, k) for w, k in due]  # sorted: a heap
+                f = self._batch = _Batch(domain, t, heap)
+                live = f.live
+                while heap:
+                    o, when, key = pop(heap)
+                    if o not in live:
+                        continue  # deleted by an earlier on_timer
+                    live.discard(o)
                     ctx.key, ctx._firing = key, when
                     result = on_timer(ctx, key, when)
                     if result is not None:
                         out.extend(result)
-                    if during:
-                        for w, k in due[i + 1:]:
-                            q.register(k, w)
-                        for register, k, w in during:
-                            (q.register if register else q.delete)(k, w)
-                        during.clear()
-                        break
         except Exception as exc:
             raise UserFunctionError(self.uid, "process", _Timer(domain, key, when),
                                     exc) from exc
         finally:
-            ctx._firing = ctx.time_domain = self._firing_domain = None
-            during.clear()
+            ctx._firing = ctx.time_domain = None
+            self._batch = None
         self._after_batch()
         return out
 
