@@ -82,15 +82,20 @@ def expected(records: int) -> collections.Counter:
 
 
 def silences(records: int, *, tmp, mode: str = "aligned", rate=None, parallelism: int = 2,
-             interval: float = 0.3, backend: str = "memory", name: str = "silences"):
+             interval: float = 0.3, backend: str = "memory", name: str = "silences",
+             source_parallelism: int | None = 2):
+    """``parallelism``: of the pipeline; the source keeps ``source_parallelism`` (by
+    default 2, so a rescale moves the timers' key groups, not the source's splits)."""
     cfg = CheckpointConfig(
         interval=interval, storage=f"file://{tmp}/checkpoints", state_backend=backend,
         mode="at_least_once" if mode == "at_least_once" else "exactly_once",
         unaligned=mode == "unaligned")
     p = Pipeline(name, parallelism=parallelism, checkpoint=cfg)
     sink = CollectSink(str(tmp / "out"))
-    (p.source(GeneratorSource(count=records, fn=event, rate=rate), uid="events")
-       .assign_timestamps(event_ts, max_delay=DISORDER, uid="stamps")
+    (p.source(GeneratorSource(count=records, fn=event, rate=rate), uid="events",
+              parallelism=source_parallelism)
+       .assign_timestamps(event_ts, max_delay=DISORDER, uid="stamps",
+                          parallelism=source_parallelism)  # chained: a watermark per split
        .key_by(lambda e: e["k"])
        .process(watch, on_timer=ring, uid="watch")
        .sink(sink, uid="out"))
@@ -122,10 +127,10 @@ def test_timers_drive_the_output_exactly(tmp_path, backend):
 def test_cancelled_runs_resume_exactly_also_rescaled(tmp_path, mode, scales, backend):
     *steps, last = scales
     for par in steps:  # each step runs a while at its parallelism, then is cancelled
-        p, _ = silences(N, tmp=tmp_path, mode=mode, rate=4000, parallelism=par, interval=0.2,
+        p, _ = silences(N, tmp=tmp_path, mode=mode, rate=2500, parallelism=par, interval=0.2,
                         backend=backend)
         with pytest.raises(JobCancelled):
-            p.run(engine="threads", timeout=1.0)
+            p.run(engine="threads", timeout=0.8)
         assert CheckpointStorage(p.checkpoint.storage, p.name).completed()
     p, sink = silences(N, tmp=tmp_path, mode=mode, parallelism=last, interval=0.2,
                        backend=backend)
