@@ -57,25 +57,23 @@ class MemoryStateBackend(KeyedStateBackend):
         t = self._tables.get(name)
         fast, deleted = (t.fast, t.deleted) if t is not None else ({}, set())
         cur = self._cursors.get(name)
-        if cur is None:  # a new pass: groups left to visit, the current group's slots
-            cur = self._cursors[name] = (sorted(self._groups, reverse=True), [], [None])
-        groups, slots, current = cur
+        if cur is None:  # a new pass
+            cur = self._cursors[name] = _Cursor(sorted(self._groups, reverse=True))
         while budget > 0:
-            if not slots:
-                if not groups:
+            if not cur.slots:
+                if not cur.groups:
                     del self._cursors[name]
                     return
-                g = groups.pop()
-                d = self._groups.get(g)
+                d = self._groups.get(cur.groups.pop())
                 if d:
-                    slots.extend(s for s in d if s[0] == name)
-                    slots.reverse()
-                    current[0] = d
+                    cur.slots = [s for s in d if s[0] == name]
+                    cur.slots.reverse()
+                    cur.group = d
                 budget -= 1
                 continue
-            slot = slots.pop()
+            slot = cur.slots.pop()
             budget -= 1
-            d = current[0]
+            d = cur.group
             v = d.get(slot, MISSING)
             if v is MISSING or slot[1] in fast or slot[1] in deleted:
                 continue
@@ -141,6 +139,18 @@ class MemoryStateBackend(KeyedStateBackend):
 
     def close(self) -> None:
         pass
+
+
+class _Cursor:
+    """Where :meth:`MemoryStateBackend.clean_step` is in its pass over a state name: the
+    key groups still to visit, and the slots of the current group's dict still to visit."""
+
+    __slots__ = ("groups", "slots", "group")
+
+    def __init__(self, groups: list[int]) -> None:
+        self.groups = groups
+        self.slots: list[tuple[str, Any]] = []
+        self.group: dict[tuple[str, Any], Any] = {}
 
 
 class _MemoryTable(StateTable):
