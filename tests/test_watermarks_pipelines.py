@@ -109,10 +109,18 @@ def tumbling_count(stream: Stream, key_fn: Any, size: int = SIZE, *, uid: str = 
     return Stream(stream.pipeline, node)
 
 
+def slow_identity(e: dict) -> dict:
+    import time
+
+    time.sleep(0.0003)
+    return e
+
+
 def windowed(tmp, records: int, mode: str = "aligned", *, rate=None, parallelism: int = 2,
              interval: float = 0.3, record_watermarks: bool = False, idle_timeout=None,
-             source: Any = None, name: str = "windowed"):
+             source: Any = None, name: str = "windowed", slow: bool = False):
     """events -> assign_timestamps (in the source tasks: one watermark per split) ->
+    [rebalance -> a slow map, when ``slow``: in-flight data and backpressure] ->
     key_by -> TumblingCount -> CollectSink."""
     cfg = CheckpointConfig(
         interval=interval, storage=f"file://{tmp}/checkpoints",
@@ -124,6 +132,8 @@ def windowed(tmp, records: int, mode: str = "aligned", *, rate=None, parallelism
     stamped = (p.source(src, uid="events")
                .assign_timestamps(event_ts, max_delay=DISORDER, idle_timeout=idle_timeout,
                                   uid="stamps"))
+    if slow:
+        stamped = stamped.rebalance().map(slow_identity, uid="slow")
     tumbling_count(stamped, event_key, record_watermarks=record_watermarks).sink(sink, uid="out")
     return p, sink
 
@@ -138,3 +148,71 @@ def watermarks_by_subtask(rows: list) -> dict[int, list[float]]:
         if r[0] == "wm":
             out[r[1]].append(r[2])
     return dict(out)
+
+
+class SilentSplitSource:
+    """Two splits of ``event(i)``, ``i < count``: split 0 (even i) at ``rate`` records/s;
+    split 1 (odd i) says nothing (no records, not ended) until the file ``release`` exists,
+    then reads its records at once.  For idle-source tests."""
+
+    def __init__(self, count: int, rate: float, release: str) -> None:
+        self.count, self.rate, self.release = count, rate, release
+
+    def create_reader(self) -> "SilentSplitReader":
+        return SilentSplitReader(self)
+
+
+class SilentSplitReader:
+    def __init__(self, src: SilentSplitSource) -> None:
+        self.src = src
+        self.next = 0
+        self.sub = 0
+
+    def open(self, subtask: int, parallelism: int) -> None:
+        assert parallelism == 2
+        self.sub, self.next = subtask, subtask
+        import time
+
+        self.t0 = time.monotonic()
+
+    def read_batch(self, n: int) -> list | None:
+        import os
+        import time
+
+        src = self.src
+        if self.next >= src.count:
+            if self.sub == 0 and not os.path.exists(src.release):
+                open(src.release, "w").close()
+            return None
+        if self.sub == 1:
+            if not os.path.exists(src.release):
+                time.sleep(0.005)
+                return []
+            due = src.count
+        else:
+            due = int((time.monotonic() - self.t0) * src.rate) * 2
+            if due <= self.next:
+                time.sleep(0.002)
+                return []
+        out = []
+        while self.next < min(due, src.count) and len(out) < n:
+            out.append(event(self.next))
+            self.next += 2
+        return out
+
+    def snapshot(self) -> dict:
+        return {"next": self.next}
+
+    def restore(self, state: dict) -> None:
+        self.next = state["next"]
+
+    def close(self) -> None:
+        pass
+
+
+def shaky_event(i: int) -> dict:
+    """``event(i)``, but every 500th has no usable timestamp (None, text, NaN in turn)."""
+    e = event(i)
+    if i % 500 == 499:
+        e["ts"] = (None, "soon", float("nan"))[(i // 500) % 3]
+    return e

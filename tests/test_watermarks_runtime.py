@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import collections
 import math
+import pickle
 
 import pytest
 
 from cutline import CheckpointConfig, Pipeline
 from cutline.connectors import CollectSink, GeneratorSource
+from cutline.spark.launcher import JobCancelled
+from cutline.storage.checkpoints import CheckpointStorage
+from cutline.storage.schema import read_task_states
 from cutline.logical import Node, TimestampSpec
 from cutline.plan import plan
 from cutline.protocol.watermarks import IDLE, BoundedOutOfOrderness, Watermark
@@ -20,8 +24,8 @@ from test_watermarks_pipelines import (
     event_key,
     event_ts,
     expected_windows,
+    SilentSplitSource,
     fired,
-    tumbling_count,
     watermarks_by_subtask,
     windowed,
 )
@@ -248,3 +252,132 @@ def test_windows_fire_once_each_with_parallel_splits(tmp_path, mode):
     assert sorted(wms_by_sub) == [0, 1]
     for sub, wms in wms_by_sub.items():
         assert len(wms) > 2 and wms == sorted(set(wms)) and wms[-1] == math.inf, sub
+
+
+def _cancel_midway(p, timeout: float):
+    with pytest.raises(JobCancelled):
+        p.run(engine="threads", timeout=timeout)
+    kept = CheckpointStorage(p.checkpoint.storage, p.name).completed()
+    assert kept, "the cancelled run kept checkpoints to resume from"
+    return kept
+
+
+@pytest.mark.parametrize("mode", ["aligned", "unaligned"])
+@pytest.mark.parametrize("scales", [(2, 2), (2, 1), (1, 3)])
+def test_windows_fire_exactly_once_across_a_cancel_and_a_rescaled_resume(tmp_path, mode,
+                                                                          scales):
+    """Run, cancelled mid-way (checkpoints kept); resumed at the same or another
+    parallelism: every window fires once with its full count, none is late."""
+    n = 30_000
+    first, last = scales
+    p, _ = windowed(tmp_path, n, mode, rate=15_000, parallelism=first, interval=0.2)
+    _cancel_midway(p, timeout=1.0)
+    p, sink = windowed(tmp_path, n, mode, parallelism=last, interval=0.2)
+    result = p.run(engine="threads", timeout=120)
+    assert result.restored_from is not None
+    rows = sink.results()
+    assert 0 < len(fired(rows)) and fired(rows) == expected_windows(n)
+    assert not [r for r in rows if r[0] != "win"]
+
+
+def test_in_flight_watermarks_are_channel_state_in_unaligned_checkpoints(tmp_path):
+    """Unaligned, with a slow operator behind a rebalance: checkpoints record the in-flight
+    data as channel state, watermarks among the records (they are items in the batches).
+    Resumed from such a checkpoint, they are re-injected, and the output is exact."""
+    n = 20_000
+    p, _ = windowed(tmp_path, n, "unaligned", rate=20_000, interval=0.1, slow=True)
+    _cancel_midway(p, timeout=1.5)
+    storage = CheckpointStorage(p.checkpoint.storage, p.name)
+    in_flight = []
+    for path in storage.completed():
+        for st in read_task_states(storage.open(path)).values():
+            for part in (st.channels, st.out_channels):
+                for blobs in part.values():
+                    in_flight += [r for b in blobs for r in pickle.loads(b)]
+            assert st.watermarks is not None and "input" in st.watermarks
+    marks = [r for r in in_flight if type(r) is Watermark]
+    assert marks, f"no watermark in flight in {len(in_flight)} in-flight items"
+    p, sink = windowed(tmp_path, n, "unaligned", interval=0.1, slow=True)
+    result = p.run(engine="threads", timeout=120)
+    assert result.restored_from is not None
+    assert fired(sink.results()) == expected_windows(n)
+
+
+@pytest.mark.parametrize("idle", [None, 0.2])
+def test_an_idle_split_does_not_hold_windows_back(tmp_path, idle):
+    """Split 1 is silent (no records, not ended) until split 0 has read everything.
+    Without idle_timeout it holds the windows back: the operator sees no watermark until
+    split 0 ended, then only split 1's (two batches of 1000) and the end.  With it, they
+    fire as split 0's watermark advances, and split 1's records, behind that watermark
+    when they finally come, are late."""
+    n = 4_000
+    src = SilentSplitSource(n, rate=2_000, release=str(tmp_path / "release"))
+    p, sink = windowed(tmp_path, n, source=src, idle_timeout=idle, record_watermarks=True)
+    p.run(engine="threads", timeout=60)
+    rows = sink.results()
+    late = [r for r in rows if r[0] == "late"]
+    if idle is None:
+        split1 = [max(event(i)["ts"] for i in range(1, end, 2)) - 40 for end in (2000, 4000)]
+        assert watermarks_by_subtask(rows) == {0: split1 + [math.inf],
+                                               1: split1 + [math.inf]}
+        assert fired(rows) == expected_windows(n) and not late
+    else:
+        for wms in watermarks_by_subtask(rows).values():
+            finite = [ts for ts in wms if ts != math.inf]
+            assert len(finite) > 4 and max(finite) > n / 2  # split 0 drove them alone
+        assert late
+        # every record is counted once: in a fired window, or as late
+        assert sum(r[3] for r in fired(rows)) + len(late) == n
+
+
+def _shaky(tmp_path, dead_letter: bool):
+    from test_watermarks_pipelines import shaky_event, tumbling_count
+
+    dlq = CollectSink(str(tmp_path / "dead")) if dead_letter else None
+    p = Pipeline("shaky", parallelism=2, dead_letter=dlq,
+                 checkpoint=CheckpointConfig(interval=0.2, storage=f"file://{tmp_path}/ck"))
+    out = CollectSink(str(tmp_path / "out"))
+    stamped = p.source(GeneratorSource(count=5000, fn=shaky_event), uid="events") \
+        .assign_timestamps(event_ts, max_delay=40, uid="stamps")
+    tumbling_count(stamped, event_key).sink(out, uid="out")
+    return p, out, dlq
+
+
+def test_a_bad_timestamp_fails_the_job_naming_operator_record_and_position(tmp_path):
+    from cutline.driver.dataflow import JobFailed
+
+    p, _, _ = _shaky(tmp_path, dead_letter=False)
+    with pytest.raises(JobFailed, match=r"assign_timestamps operator 'stamps' failed on record "
+                       r"\{'k': 'k\d', 'ts': None, 'i': 499\}: TypeError: a timestamp must be "
+                       r".* \(at record \d+ of \d+ in its batch, source 'events' subtask 1"):
+        p.run(engine="threads", timeout=60)
+
+
+def test_bad_timestamps_go_to_the_dead_letter_sink(tmp_path):
+    from test_watermarks_pipelines import shaky_event
+
+    p, out, dlq = _shaky(tmp_path, dead_letter=True)
+    p.run(engine="threads", timeout=60)
+    letters = dlq.results()
+    assert sorted(d["record"]["i"] for d in letters) == list(range(499, 5000, 500))
+    assert {d["operator"] for d in letters} == {"stamps"}
+    good = [shaky_event(i) for i in range(5000) if i % 500 != 499]
+    want = collections.Counter((e["k"], e["ts"] - e["ts"] % 100) for e in good)
+    assert fired(out.results()) == collections.Counter(
+        ("win", k, w, n) for (k, w), n in want.items())
+
+
+def test_the_task_state_keeps_watermarks_and_older_versions_decode():
+    import msgpack
+
+    from cutline.storage.schema import TaskState, decode_task_state, encode_task_state
+
+    st = TaskState(task="w.0", chain="w", index=0, parallelism=1,
+                   watermarks={"input": {"current": 5, "channels": {"a.0->w.0": [5, False]}},
+                               "segments": [5], "assigners": {}, "output": "inf"})
+    assert decode_task_state(encode_task_state(st), "f") == st
+    v2 = msgpack.unpackb(encode_task_state(TaskState(task="w.0", chain="w", index=0,
+                                                     parallelism=1)))
+    v2["version"] = 2
+    del v2["watermarks"]
+    assert decode_task_state(msgpack.packb(v2), "f").watermarks is None

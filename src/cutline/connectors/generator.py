@@ -54,6 +54,7 @@ class GeneratorReader:
         self._parallelism: int | None = None
         self._splits: list[list[int]] = []
         self._k = 0  # the split read next (round robin over batches)
+        self._last_split: str | None = None  # the split the last batch came from
 
     def open(self, subtask: int, parallelism: int) -> None:
         if not 0 <= subtask < parallelism:
@@ -114,11 +115,25 @@ class GeneratorReader:
         want = max_records if left is None else min(max_records, left)
         n = self._allowance(max(0, want))
         i, stride = split
+        self._last_split = self._key(split)
         out = list(map(self._src.fn, range(i, i + n * stride, stride)))
         split[0] = i + n * stride
         if len(self._splits) > 1:
             self._k += 1
         return out
+
+    @staticmethod
+    def _key(split: list[int]) -> str:
+        return f"{split[0] % split[1]}/{split[1]}"  # stays as the split advances
+
+    def split_key(self) -> str | None:
+        """The split the last batch came from (a batch comes from one split): event time
+        keeps one watermark per split (``assign_timestamps`` in the source's tasks)."""
+        return self._last_split
+
+    def split_keys(self) -> list[str]:
+        """The splits this reader still reads."""
+        return [self._key(sp) for sp in self._splits if self._left(sp) != 0]
 
     def snapshot(self) -> dict:
         return {"splits": [list(sp) for sp in self._splits], "subtask": self._subtask,

@@ -35,6 +35,8 @@ from .operators import UserFunctionError
 
 __all__ = ["EventTime", "OperatorChain", "describe_position"]
 
+_TIME_TYPES = frozenset((Watermark, InputIdle))
+
 
 def describe_position(pos: Any) -> str:
     """A source position, short: file and line for files, else the position itself."""
@@ -126,6 +128,9 @@ class EventTime:
         """A batch from input ``channel`` (``None``: the task's source), records and time
         items in channel order: each part in turn, outputs emitted."""
         try:
+            if _TIME_TYPES.isdisjoint(map(type, batch)):  # the common case, at C speed
+                self._records(batch, channel)
+                return
             start, n = 0, len(batch)
             tracker, advance = self.tracker, self.advance
             for i, item in enumerate(batch):
@@ -245,7 +250,7 @@ class EventTime:
             for a in self.assigners:
                 st = assigners.get(self.ops[a].uid)
                 if st is not None:
-                    self.ops[a].time_restore(st, exact=True)
+                    self.ops[a].time_restore([st], exact=True)
         elif old:
             lows = [min((decode_ts((o.get("segments") or [None] * segs)[k])
                          if k < len(o.get("segments") or []) else NO_WATERMARK) for o in old)
@@ -256,9 +261,7 @@ class EventTime:
             for a in self.assigners:
                 uid = self.ops[a].uid
                 states = [(o.get("assigners") or {}).get(uid) for o in old]
-                emitted = min((decode_ts(s.get("emitted")) if s else NO_WATERMARK)
-                              for s in states)
-                self.ops[a].time_restore({"emitted": encode_ts(emitted)}, exact=False)
+                self.ops[a].time_restore([s or {} for s in states], exact=False)
         if upstream_floor is not None:
             current = self.tracker.current
             self.tracker.restore_rescaled(upstream_floor)

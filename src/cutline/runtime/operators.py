@@ -131,9 +131,15 @@ class Filter(Operator):
 class AssignTimestamps(Operator):
     """``Stream.assign_timestamps``: reads each record's timestamp with the user's ``ts_fn``
     and feeds the watermark generator; records pass unchanged.  After a batch,
-    :meth:`take_watermark` is the new watermark when the generator's rose (the chain emits
-    it after the batch's records).  Upstream watermarks stop here: this operator's are the
-    ones downstream sees.
+    :meth:`take_watermark` is the new watermark when it rose (the chain emits it after the
+    batch's records).  Upstream watermarks stop here: this operator's are the ones
+    downstream sees.
+
+    **Per split**: right after a source whose reader names its splits (``split_key()``: the
+    split the last batch came from, ``split_keys()``: the splits it still reads), it keeps
+    one generator per split and its watermark is the lowest over the reader's splits (a
+    split with no record yet holds it back).  A split's generator state moves with the
+    split on a rescaled restore.
 
     ``idle``: no input for ``idle_timeout`` seconds (:meth:`check_idle`, called by the task
     when it has nothing to read); a record ends it.
@@ -145,18 +151,36 @@ class AssignTimestamps(Operator):
         super().__init__(node)
         spec = node.fn
         self.ts_fn: Callable[[Any], Any] = spec.ts_fn
-        self.generator: Any = copy.deepcopy(spec.generator)  # one per subtask
+        self.prototype: Any = spec.generator
+        self.generator: Any = copy.deepcopy(spec.generator)  # one per subtask (or split)
+        self.splits: dict[str, Any] | None = None  # split key -> its generator (per split)
+        self.reader: Any = None
         self.idle_timeout: float | None = spec.idle_timeout
         self.emitted: float = NO_WATERMARK  # the last watermark emitted (never goes back)
         self.last_input = time.monotonic()
         self.idle = False
 
+    def read_splits_of(self, reader: Any) -> None:
+        """The chain starts at ``reader``'s source: one generator per split, if it names them."""
+        if callable(getattr(reader, "split_key", None)) and callable(
+                getattr(reader, "split_keys", None)):
+            self.reader, self.splits = reader, {}
+
+    def _generator(self) -> Any:
+        if self.splits is None:
+            return self.generator
+        key = self.reader.split_key()
+        g = self.splits.get(key)
+        if g is None:
+            g = self.splits[key] = copy.deepcopy(self.prototype)
+        return g
+
     def _stamp(self, record: Any) -> tuple:
-        self.generator.on_event(to_timestamp(self.ts_fn(record)))
+        self._generator().on_event(to_timestamp(self.ts_fn(record)))
         return (record,)
 
     def process(self, batch: list) -> list:
-        ts_fn, on_event = self.ts_fn, self.generator.on_event
+        ts_fn, on_event = self.ts_fn, self._generator().on_event
         if self.idle_timeout is not None:
             self.last_input = time.monotonic()
             self.idle = False
@@ -168,9 +192,21 @@ class AssignTimestamps(Operator):
             return self._one_by_one(batch, self._stamp, exc)
         return batch
 
+    def current(self) -> float:
+        """The generator's watermark; per split, the lowest over the reader's splits."""
+        splits = self.splits
+        if splits is None:
+            return self.generator.current()
+        keys = self.reader.split_keys()
+        if not keys:  # every split read to its end: what they reached (inf follows)
+            return min((g.current() for g in splits.values()), default=NO_WATERMARK)
+        for gone in set(splits) - set(keys):  # finished splits hold nothing back
+            del splits[gone]
+        return min(splits[k].current() if k in splits else NO_WATERMARK for k in keys)
+
     def take_watermark(self) -> float | None:
-        """The generator's watermark, when it rose above the last one emitted."""
-        wm = self.generator.current()
+        """The watermark, when it rose above the last one emitted."""
+        wm = self.current()
         if wm > self.emitted:
             self.emitted = wm
             return wm
@@ -187,18 +223,38 @@ class AssignTimestamps(Operator):
         self.idle = True
         return True
 
-    def time_snapshot(self) -> dict:
-        snap = getattr(self.generator, "snapshot", None)
-        return {"emitted": encode_ts(self.emitted),
-                "generator": snap() if snap is not None else None}
+    @staticmethod
+    def _snap(g: Any) -> Any:
+        snap = getattr(g, "snapshot", None)
+        return snap() if snap is not None else None
 
-    def time_restore(self, state: dict, exact: bool) -> None:
-        """``exact``: this subtask's own state; else (rescaled) the lowest of the old
-        subtasks' ``emitted`` and a fresh generator."""
-        self.emitted = decode_ts(state.get("emitted"))
-        restore = getattr(self.generator, "restore", None)
-        if exact and restore is not None and state.get("generator") is not None:
-            restore(state["generator"])
+    def time_snapshot(self) -> dict:
+        out: dict[str, Any] = {"emitted": encode_ts(self.emitted),
+                               "generator": self._snap(self.generator)}
+        if self.splits is not None:
+            out["splits"] = {k: self._snap(g) for k, g in self.splits.items()}
+        return out
+
+    def _restored(self, state: Any) -> Any:
+        g = copy.deepcopy(self.prototype)
+        restore = getattr(g, "restore", None)
+        if restore is not None and state is not None:
+            restore(state)
+        return g
+
+    def time_restore(self, states: list[dict], exact: bool) -> None:
+        """``states``: this subtask's own (``exact``), or every old subtask's (rescaled):
+        then the lowest ``emitted``, a fresh generator, and per split the state of the
+        splits this reader reads now (a split cut in two starts fresh)."""
+        if not states:
+            return
+        self.emitted = min(decode_ts(st.get("emitted")) for st in states)
+        if exact and states[0].get("generator") is not None:
+            self.generator = self._restored(states[0]["generator"])
+        if self.splits is not None:
+            keys = set(self.reader.split_keys())
+            self.splits = {k: self._restored(g) for st in states
+                           for k, g in (st.get("splits") or {}).items() if k in keys}
 
 
 class Passthrough(Operator):

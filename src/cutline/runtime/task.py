@@ -139,6 +139,8 @@ class Subtask:
         if plan.timed:
             self.event_time = EventTime(self.operators, self.inputs, self.router.emit,
                                   self.router.broadcast)
+            if self.reader is not None and ops and ops[0].emits_watermarks:
+                ops[0].read_splits_of(self.reader)  # one watermark per source split
             self.snapshots.event_time = self.event_time
         self.handler = SnapshotHandler(self.inputs, spec.mode, back_edges=self.back,
                                        aligned_timeout=spec.aligned_timeout)
