@@ -118,22 +118,25 @@ def test_timers_drive_the_output_exactly(tmp_path, backend):
     assert collections.Counter(sink.results()) == expected(N)
 
 
-@pytest.mark.parametrize("mode, scales, backend", [
-    ("aligned", (2, 2), "memory"),
-    ("unaligned", (2, 1), "rocksdb"),
-    ("aligned", (1, 3, 2), "rocksdb"),
-    ("unaligned", (3, 2), "memory"),
+@pytest.mark.parametrize("mode, scales, backend, source", [
+    ("aligned", (2, 2), "memory", 2),
+    ("unaligned", (2, 1), "rocksdb", 2),
+    ("aligned", (1, 3, 2), "rocksdb", 2),
+    ("unaligned", (3, 2), "memory", 2),
+    ("aligned", (2, 1, 2), "memory", None),  # the source (its splits' watermarks) too
+    ("unaligned", (2, 1, 2), "rocksdb", None),
 ])
-def test_cancelled_runs_resume_exactly_also_rescaled(tmp_path, mode, scales, backend):
+def test_cancelled_runs_resume_exactly_also_rescaled(tmp_path, mode, scales, backend, source):
+    """``source=2``: only the timers' operator rescales; ``None``: the whole job does."""
     *steps, last = scales
     for par in steps:  # each step runs a while at its parallelism, then is cancelled
         p, _ = silences(N, tmp=tmp_path, mode=mode, rate=2500, parallelism=par, interval=0.2,
-                        backend=backend)
+                        backend=backend, source_parallelism=source)
         with pytest.raises(JobCancelled):
             p.run(engine="threads", timeout=0.8)
         assert CheckpointStorage(p.checkpoint.storage, p.name).completed()
     p, sink = silences(N, tmp=tmp_path, mode=mode, parallelism=last, interval=0.2,
-                       backend=backend)
+                       backend=backend, source_parallelism=source)
     result = p.run(engine="threads", timeout=120)
     assert result.restored_from is not None
     assert collections.Counter(sink.results()) == expected(N)
