@@ -113,7 +113,7 @@ class KeyedContext:
     event time and timers."""
 
     __slots__ = ("key", "watermark", "time_domain", "timers", "_op", "_state", "_values",
-                 "_lists", "_maps", "_kinds", "_ttl", "_record", "_firing", "_now")
+                 "_lists", "_maps", "_kinds", "_ttl", "_ttl_args", "_record", "_firing", "_now")
 
     def __init__(self, state: KeyedStateBackend, op: Process | None = None) -> None:
         self._op = op
@@ -128,6 +128,7 @@ class KeyedContext:
         self._maps: dict[str, StateTable] = {}
         self._kinds: dict[tuple[str, str], StateTtl | None] = {}  # (kind, name) -> its TTL
         self._ttl: dict[tuple[str, str], tuple[StateTable, StateTtl]] = {}
+        self._ttl_args: dict[tuple[str, str], tuple[Any, StateTable, StateTtl]] = {}
         self._record: Any = None
         self._firing: Any = None  # the time of the timer being fired
         self._now: float = 0.0  # processing time of the batch (TTL, timers)
@@ -162,12 +163,14 @@ class KeyedContext:
         return t
 
     def _ttl_table(self, kind: str, name: str, ttl: Any) -> tuple[StateTable, StateTtl]:
+        hit = self._ttl_args.get((kind, name))
+        if hit is not None and (hit[0] is ttl or hit[0] == ttl):
+            return hit[1], hit[2]
         cfg = to_ttl(ttl)
         assert cfg is not None
-        hit = self._ttl.get((kind, name))
-        if hit is not None and hit[1] == cfg:
-            return hit
-        return self._table(kind, name, cfg), cfg
+        t = self._table(kind, name, cfg)
+        self._ttl_args[(kind, name)] = (ttl, t, cfg)
+        return t, cfg
 
     def value_state(self, name: str, default: Any = None, *,
                     ttl: Any = None) -> ValueState | TtlValueState:
@@ -179,6 +182,9 @@ class KeyedContext:
             if t is None:
                 t = self._values[name] = self._table("value", name, None)
             return ValueState(t, self.key, default)
+        hit = self._ttl_args.get(("value", name))
+        if hit is not None and (hit[0] is ttl or hit[0] == ttl):
+            return TtlValueState(hit[1], self.key, default, hit[2], self._now)
         t, cfg = self._ttl_table("value", name, ttl)
         return TtlValueState(t, self.key, default, cfg, self._now)
 
@@ -262,12 +268,19 @@ class Process(Keyed):
         out: list = []
         record = None
         try:
-            for record in batch:
-                ctx.key = key_fn(record)
-                ctx._record = record
-                result = fn(ctx, record)
-                if result is not None:
-                    out.extend(result)
+            if self.node.timestamp_fn is None:  # no event time: ctx.timestamp has no record
+                for record in batch:
+                    ctx.key = key_fn(record)
+                    result = fn(ctx, record)
+                    if result is not None:
+                        out.extend(result)
+            else:
+                for record in batch:
+                    ctx.key = key_fn(record)
+                    ctx._record = record
+                    result = fn(ctx, record)
+                    if result is not None:
+                        out.extend(result)
         except Exception as exc:
             raise UserFunctionError(self.uid, "process", record, exc) from exc
         self._after_batch()

@@ -26,7 +26,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 from collections.abc import Iterator, MutableMapping, MutableSequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .backend import MISSING, StateTable
@@ -50,6 +50,7 @@ class StateTtl:
     ttl: Any
     update: str = "on_write"
     cleanup_per_batch: int = 100
+    on_read: bool = field(init=False, repr=False, compare=False, default=False)
 
     def __post_init__(self) -> None:
         ttl = self.ttl
@@ -63,14 +64,11 @@ class StateTtl:
         if self.update not in UPDATES:
             raise ValueError(f"StateTtl.update must be one of {', '.join(UPDATES)}, "
                              f"got {self.update!r}")
+        object.__setattr__(self, "on_read", self.update == "on_read_and_write")
         n = self.cleanup_per_batch
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"StateTtl.cleanup_per_batch must be a whole number >= 0, "
                              f"got {n!r}")
-
-    @property
-    def on_read(self) -> bool:
-        return self.update == "on_read_and_write"
 
 
 def to_ttl(ttl: Any) -> StateTtl | None:
@@ -109,29 +107,32 @@ def _alive(v: Any, now: float) -> bool:
 class TtlValueState:
     """A value state with a TTL (``.value``, ``.update(v)``, ``.clear()``)."""
 
-    __slots__ = ("_table", "_key", "_default", "_ttl", "_now")
+    __slots__ = ("_table", "_fast", "_key", "_default", "_on_read", "_now", "_expires")
 
     def __init__(self, table: StateTable, key: Any, default: Any, ttl: StateTtl,
                  now: float) -> None:
-        self._table, self._key, self._default, self._ttl, self._now = (
-            table, key, default, ttl, now)
+        self._table, self._fast, self._key, self._default = table, table.fast, key, default
+        self._on_read, self._now, self._expires = ttl.on_read, now, now + ttl.ttl
 
     @property
     def value(self) -> Any:
-        v = self._table.get(self._key, MISSING)
+        key = self._key
+        v = self._fast.get(key, MISSING)
         if v is MISSING:
-            return self._default
+            v = self._table.read(key, MISSING)
+            if v is MISSING:
+                return self._default
         if type(v) is not Expiring:  # stored before the state had a TTL
             return v
         if v.expires <= self._now:
-            self._table.delete(self._key)
+            self._table.delete(key)
             return self._default
-        if self._ttl.on_read:
-            self._table.fast[self._key] = Expiring(v.value, self._now + self._ttl.ttl)
+        if self._on_read:
+            self._fast[key] = Expiring(v.value, self._expires)
         return v.value
 
     def update(self, value: Any) -> None:
-        self._table.fast[self._key] = Expiring(value, self._now + self._ttl.ttl)
+        self._fast[self._key] = Expiring(value, self._expires)
 
     def clear(self) -> None:
         self._table.delete(self._key)
