@@ -335,10 +335,9 @@ class Process(Keyed):
         pop = heapq.heappop
         try:
             while True:
-                due = q.pop_due(t)
-                if not due:
+                heap = q.pop_due_ordered(t)  # sorted: a heap
+                if not heap:
                     break
-                heap = [(timer_entry_key(w, k), w, k) for w, k in due]  # sorted: a heap
                 f = self._batch = _Batch(domain, t, heap)
                 live = f.live
                 while heap:

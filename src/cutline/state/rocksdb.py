@@ -58,7 +58,7 @@ import msgpack
 
 from .backend import MISSING, KeyedStateBackend, StateTable
 from .keys import decode_key, decode_slot, encode_key, encode_slot
-from .timers import RocksDBTimerQueue
+from .timers import RocksDBTimerQueue, scan
 
 __all__ = ["RocksDBStateBackend", "RocksDBSnapshot", "is_rocksdb_snapshot", "read_entries"]
 
@@ -254,8 +254,9 @@ class RocksDBStateBackend(KeyedStateBackend):
         dumps, loads = pickle.dumps, pickle.loads
         while budget > 0 and i < len(groups):
             start = self._prefix[groups[i]] + t._part
+            end = start + b"\xff"  # (an encoded key's first byte is a tag < 0xff)
             finished = True
-            for entry, raw in self._db.items(from_key=start if last is None else last):
+            for entry, raw in scan(self._db, start if last is None else last, end):
                 if entry == last:
                     continue
                 if not entry.startswith(start):
