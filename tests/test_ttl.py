@@ -217,3 +217,36 @@ def test_stored_values_carry_their_expiry():
     o = op(value_fn(10), "memory", clock)
     o.process([("a", 1)])
     assert stored(o, "v") == {"a": Expiring(1, 1010.0)}
+
+
+def remember(ctx, r):
+    last = ctx.value_state("last", ttl=3600)
+    seen = ctx.list_state("seen", ttl=3600)
+    before = last.value
+    last.update(r)
+    seen.append(r)
+    return [(r, before, len(seen))]
+
+
+def test_ttl_state_in_a_job_and_in_its_checkpoint(tmp_path):
+    import collections
+
+    from cutline import CheckpointConfig, Pipeline
+    from cutline.connectors import CollectSink, GeneratorSource
+    from cutline.state.reader import keyed_rows
+    from cutline.storage.checkpoints import CheckpointStorage, open_checkpoint
+
+    cfg = CheckpointConfig(interval=0.2, storage=f"file://{tmp_path}/checkpoints",
+                           state_backend="rocksdb")
+    p = Pipeline("ttl", parallelism=2, checkpoint=cfg)
+    sink = CollectSink(str(tmp_path / "out"))
+    (p.source(GeneratorSource(count=2000), uid="n").key_by(lambda i: i % 10)
+       .process(remember, uid="remember").sink(sink, uid="out"))
+    p.run(engine="threads", timeout=60)
+    want = collections.Counter((i, i - 10 if i >= 10 else None, i // 10 + 1)
+                               for i in range(2000))
+    assert collections.Counter(sink.results()) == want
+    latest = CheckpointStorage(p.checkpoint.storage, p.name).latest()
+    rows = sorted(keyed_rows(open_checkpoint(latest.path), "remember"), key=lambda r: r["key"])
+    assert [(r["key"], r["last"], r["seen"][-2:]) for r in rows] == [
+        (k, 1990 + k, [1980 + k, 1990 + k]) for k in range(10)]
