@@ -468,15 +468,36 @@ class KeyedStream:
         return self._keyed("reduce", fn, uid, parallelism)
 
     def process(self, fn: Callable[[Any, Any], Iterable[Any] | None], *, uid: str | None = None,
-                parallelism: int | None = None) -> Stream:
+                parallelism: int | None = None,
+                on_timer: Callable[[Any, Any, Any], Iterable[Any] | None] | None = None
+                ) -> Stream:
         """``fn(ctx, record)`` with keyed state on ``ctx``; returns/yields outputs (or None).
 
         ``ctx.key``; ``ctx.value_state(name, default)`` -> ``.value`` / ``.update(v)`` /
         ``.clear()``; ``ctx.list_state(name)`` -> list-like; ``ctx.map_state(name)`` ->
-        dict-like.  State is per key, checkpointed, restored after failures.
+        dict-like.  State is per key, checkpointed, restored after failures.  Each takes
+        ``ttl=`` (seconds, a ``timedelta`` or a ``cutline.state.ttl.StateTtl``): entries
+        expire that long after their last write, in processing time.
+
+        Event time: ``ctx.timestamp`` (the record's time, read with the ``ts_fn`` of the
+        nearest upstream ``assign_timestamps``; a ``map`` in between must keep what it reads)
+        and ``ctx.watermark``.  Timers of the current key: ``ctx.timers.register_event_time(
+        when)`` / ``register_processing_time(when)`` / ``delete_event_time(when)`` /
+        ``delete_processing_time(when)`` (seconds; one timer per key and time).  When one
+        fires (the watermark, or the wall clock in epoch seconds, reaches ``when``),
+        ``on_timer(ctx, key, when)`` is called with the key's state and ``ctx.time_domain``
+        (``"event_time"`` / ``"processing_time"``); what it returns is emitted downstream.
+        Timers are keyed state: checkpointed, moved with their key on rescale, and fired
+        exactly once across restores.  At the end of a bounded input every event-time timer
+        fires; processing-time timers still pending do not.
         """
         _check_callable("process", fn)
-        return self._keyed("process", fn, uid, parallelism)
+        if on_timer is not None and not callable(on_timer):
+            raise TypeError(f"process(on_timer=...) needs a function, got "
+                            f"{type(on_timer).__name__}: {on_timer!r}")
+        stream = self._keyed("process", fn, uid, parallelism)
+        stream.node.on_timer = on_timer
+        return stream
 
     def count(self, *, uid: str | None = None, parallelism: int | None = None) -> Stream:
         """Running count per key: emits ``(key, count)`` for every record."""

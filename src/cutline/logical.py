@@ -32,6 +32,7 @@ class Node:
     inputs: list[int] = field(default_factory=list)
     partitioning: str = FORWARD  # how records reach this node from its inputs
     key_fn: Callable[[Any], Any] | None = None  # hash partitioning / keyed operators
+    on_timer: Callable[..., Any] | None = None  # process: the timers' callback
     on_error: str = "fail"  # map / flat_map / filter: "fail" or "dead_letter"
     # an iteration head: feedback input node id -> (partitioning, key_fn) of the back edge
     feedback: dict[int, tuple[str, Any]] = field(default_factory=dict)

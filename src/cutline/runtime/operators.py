@@ -14,7 +14,7 @@ from typing import Any
 
 from ..logical import Node
 from ..protocol.watermarks import NO_WATERMARK, decode_ts, encode_ts, to_timestamp
-from ..state import DeferredSnapshot, KeyedStateBackend, StateTable, ValueState, create_backend
+from ..state import DeferredSnapshot, KeyedStateBackend, create_backend
 from ..state.keygroups import key_group_range
 
 __all__ = ["AssignTimestamps", "UserFunctionError", "build_operator", "Operator"]
@@ -341,57 +341,13 @@ class Count(Keyed):
         return out
 
 
-class KeyedContext:
-    """What a ``process`` function sees: the current key and its state."""
+def __getattr__(name: str) -> Any:
+    # the process operator lives in .process (it builds on Keyed); importable from here too
+    if name in ("KeyedContext", "Process"):
+        from . import process
 
-    __slots__ = ("key", "_state", "_values", "_lists", "_maps")
-
-    def __init__(self, state: KeyedStateBackend) -> None:
-        self._state = state
-        self.key: Any = None
-        self._values: dict[str, StateTable] = {}  # user's state name -> its table
-        self._lists: dict[str, StateTable] = {}
-        self._maps: dict[str, StateTable] = {}
-
-    def value_state(self, name: str, default: Any = None) -> ValueState:
-        t = self._values.get(name)
-        if t is None:
-            t = self._values[name] = self._state.table(name)
-        return ValueState(t, self.key, default)
-
-    def list_state(self, name: str) -> list:
-        t = self._lists.get(name)
-        if t is None:
-            t = self._lists[name] = self._state.table("l:" + name)
-        return t.mutable(self.key, list)
-
-    def map_state(self, name: str) -> dict:
-        t = self._maps.get(name)
-        if t is None:
-            t = self._maps[name] = self._state.table("m:" + name)
-        return t.mutable(self.key, dict)
-
-
-class Process(Keyed):
-    def __init__(self, node: Node, subtask: int, parallelism: int, max_parallelism: int,
-                 state_backend: str = "memory", storage: Any = None):
-        super().__init__(node, subtask, parallelism, max_parallelism, state_backend, storage)
-        self.ctx = KeyedContext(self.state)
-
-    def process(self, batch: list) -> list:
-        fn, key_fn, ctx = self.node.fn, self.key_fn, self.ctx
-        out: list = []
-        record = None
-        try:
-            for record in batch:
-                ctx.key = key_fn(record)
-                result = fn(ctx, record)
-                if result is not None:
-                    out.extend(result)
-        except Exception as exc:
-            raise UserFunctionError(self.uid, "process", record, exc) from exc
-        self.state.after_batch()
-        return out
+        return getattr(process, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def build_operator(node: Node, subtask: int, parallelism: int, max_parallelism: int, *,
@@ -416,6 +372,8 @@ def build_operator(node: Node, subtask: int, parallelism: int, max_parallelism: 
     if node.kind == "reduce":
         return Reduce(node, subtask, parallelism, max_parallelism, state_backend, storage)
     if node.kind == "process":
+        from .process import Process  # (it builds on Keyed, defined here)
+
         return Process(node, subtask, parallelism, max_parallelism, state_backend, storage)
     if node.kind == "count":
         return Count(node, subtask, parallelism, max_parallelism, state_backend, storage)

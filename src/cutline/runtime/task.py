@@ -145,6 +145,9 @@ class Subtask:
             self.snapshots.event_time = self.event_time
         self.handler = SnapshotHandler(self.inputs, spec.mode, back_edges=self.back,
                                        aligned_timeout=spec.aligned_timeout)
+        # operators with processing-time timers (process with on_timer): polled by the loop
+        self.processing_timers = [i for i, op in enumerate(ops)
+                                  if getattr(op, "has_processing_timers", False)]
         # the record path, looked up once
         self._process, self._emit = self.operators.process, self.router.emit
         self.flush_all, self.flush_full = self.router.flush_all, self.router.flush_full
@@ -288,6 +291,32 @@ class Subtask:
             _, n = heapq.heappop(self.timers)
             self.perform(self.handler.on_timeout(n))
 
+    def _fire_processing_timers(self) -> None:
+        """Fire the processing-time timers that are due (wall clock, epoch seconds); each
+        operator's output goes through the operators after it.  On the task's thread
+        between batches: a timer's effects and output fall on one side of every barrier."""
+        now = time.time()
+        ops = self.operators.ops
+        try:
+            for i in self.processing_timers:
+                op = ops[i]
+                if op.next_processing_time() > now:
+                    continue
+                out = op.on_processing_time(now)
+                if not out:
+                    continue
+                if self.event_time is not None:
+                    out = self.event_time.run(out, i + 1)
+                else:
+                    for later in ops[i + 1:]:
+                        if not out:
+                            break
+                        out = later.process(out)
+                self._emit(out)
+        except UserFunctionError as exc:
+            exc.locate(f"processing-time timers of task {self.task_id}")
+            raise
+
     def _end_output(self) -> None:
         """Input exhausted: flush, send EOF downstream, tell the driver this task drained.
 
@@ -371,6 +400,8 @@ class Subtask:
             if self.drained:
                 self._control(block=0.5)
                 continue
+            if self.processing_timers:
+                self._fire_processing_timers()
             for ch, barrier in gate.announcements():
                 self.perform(h.on_announce(ch, barrier))
             item = gate.poll(self.blocked, timeout=self.spec.flush_interval)

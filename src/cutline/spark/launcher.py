@@ -98,7 +98,7 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
         spark = embedded_session(plan.slots)
     stage = SparkStage(spark, plan.slots, f"pipeline {pipeline.name!r}",
                        f"cutline-{pipeline.name}")
-    ship_user_code(n for node in pipeline.nodes for n in (node.fn, node.key_fn))
+    ship_user_code(n for node in pipeline.nodes for n in (node.fn, node.key_fn, node.on_timer))
     return run_job(pipeline, plan, stage, restore_from=restore_from, timeout=timeout,
                    on_start=on_start, progress=progress, faults=faults,
                    allow_non_restored_state=allow_non_restored_state)

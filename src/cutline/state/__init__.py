@@ -11,6 +11,10 @@ subtask owns from any number of snapshots of either kind.  Both implement
 :class:`~cutline.state.backend.KeyedStateBackend`: operators use one table per state name
 (a dict in front of the backend), the same on either.  Keys find their key group and
 subtask with :mod:`cutline.state.keygroups`.
+
+Timers (:mod:`cutline.state.timers`) and state with a time-to-live (:mod:`cutline.state.ttl`)
+are entries of the same key groups, so they are checkpointed, restored and rescaled with the
+rest of a key's state, on either backend.
 """
 
 from __future__ import annotations

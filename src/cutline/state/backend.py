@@ -12,6 +12,12 @@ name (:meth:`KeyedStateBackend.table`), and every table has the same shape:
 * ``table.delete(key)``, ``table.mutable(key, factory)`` (list and map state, changed in
   place by the caller).
 
+Besides tables: timers (:meth:`KeyedStateBackend.timers`, :mod:`cutline.state.timers`), a
+value per owned key group (:meth:`~KeyedStateBackend.put_group_value`: an operator's
+watermark), and a budgeted walk over one state name's stored entries that drops or rewrites
+them (:meth:`~KeyedStateBackend.clean_step`: state TTL's incremental cleanup).  All of them
+are entries in the key groups, so snapshots, restores and rescaling carry them.
+
 ``after_batch()`` bounds what the ``fast`` dicts hold: past ``dirty_entries`` the backend
 writes them behind (:meth:`KeyedStateBackend.spill`) and empties them, in place.
 :meth:`~KeyedStateBackend.snapshot` spills first, then snapshots by key group (bytes, or
@@ -28,9 +34,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .keygroups import key_group
+
+if TYPE_CHECKING:
+    from .timers import TimerQueue
 
 __all__ = ["DeferredSnapshot", "KeyedStateBackend", "StateTable", "ValueState"]
 
@@ -103,6 +112,8 @@ class KeyedStateBackend(ABC):
         self.max_parallelism = max_parallelism
         self._dirty_max = dirty_entries
         self._tables: dict[str, StateTable] = {}
+        self._queues: dict[str, TimerQueue] = {}
+        self._cursors: dict[str, Any] = {}  # clean_step's position per state name
 
     # ------------------------------------------------------------------ access
 
@@ -112,6 +123,15 @@ class KeyedStateBackend(ABC):
         if t is None:
             t = self._tables[name] = self._new_table(name)
         return t
+
+    def timers(self, name: str) -> TimerQueue:
+        """The timer queue stored under state ``name`` (one of
+        :data:`cutline.state.timers.TIMER_STATES`; the same object for the backend's
+        lifetime, rebuilt in place by a restore)."""
+        q = self._queues.get(name)
+        if q is None:
+            q = self._queues[name] = self._new_timers(name)
+        return q
 
     def get(self, name: str, key: Any, default: Any = None) -> Any:
         return self.table(name).get(key, default)
@@ -141,7 +161,10 @@ class KeyedStateBackend(ABC):
             self.spill()
 
     def spill(self) -> None:
-        """Write every table's ``fast`` entries and deletes behind it and empty them."""
+        """Write every table's ``fast`` entries and deletes behind it and empty them (and
+        the timer queues' pending writes)."""
+        for q in self._queues.values():
+            q.flush()
         changed = [t for t in self._tables.values() if t.fast or t.deleted]
         if not changed:
             return
@@ -157,6 +180,12 @@ class KeyedStateBackend(ABC):
     def _reset(self) -> None:
         for t in self._tables.values():
             t.reset()
+        self._cursors.clear()
+
+    def _restored(self) -> None:
+        """The state was replaced (end of :meth:`restore`): timer queues rebuild."""
+        for q in self._queues.values():
+            q.reload()
 
     # ------------------------------------------------------------------ per backend
 
@@ -168,6 +197,26 @@ class KeyedStateBackend(ABC):
     def _write(self, tables: list[StateTable]) -> None:
         """Write the tables' ``fast`` entries and the deletes of ``deleted`` keys not in
         ``fast`` behind them (they are emptied afterwards)."""
+
+    @abstractmethod
+    def _new_timers(self, name: str) -> TimerQueue:
+        """A timer queue stored under state ``name`` (called once per name)."""
+
+    @abstractmethod
+    def put_group_value(self, name: str, value: Any) -> None:
+        """Store ``value`` under state ``name`` in every key group this subtask owns."""
+
+    @abstractmethod
+    def group_values(self, name: str) -> list[Any]:
+        """The values :meth:`put_group_value` stored under ``name`` in the owned key groups
+        (after a rescaled restore: those of the snapshots the groups came from)."""
+
+    @abstractmethod
+    def clean_step(self, name: str, fix: Callable[[Any], Any], budget: int) -> None:
+        """Visit up to ``budget`` stored entries of state ``name``, continuing where the last
+        call stopped (and starting over after the last one): ``fix(value)`` returns
+        :data:`MISSING` to delete the entry, another object to store instead, or ``value``
+        to keep it.  Entries held in front (``fast`` / ``deleted``) are newer: skipped."""
 
     @abstractmethod
     def entries(self) -> Iterator[tuple[int, str, Any, Any]]:

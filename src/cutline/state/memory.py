@@ -9,11 +9,12 @@ merge, not per record.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from .backend import KeyedStateBackend, StateTable
+from .backend import MISSING, KeyedStateBackend, StateTable
 from .keygroups import key_group
+from .timers import MemoryTimerQueue
 
 __all__ = ["MemoryStateBackend"]
 
@@ -37,6 +38,50 @@ class MemoryStateBackend(KeyedStateBackend):
 
     def _new_table(self, name: str) -> StateTable:
         return _MemoryTable(self, name)
+
+    def _new_timers(self, name: str) -> MemoryTimerQueue:
+        return MemoryTimerQueue(self, name)
+
+    def put_group_value(self, name: str, value: Any) -> None:
+        for g in self.key_groups:
+            d = self._groups.get(g)
+            if d is None:
+                d = self._groups[g] = {}
+            d[(name, b"")] = value
+
+    def group_values(self, name: str) -> list[Any]:
+        slot = (name, b"")
+        return [d[slot] for g, d in sorted(self._groups.items()) if slot in d]
+
+    def clean_step(self, name: str, fix: Callable[[Any], Any], budget: int) -> None:
+        t = self._tables.get(name)
+        fast, deleted = (t.fast, t.deleted) if t is not None else ({}, set())
+        cur = self._cursors.get(name)
+        if cur is None:  # a new pass
+            cur = self._cursors[name] = _Cursor(sorted(self._groups, reverse=True))
+        while budget > 0:
+            if not cur.slots:
+                if not cur.groups:
+                    del self._cursors[name]
+                    return
+                d = self._groups.get(cur.groups.pop())
+                if d:
+                    cur.slots = [s for s in d if s[0] == name]
+                    cur.slots.reverse()
+                    cur.group = d
+                budget -= 1
+                continue
+            slot = cur.slots.pop()
+            budget -= 1
+            d = cur.group
+            v = d.get(slot, MISSING)
+            if v is MISSING or slot[1] in fast or slot[1] in deleted:
+                continue
+            new = fix(v)
+            if new is MISSING:
+                del d[slot]
+            elif new is not v:
+                d[slot] = new
 
     def _group_dict(self, key: Any) -> dict[tuple[str, Any], Any]:
         """The dict of ``key``'s key group (an error if this subtask does not own it)."""
@@ -90,9 +135,22 @@ class MemoryStateBackend(KeyedStateBackend):
             for g, table in pickle.loads(blob).items():
                 if g in self.key_groups:
                     self._groups.setdefault(g, {}).update(table)
+        self._restored()
 
     def close(self) -> None:
         pass
+
+
+class _Cursor:
+    """Where :meth:`MemoryStateBackend.clean_step` is in its pass over a state name: the
+    key groups still to visit, and the slots of the current group's dict still to visit."""
+
+    __slots__ = ("groups", "slots", "group")
+
+    def __init__(self, groups: list[int]) -> None:
+        self.groups = groups
+        self.slots: list[tuple[str, Any]] = []
+        self.group: dict[tuple[str, Any], Any] = {}
 
 
 class _MemoryTable(StateTable):

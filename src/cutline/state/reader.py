@@ -1,20 +1,25 @@
 """Read keyed state out of a completed checkpoint or savepoint (no job running).
 
 ``keyed_rows(handle, uid)`` yields one ``{"key": k, <state name>: value, ...}`` per key of
-operator ``uid``; :func:`summary` counts operators, bytes and keys for ``cutline checkpoints
-show``.  ``cutline.state.read`` turns the rows into a Spark DataFrame (``cutline.spark``).
+operator ``uid`` (a key's pending timers as ``timers.event`` / ``timers.processing``: their
+times, sorted; state with a TTL as its live values); :func:`summary` counts operators,
+bytes, keys and timers for ``cutline checkpoints show``.  ``cutline.state.read`` turns the
+rows into a Spark DataFrame (``cutline.spark``).
 """
 
 from __future__ import annotations
 
 import math
 import pickle
+import time
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..protocol.watermarks import decode_ts, encode_ts
 from ..storage.schema import TaskState, read_task_states
+from .timers import TIMER_STATES
+from .ttl import Expiring
 
 __all__ = ["keyed_rows", "keyed_entries", "operators_with_state", "summary"]
 
@@ -55,16 +60,47 @@ def keyed_rows(handle: Any, uid: str, states: Mapping[str, TaskState] | None = N
         have = operators_with_state(states)
         raise KeyError(f"checkpoint {handle.path} holds no keyed state of operator {uid!r}; "
                        f"operators with keyed state: {have or 'none'}")
+    now = time.time()
     for _, blob in blobs:
         rows: dict[Any, dict] = {}
         for group, name, key, value in keyed_entries(blob):
+            timer = name in TIMER_STATES
+            if name.startswith("__") and not timer:
+                continue  # an operator's own entries (its watermark per key group)
+            if timer:
+                when, key = value
+            else:
+                value = _live(value, now)
+                if value is _EXPIRED:
+                    continue
             try:
                 row = rows.setdefault(key, {"key": key, "key_group": group})
             except TypeError:  # unhashable key
                 row = {"key": key, "key_group": group}
                 yield row
-            row[_column(name)] = value
+            if timer:
+                col = "timers." + name.rsplit(".", 1)[1]
+                row[col] = sorted([*row.get(col, ()), when])
+            else:
+                row[_column(name)] = value
         yield from rows.values()
+
+
+_EXPIRED: Any = object()
+
+
+def _live(value: Any, now: float) -> Any:
+    """A stored value without its TTL wrappers (:mod:`cutline.state.ttl`), expired parts
+    left out (``_EXPIRED``: all of it)."""
+    if type(value) is Expiring:
+        return value.value if value.expires > now else _EXPIRED
+    if isinstance(value, list) and any(type(v) is Expiring for v in value):
+        return [v.value if type(v) is Expiring else v for v in value
+                if type(v) is not Expiring or v.expires > now]
+    if isinstance(value, dict) and any(type(v) is Expiring for v in value.values()):
+        return {k: v.value if type(v) is Expiring else v for k, v in value.items()
+                if type(v) is not Expiring or v.expires > now}
+    return value
 
 
 def _column(name: str) -> str:
@@ -82,8 +118,16 @@ def summary(handle: Any) -> dict:
             op = per_op[uid]
             op["tasks"] += 1
             op["bytes"] += len(blob)
-            op["keys"] += len({k for _, _, k, _ in keyed_entries(blob)
-                               if k.__hash__ is not None})
+            keys: set = set()
+            for _, name, k, v in keyed_entries(blob):
+                if name in TIMER_STATES:
+                    op["timers"] = op.get("timers", 0) + 1
+                    k = v[1]
+                elif name.startswith("__"):
+                    continue
+                if k.__hash__ is not None:
+                    keys.add(k)
+            op["keys"] += len(keys)
         if st.source is not None and st.source_uid is not None:
             per_op[st.source_uid]["source"] = True
         if st.sink and st.sink_uid is not None:

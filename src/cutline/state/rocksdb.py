@@ -51,13 +51,14 @@ import struct
 import tempfile
 import uuid
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import msgpack
 
 from .backend import MISSING, KeyedStateBackend, StateTable
-from .keys import decode_slot, encode_key, encode_slot
+from .keys import decode_key, decode_slot, encode_key, encode_slot
+from .timers import RocksDBTimerQueue, scan
 
 __all__ = ["RocksDBStateBackend", "RocksDBSnapshot", "is_rocksdb_snapshot", "read_entries"]
 
@@ -224,6 +225,66 @@ class RocksDBStateBackend(KeyedStateBackend):
             if len(t.clean) > t.clean_max:
                 t.evict()
 
+    def _new_timers(self, name: str) -> RocksDBTimerQueue:
+        return RocksDBTimerQueue(self, name)
+
+    def put_group_value(self, name: str, value: Any) -> None:
+        wb = self._r.WriteBatch(raw_mode=True)
+        raw = pickle.dumps(value, 5)
+        for g in self.key_groups:
+            wb.put(encode_slot(g, name, b""), raw)
+        self._db.write(wb, self._wopt)
+
+    def group_values(self, name: str) -> list[Any]:
+        out = []
+        for g in self.key_groups:
+            raw = self._db.get(encode_slot(g, name, b""))
+            if raw is not None:
+                out.append(pickle.loads(raw))
+        return out
+
+    def clean_step(self, name: str, fix: Callable[[Any], Any], budget: int) -> None:
+        """Seeks where the last step stopped (the last entry visited) in each key group."""
+        t = self.table(name)
+        assert isinstance(t, _RocksTable)
+        fast, deleted, clean = t.fast, t.deleted, t.clean
+        groups = self.key_groups
+        i, last = self._cursors.get(name) or (0, None)
+        wb = self._r.WriteBatch(raw_mode=True)
+        dumps, loads = pickle.dumps, pickle.loads
+        while budget > 0 and i < len(groups):
+            start = self._prefix[groups[i]] + t._part
+            end = start + b"\xff"  # (an encoded key's first byte is a tag < 0xff)
+            finished = True
+            for entry, raw in scan(self._db, start if last is None else last, end):
+                if entry == last:
+                    continue
+                if not entry.startswith(start):
+                    break
+                last = entry
+                budget -= 1
+                key = decode_key(entry[len(start):])
+                if key not in fast and key not in deleted:
+                    v = loads(raw)
+                    new = fix(v)
+                    if new is MISSING:
+                        wb.delete(entry)
+                        clean.pop(key, None)
+                    elif new is not v:
+                        wb.put(entry, dumps(new, 5))
+                        clean.pop(key, None)
+                if budget <= 0:
+                    finished = False
+                    break
+            if finished:
+                i, last = i + 1, None
+        if len(wb):
+            self._db.write(wb, self._wopt)
+        if i < len(groups):
+            self._cursors[name] = (i, last)
+        else:
+            self._cursors.pop(name, None)
+
     def keys(self) -> int:
         """Number of entries (reads the whole database: for tests and tools)."""
         self.spill()
@@ -271,6 +332,7 @@ class RocksDBStateBackend(KeyedStateBackend):
             self._put_entries((encode_slot(g, name, key), pickle.dumps(v, 5))
                               for g, (name, key), v in iter_memory_entries(memory)
                               if g in self.key_groups)
+        self._restored()
 
     def _restore_base(self, m: dict) -> None:
         self._db.close()
