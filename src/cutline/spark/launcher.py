@@ -12,9 +12,11 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from ..driver.dataflow import JobDriver, JobFailed
+from ..driver.logs import new_log_file, redirect_output
 from ..driver.run import JobCancelled, JobResult, run_job
 from ..driver.threads import ThreadsEngine
 from ..plan import plan as make_plan
@@ -26,6 +28,8 @@ __all__ = ["run_pipeline", "run_threads", "JobResult", "JobCancelled", "JobFaile
            "RunningJob", "embedded_session"]
 
 _SESSION = None
+SPARK_LOG: Path | None = None
+"""The log file of the embedded session's JVM and Python workers (None: not started)."""
 
 
 def embedded_session(slots: int, max_failures: int = 8, stage_attempts: int = 8) -> Any:
@@ -43,18 +47,27 @@ def embedded_session(slots: int, max_failures: int = 8, stage_attempts: int = 8)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         # An embedded session is a single machine: keep every socket on loopback.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        _SESSION = (SparkSession.builder
-                    .master(f"local[{max(slots, 2)},{max_failures}]")
-                    .appName("cutline")
-                    .config("spark.ui.enabled", "false")
-                    .config("spark.ui.showConsoleProgress", "false")
-                    .config("spark.sql.shuffle.partitions", "1")
-                    .config("spark.stage.maxConsecutiveAttempts", str(stage_attempts))
-                    .config("spark.driver.host", "127.0.0.1")
-                    .config("spark.driver.bindAddress", "127.0.0.1")
-                    .getOrCreate())
-        _SESSION.sparkContext.setLogLevel("ERROR")
+        # Spark's JVM and its Python workers write to a log file, not the terminal: a
+        # failure prints cutline's cause in a few lines and names the file.
+        global SPARK_LOG
+        SPARK_LOG = new_log_file("spark")
+        with redirect_output(SPARK_LOG):
+            _SESSION = _build_session(SparkSession.builder, slots, max_failures, stage_attempts)
+        _SESSION.sparkContext.setLogLevel("WARN")
     return _SESSION
+
+
+def _build_session(builder: Any, slots: int, max_failures: int, stage_attempts: int) -> Any:
+    return (builder
+            .master(f"local[{max(slots, 2)},{max_failures}]")
+            .appName("cutline")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "1")
+            .config("spark.stage.maxConsecutiveAttempts", str(stage_attempts))
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .getOrCreate())
 
 
 def run_threads(pipeline: Any, *, restore_from: str | None = None,
@@ -97,7 +110,8 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
     if spark is None:
         spark = embedded_session(plan.slots)
     stage = SparkStage(spark, plan.slots, f"pipeline {pipeline.name!r}",
-                       f"cutline-{pipeline.name}")
+                       f"cutline-{pipeline.name}",
+                       log_path=SPARK_LOG if spark is _SESSION else None)
     ship_user_code(n for node in pipeline.nodes for n in (node.fn, node.key_fn))
     return run_job(pipeline, plan, stage, restore_from=restore_from, timeout=timeout,
                    on_start=on_start, progress=progress, faults=faults,
