@@ -181,11 +181,11 @@ class Pipeline:
 
     def run(self, spark: Any = None, **kwargs: Any) -> Any:
         """Run on Spark (an embedded ``local[N,F]`` session unless ``spark`` is given)."""
-        from .spark.launcher import JobFailed, run_pipeline
+        from .spark.launcher import USER_ERRORS, run_pipeline
 
         try:
             return run_pipeline(self, spark=spark, **kwargs)
-        except (JobFailed, KeyboardInterrupt) as exc:
+        except USER_ERRORS as exc:
             # cutline's message says what failed (the long story is in the log file it
             # names): the traceback stops here, at the user's call
             raise exc.with_traceback(None) from None

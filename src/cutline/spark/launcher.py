@@ -20,12 +20,17 @@ from ..driver.logs import new_log_file, redirect_output
 from ..driver.run import JobCancelled, JobResult, run_job
 from ..driver.threads import ThreadsEngine
 from ..plan import plan as make_plan
+from ..runtime.restore import IncompatibleCheckpointError
 from .stage import SparkStage, ship_user_code
 
 log = logging.getLogger("cutline.spark")
 
 __all__ = ["run_pipeline", "run_threads", "JobResult", "JobCancelled", "JobFailed",
            "RunningJob", "embedded_session"]
+
+USER_ERRORS = (JobFailed, IncompatibleCheckpointError, KeyboardInterrupt)
+"""Errors whose message says it all: ``Pipeline.run`` raises them with a traceback that
+ends at the user's call (the task's traceback is in the log file the message names)."""
 
 _SESSION = None
 SPARK_LOG: Path | None = None
