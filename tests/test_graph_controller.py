@@ -167,9 +167,10 @@ EVENTS = st.lists(st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(EVENTS, st.integers(1, 3), st.integers(0, 2**16))
 def test_any_event_order_keeps_the_controller_s_promises(events, max_concurrent, seed):
-    """Messages go only to the current attempt's hosts (Stop to the one it replaced); snapshot ids are never reused; a
-    snapshot is stored once, with every process's part, all from one attempt; the driver
-    never has more than ``max_concurrent`` of its own in flight; Done comes at most once."""
+    """Messages go only to the current attempt's hosts (Stop to the one it replaced);
+    snapshot ids are never reused; a snapshot is stored once, with every process's part,
+    all from one attempt; the driver never has more than ``max_concurrent`` of its own in
+    flight; Done comes at most once."""
     c = controller(interval=1.0, max_concurrent=max_concurrent, rng=random.Random(seed),
                    initiators=2)
     now, attempt = 0.0, 0

@@ -114,11 +114,23 @@ class GeneratorReader:
         want = max_records if left is None else min(max_records, left)
         n = self._allowance(max(0, want))
         i, stride = split
+        self._last_batch = (i, stride, n)
         out = list(map(self._src.fn, range(i, i + n * stride, stride)))
         split[0] = i + n * stride
         if len(self._splits) > 1:
             self._k += 1
         return out
+
+    def locate(self, index: int | None = None) -> str | None:
+        """Where record ``index`` of the last batch came from (the whole batch if None)."""
+        last = getattr(self, "_last_batch", None)
+        if last is None:
+            return None
+        i, stride, n = last
+        if index is not None and 0 <= index < n:
+            return f"generated record {i + index * stride} (fn's argument)"
+        return f"generated records {i} to {i + max(n - 1, 0) * stride}" + (
+            f" (every {stride}th)" if stride > 1 else "")
 
     def snapshot(self) -> dict:
         return {"splits": [list(sp) for sp in self._splits], "subtask": self._subtask,

@@ -63,6 +63,11 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
             allow_non_restored_state: bool) -> JobResult:
     """``engine``: :class:`~cutline.spark.stage.SparkStage` or
     :class:`~cutline.driver.threads.ThreadsEngine`."""
+    for node in pipeline.nodes:  # what a source can tell before anything runs
+        check = getattr(node.fn, "check", None) if node.kind == "source" else None
+        warning = check() if callable(check) else None
+        if warning:
+            log.warning("cutline: source %r: %s", node.uid, warning)
     cfg = pipeline.checkpoint
     driver = JobDriver(plan, cfg, pipeline.name, restore_from, host=engine.driver_host)
     driver.check_restore(allow_non_restored_state)
@@ -142,7 +147,7 @@ def _failed(name: str, driver: JobDriver, engine: Any) -> JobFailed:
     log.error("cutline: the task's traceback%s: %s",
               " and Spark's logs" if engine.log_path else "", path)
     exc = engine.failed(message)
-    exc.log_path = str(path)  # type: ignore[attr-defined]
+    exc.log_path = str(path)  # where the long story is
     return exc
 
 
