@@ -97,3 +97,49 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path, engine):
     assert chk, text
     assert Path(chk.group(1).removeprefix("file://"), "_metadata").is_file()
     assert "restore_from=" in text
+
+
+PROGRESS_JOB = """
+from cutline import CheckpointConfig, Pipeline
+from cutline.connectors import DiscardSink, GeneratorSource
+p = Pipeline("progress", parallelism=1, checkpoint=CheckpointConfig(
+    interval=0.2, storage="file://{d}/chk"))
+p.source(GeneratorSource(count=4000, rate=4000)).sink(DiscardSink())
+p.run(engine="threads")
+print("done")
+"""
+
+
+def run_in_terminal(code: str, env: dict) -> str:
+    """Run ``code`` with its stdout and stderr on a pseudo-terminal, as in a user's shell."""
+    import pty
+
+    main_fd, child_fd = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=child_fd, stderr=child_fd,
+                            env=env)
+    os.close(child_fd)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(main_fd, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    proc.wait(60)
+    os.close(main_fd)
+    return out.decode(errors="replace")
+
+
+def test_progress_is_shown_in_a_terminal_and_not_in_ci_or_a_pipe(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "BUILD_NUMBER",
+                                                            "TEAMCITY_VERSION", "TF_BUILD")}
+    env["TERM"] = "xterm"
+    code = PROGRESS_JOB.format(d=tmp_path / "a")
+    assert "records/s" in run_in_terminal(code, env)
+    assert "records/s" not in run_in_terminal(PROGRESS_JOB.format(d=tmp_path / "b"),
+                                              dict(env, CI="true"))
+    piped = subprocess.run([sys.executable, "-c", PROGRESS_JOB.format(d=tmp_path / "c")],
+                           capture_output=True, text=True, env=env, timeout=60)
+    assert piped.stdout.strip() == "done" and "records/s" not in piped.stderr

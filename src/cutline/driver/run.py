@@ -82,8 +82,10 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
                   lambda: driver.events.put((None, STAGE_ENDED)))
     if on_start is not None:
         on_start(driver)
-    from ..report import Progress
+    from ..report import Progress, progress_by_default
 
+    if progress is None:
+        progress = progress_by_default()
     display = (Progress(progress if not isinstance(progress, bool) else None)
                if progress else None)
     try:

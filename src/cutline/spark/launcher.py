@@ -77,7 +77,8 @@ def _build_session(builder: Any, slots: int, max_failures: int, stage_attempts: 
 
 def run_threads(pipeline: Any, *, restore_from: str | None = None,
                 timeout: float | None = None,
-                allow_non_restored_state: bool = False, on_start: Any = None) -> JobResult:
+                allow_non_restored_state: bool = False, on_start: Any = None,
+                progress: Any = None) -> JobResult:
     """Run every slot on a thread of this process (no Spark): for tests and debugging.
 
     The same driver, tasks, channels and storage as on Spark; no fault tolerance beyond
@@ -85,13 +86,13 @@ def run_threads(pipeline: Any, *, restore_from: str | None = None,
     """
     plan = make_plan(pipeline)
     return run_job(pipeline, plan, ThreadsEngine(plan.slots), restore_from=restore_from,
-                   timeout=timeout, on_start=on_start, progress=False, faults=(),
+                   timeout=timeout, on_start=on_start, progress=progress, faults=(),
                    allow_non_restored_state=allow_non_restored_state)
 
 
 def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None = None,
                  timeout: float | None = None, on_start: Any = None,
-                 engine: str = "spark", progress: Any = False,
+                 engine: str = "spark", progress: Any = None,
                  faults: tuple[tuple[str, int, int], ...] = (),
                  allow_non_restored_state: bool = False) -> JobResult:
     """Run ``pipeline`` to the end (bounded sources) and return what happened.
@@ -104,11 +105,15 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
     (keyed state by key groups, source positions and sink transactions redistributed).  A
     checkpoint holding state of an operator the pipeline no longer has fails the run before
     it starts, unless ``allow_non_restored_state=True`` drops that state.
+
+    ``progress``: a live line (records/s, checkpoints, attempt) while the job runs.  By
+    default (None) shown in an interactive terminal, not in CI, a notebook or a pipe;
+    True / False force it; a rich ``Console`` shows it there.
     """
     if engine == "threads":
         return run_threads(pipeline, restore_from=restore_from, timeout=timeout,
                            allow_non_restored_state=allow_non_restored_state,
-                           on_start=on_start)
+                           on_start=on_start, progress=progress)
     if engine != "spark":
         raise ValueError(f"engine must be 'spark' or 'threads', got {engine!r}")
     plan = make_plan(pipeline)
@@ -134,6 +139,9 @@ class RunningJob:
         self._result: JobResult | None = None
         self._error: BaseException | None = None
         user_on_start = kwargs.pop("on_start", None)
+        # a job in the background draws no live line unless asked (it would cut through
+        # whatever the caller prints meanwhile)
+        kwargs.setdefault("progress", False)
 
         def on_start(driver: JobDriver) -> None:
             self._driver = driver
