@@ -48,6 +48,9 @@ class JobResult:
         return self.checkpoints[-1] if self.checkpoints else None
 
 
+_STAGE_GRACE = 0.5  # seconds a finished job waits for Spark to close its stage
+
+
 def _slot_main(spec: JobSpec, k: int) -> dict:
     try:
         slot = Slot(spec, k)
@@ -93,7 +96,10 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
             _wait(driver, engine, pipeline.name, t0, timeout, display)
         if driver.error:
             raise _failed(pipeline.name, driver, engine)
-        engine.join(60)
+        # Every task finished and the final checkpoint committed: the job is done.  Spark's
+        # bookkeeping of the stage (its shuffle and result stage, 0.3-2 s) may end after
+        # the run returns; a next job's barrier stage simply waits for its slots.
+        engine.join(_STAGE_GRACE)
     except KeyboardInterrupt:
         _cancelled(pipeline, driver)
         raise _interrupted(pipeline, driver) from None
