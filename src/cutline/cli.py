@@ -113,8 +113,17 @@ def _tokens(args: argparse.Namespace) -> int:
             f"process states alone miss tokens in {result.states_alone_wrong} of "
             f"{len(result.rows)} snapshots (the tokens in transit are in the channel state)")
     _draw(args, result.sim, "Tokens: concurrent snapshots, several initiators",
-          window=(0, 12))
+          **tokens_picture(result.sim))
     return 0 if result.all_conserved else 1
+
+
+def tokens_picture(sim) -> dict:
+    """What ``simulate tokens --diagram`` draws: every snapshot, from the start until the
+    last one completed (its last marker in)."""
+    done = list(sim.completed)
+    end = max((s.completed_at or max(s.taken_at.values()) for s in done if s.taken_at),
+              default=12.0)
+    return {"snapshot_ids": [s.id for s in done], "window": (0.0, end + 0.5)}
 
 
 def _termination(args: argparse.Namespace) -> int:

@@ -106,4 +106,9 @@ def run_graph(graph: Any, opts: RunOptions, *, spark: Any = None, on_start: Any 
         if temp is not None:
             engine.join(5)
             shutil.rmtree(temp, ignore_errors=True)
-    return driver.result(time.monotonic() - t0)
+    result = driver.result(time.monotonic() - t0)
+    if temp is not None:  # nothing on disk to point at
+        result.storage = ""
+        for snap in result.snapshots:
+            snap.path = None
+    return result
