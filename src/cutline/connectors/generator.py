@@ -129,8 +129,10 @@ class GeneratorReader:
         i, stride, n = last
         if index is not None and 0 <= index < n:
             return f"generated record {i + index * stride} (fn's argument)"
-        return f"generated records {i} to {i + max(n - 1, 0) * stride}" + (
-            f" (every {stride}th)" if stride > 1 else "")
+        last = i + max(n - 1, 0) * stride
+        if stride == 1 or n <= 2:
+            return f"generated records {i} to {last}"
+        return f"generated records {i}, {i + stride}, ..., {last}"
 
     def snapshot(self) -> dict:
         return {"splits": [list(sp) for sp in self._splits], "subtask": self._subtask,
