@@ -343,7 +343,7 @@ def spark_session(slots: int, shuffle_partitions: int | None = None) -> Any:
     # Spark workers cannot import this module (bench/ is not on their path): what of it
     # travels to them (LegacyDiscardSink, the cutline.__file__ probe) goes by value.
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    spark = embedded_session(slots=slots)
+    spark = embedded_session(slots=slots, quick_start=False)  # Spark's own engine at full speed
     if shuffle_partitions is not None:
         spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
         spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "1000")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import random
+import shutil
 import sys
 import tempfile
 
@@ -99,6 +100,7 @@ def build(vertices: int = 2_000, degree: int = 4, graph_seed: int = 1, paralleli
         print(f"{len(best):,} vertices reached with {updates:,} improvements over "
               f"{result.attempts} attempt(s) and {len(result.checkpoints)} checkpoints; "
               f"distances equal Dijkstra's: {'yes' if same else 'NO'}")
+        shutil.rmtree(tmp, ignore_errors=True)  # checkpoints and output: checked, done
         return 0 if same else 1
 
     p.after_run = after_run

@@ -83,7 +83,11 @@ def main() -> int:
                     help="kill -9 a Spark Python worker after the first checkpoint")
     args = ap.parse_args()
     console = Console() if sys.stdout.isatty() else Console(width=100)
-    tmp = tempfile.mkdtemp(prefix="cutline-wordcount-")
+    with tempfile.TemporaryDirectory(prefix="cutline-wordcount-") as tmp:
+        return run(args, tmp, console)
+
+
+def run(args: argparse.Namespace, tmp: str, console: Console) -> int:
     p, sink = build(args.records, f"file://{tmp}/checkpoints", f"{tmp}/out", args.mode,
                     rate=args.rate or None)
     kill = None

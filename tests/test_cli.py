@@ -18,7 +18,7 @@ def test_lecture_json_is_exact():
     p = run("simulate", "lecture", "--format", "json")
     assert p.returncode == 0, p.stderr
     data = json.loads(p.stdout)
-    assert data["processes"] == {"P1": ["A", "B"], "P2": ["F", "G", "H"], "P3": ["E"]}
+    assert data["processes"] == {"P1": ["A", "B"], "P2": ["F", "G", "H"], "P3": ["I"]}
     assert data["channels"]["P2->P1"] == ["H"]
     assert all(v == [] for k, v in data["channels"].items() if k != "P2->P1")
 

@@ -113,12 +113,13 @@ def test_counts_every_record_in_every_mode_on_threads(tmp_path, checkpoint):
 def test_count_survives_a_restore_and_a_rescale_on_threads(tmp_path):
     n = 6_000
     sink = DiscardSink(str(tmp_path / "counts"))
-    pipeline(tmp_path, "discard", n, sink).run(engine="threads", timeout=60)
+    first = pipeline(tmp_path, "discard", n, sink).run(engine="threads", timeout=60)
     assert sink.count() == n
     # the next run resumes from the final checkpoint at parallelism 1: nothing more to
-    # count, and the restored count stands (subtask 1's is now subtask 0's)
+    # count, and the restored count stands (subtask 1's is now subtask 0's).  A finished
+    # job resumes only when asked to (restore_from): by default a rerun is refused.
     again = pipeline(tmp_path, "discard", n, sink, parallelism=1)
-    again.run(engine="threads", timeout=60)
+    again.run(engine="threads", timeout=60, restore_from=first.latest_checkpoint.path)
     assert sink.count() == n
     assert sorted(os.listdir(tmp_path / "counts" / "discard")) == ["count-0.json"]
 

@@ -106,3 +106,20 @@ def test_stop_with_savepoint_on_spark_then_resume_exact(spark, tmp_path):
 
 def test_savepoint_error_type_is_public():
     assert issubclass(SavepointError, RuntimeError)
+
+
+def test_stop_with_savepoint_logs_no_task_failure(tmp_path, caplog):
+    """A graceful stop is no failure: no task logs "failed: connection closed" (peers stop
+    in no particular order, and a channel closing under a stopping task is expected)."""
+    import logging
+
+    for i in range(3):
+        p, _ = wordcount(tmp_path / str(i), N, "aligned", rate=10_000, interval=0.2)
+        job = p.start(engine="threads")
+        _wait_checkpoints(job, 1)
+        with caplog.at_level(logging.INFO):
+            job.stop_with_savepoint(timeout=30)
+            job.result(10)
+            time.sleep(1)  # the other tasks' ends
+        noise = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert not noise, noise

@@ -9,7 +9,7 @@ from cutline.sim.scenarios import alignment, lecture, termination, tokens
 def test_lecture_records_exactly_the_textbook_snapshot():
     r = lecture.run()
     assert r.as_dict() == {
-        "processes": {"P1": ["A", "B"], "P2": ["F", "G", "H"], "P3": ["E"]},
+        "processes": {"P1": ["A", "B"], "P2": ["F", "G", "H"], "P3": ["I"]},
         "channels": {"P1->P2": [], "P1->P3": [], "P2->P1": ["H"], "P2->P3": [],
                      "P3->P1": [], "P3->P2": []},
     }

@@ -7,6 +7,7 @@ that names the argument.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -62,8 +63,11 @@ class CheckpointConfig:
         def bad(name: str, why: str) -> None:
             raise ValueError(f"CheckpointConfig.{name} {why}, got {getattr(self, name)!r}")
 
-        if not isinstance(self.interval, (int, float)) or self.interval <= 0:
-            bad("interval", "must be a positive number of seconds")
+        def seconds(v: Any) -> bool:  # a finite number (NaN and infinities are not)
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+        if not seconds(self.interval) or self.interval <= 0:
+            bad("interval", "must be a positive, finite number of seconds")
         if self.mode not in ("exactly_once", "at_least_once"):
             bad("mode", "must be 'exactly_once' or 'at_least_once'")
         if not isinstance(self.unaligned, bool):
@@ -73,12 +77,17 @@ class CheckpointConfig:
         if self.aligned_timeout is not None:
             if self.mode != "exactly_once":
                 bad("aligned_timeout", "applies to mode 'exactly_once' only")
-            if not isinstance(self.aligned_timeout, (int, float)) or self.aligned_timeout < 0:
-                bad("aligned_timeout", "must be None or a number of seconds >= 0")
-        if not isinstance(self.timeout, (int, float)) or self.timeout <= 0:
-            bad("timeout", "must be a positive number of seconds")
-        if not isinstance(self.min_pause, (int, float)) or self.min_pause < 0:
-            bad("min_pause", "must be >= 0 seconds")
+            if not seconds(self.aligned_timeout) or self.aligned_timeout < 0:
+                bad("aligned_timeout", "must be None or a finite number of seconds >= 0")
+            if self.unaligned:
+                bad("aligned_timeout", "applies to aligned checkpoints only (it switches "
+                    "them to unaligned after the timeout): with unaligned=True leave it None")
+        if not isinstance(self.retain_on_cancel, bool):
+            bad("retain_on_cancel", "must be True or False")
+        if not seconds(self.timeout) or self.timeout <= 0:
+            bad("timeout", "must be a positive, finite number of seconds")
+        if not seconds(self.min_pause) or self.min_pause < 0:
+            bad("min_pause", "must be a finite number of seconds >= 0")
         for name in ("max_concurrent", "retained"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -207,9 +216,14 @@ class Pipeline:
 
     def run(self, spark: Any = None, **kwargs: Any) -> Any:
         """Run on Spark (an embedded ``local[N,F]`` session unless ``spark`` is given)."""
-        from .spark.launcher import run_pipeline
+        from .spark.launcher import USER_ERRORS, run_pipeline
 
-        return run_pipeline(self, spark=spark, **kwargs)
+        try:
+            return run_pipeline(self, spark=spark, **kwargs)
+        except USER_ERRORS as exc:
+            # cutline's message says what failed (the long story is in the log file it
+            # names): the traceback stops here, at the user's call
+            raise exc.with_traceback(None) from None
 
     def start(self, spark: Any = None, **kwargs: Any) -> Any:
         """Start the job in the background; returns a ``RunningJob`` with ``savepoint()``,

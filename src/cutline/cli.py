@@ -44,13 +44,21 @@ def _diagram_path(text: str) -> Path:
     return path
 
 
-def _draw(sim, path: Path | None, title: str, **kw) -> None:
-    if path is None:
+# What is said beside the result: stderr when stdout carries JSON (it stays pure JSON).
+err_console = Console(stderr=True)
+
+
+def _say(args: argparse.Namespace, text: str) -> None:
+    (err_console if getattr(args, "format", "table") == "json" else console).print(text)
+
+
+def _draw(args: argparse.Namespace, sim, title: str, **kw) -> None:
+    if args.diagram is None:
         return
     from .sim.diagram import draw
 
-    out = draw(sim, path, title=title, **kw)
-    console.print(f"space-time diagram written to [bold]{out}[/bold]")
+    out = draw(sim, args.diagram, title=title, **kw)
+    _say(args, f"space-time diagram written to [bold]{out}[/bold]")
 
 
 # ---------------------------------------------------------------------------- scenarios
@@ -79,7 +87,7 @@ def _lecture(args: argparse.Namespace) -> int:
             c.add_row(ch, ", ".join(msgs) if msgs else "(empty)")
         console.print(c)
         console.print(report.explain())
-    _draw(result.sim, args.diagram, "Chandy-Lamport snapshot: the lecture example")
+    _draw(args, result.sim, "Chandy-Lamport snapshot: the lecture example")
     return 0 if report.ok else 1
 
 
@@ -107,9 +115,18 @@ def _tokens(args: argparse.Namespace) -> int:
             f"{'[green]yes[/]' if result.all_conserved else '[red]NO[/]'}; "
             f"process states alone miss tokens in {result.states_alone_wrong} of "
             f"{len(result.rows)} snapshots (the tokens in transit are in the channel state)")
-    _draw(result.sim, args.diagram, "Tokens: concurrent snapshots, several initiators",
-          window=(0, 12))
+    _draw(args, result.sim, "Tokens: concurrent snapshots, several initiators",
+          **tokens_picture(result.sim))
     return 0 if result.all_conserved else 1
+
+
+def tokens_picture(sim) -> dict:
+    """What ``simulate tokens --diagram`` draws: every snapshot, from the start until the
+    last one completed (its last marker in)."""
+    done = list(sim.completed)
+    end = max((s.completed_at or max(s.taken_at.values()) for s in done if s.taken_at),
+              default=12.0)
+    return {"snapshot_ids": [s.id for s in done], "window": (0.0, end + 0.5)}
 
 
 def _termination(args: argparse.Namespace) -> int:
@@ -132,7 +149,7 @@ def _termination(args: argparse.Namespace) -> int:
         console.print(
             f"computation ended at t={result.terminated_at:.2f}; detected at "
             f"t={result.detected_at:.2f} ({'[red]EARLY[/]' if result.early else 'never early'})")
-    _draw(result.sim, args.diagram, "Termination detection: the detecting snapshot",
+    _draw(args, result.sim, "Termination detection: the detecting snapshot",
           snapshot_ids=[p.id for p in result.probes if p.detected])
     return 0 if result.detected_at is not None and not result.early else 1
 
@@ -140,6 +157,11 @@ def _termination(args: argparse.Namespace) -> int:
 def _alignment(args: argparse.Namespace) -> int:
     from .sim.scenarios import alignment
 
+    if args.diagram is not None:
+        raise UsageError("--diagram: the alignment scenario runs one simulation per "
+                         "checkpoint mode and draws none of them (too many records for a "
+                         "space-time diagram); the scenarios with a diagram are lecture, "
+                         "tokens, termination and inconsistent")
     result = alignment.run(seed=args.seed, records=args.records, failure_at=args.failure_at)
     if args.format == "json":
         print(json.dumps(result.as_dict()))
@@ -167,9 +189,8 @@ def _inconsistent(args: argparse.Namespace) -> int:
     result = inconsistent.run(seed=args.seed)
     if args.diagram is not None:
         out, total, orphans = inconsistent.diagram(args.diagram)
-        if args.format != "json":
-            console.print(f"diagram written to [bold]{out}[/bold]: the naive cut counts "
-                          f"{total} of 300 tokens")
+        _say(args, f"diagram written to [bold]{out}[/bold]: the naive cut counts "
+                   f"{total} of 300 tokens")
     if args.format == "json":
         print(json.dumps(result.as_dict()))
         return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any
 
@@ -82,9 +83,9 @@ def run(args: argparse.Namespace) -> int:
         from .storage.checkpoints import CheckpointStorage
 
         try:
-            path = request_savepoint(CheckpointStorage(args.storage, args.job),
+            path = request_savepoint(CheckpointStorage(args.storage, args.job, read_only=True),
                                      stop=args.stop, timeout=args.timeout)
-        except (RuntimeError, CheckpointStorageError, OSError) as exc:
+        except (RuntimeError, CheckpointStorageError, OSError, ValueError) as exc:
             print(f"cutline: error: {exc}", file=sys.stderr)
             return 1
         print(path)
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if args.checkpoints_command == "show":
         try:
             info = summary(open_checkpoint(args.path))
-        except CheckpointStorageError as exc:
+        except (CheckpointStorageError, OSError, ValueError) as exc:
             print(f"cutline: error: {exc}", file=sys.stderr)
             return 1
         if args.format == "json":
@@ -116,30 +117,61 @@ def run(args: argparse.Namespace) -> int:
                       _watermark(op))
         console.print(t)
         return 0
-    from .storage.checkpoints import CheckpointStorage
-
-    storage = CheckpointStorage(args.storage, args.job)
-    rows: list[dict[str, Any]] = []
-    for name in sorted(storage._entries()):
-        try:
-            h = storage.open(name)
-        except CheckpointStorageError:
-            continue  # partial or not a checkpoint
-        rows.append({"id": h.id, "savepoint": h.is_savepoint, "path": h.path,
-                     "bytes": sum(int(i.get("size") or 0) for i in h.states.values()),
-                     "tasks": len(h.states), "time": h.metadata.get("time")})
-    rows.sort(key=lambda r: r["id"])
+    try:
+        rows = _list_checkpoints(args.storage, args.job)
+    except (CheckpointStorageError, OSError, ValueError, ImportError) as exc:
+        print(f"cutline: error: {exc}", file=sys.stderr)
+        return 1
+    corrupt = [r for r in rows if r["kind"] == "corrupt"]
     if args.format == "json":
         print(json.dumps(rows, indent=2))
-        return 0
-    t = Table(title=f"job {args.job!r} in {args.storage}")
-    for col in ("id", "kind", "tasks", "state", "path"):
-        t.add_column(col)
-    for r in rows:
-        t.add_row(str(r["id"]), "savepoint" if r["savepoint"] else "checkpoint",
-                  str(r["tasks"]), _size(r["bytes"]), r["path"])
-    console.print(t)
-    return 0
+    else:
+        t = Table(title=f"job {args.job!r} in {args.storage}")
+        for col in ("id", "kind", "tasks", "state", "path"):
+            t.add_column(col)
+        for r in rows:
+            t.add_row(str(r["id"]), r["kind"], str(r["tasks"]), _size(r["bytes"]), r["path"])
+        console.print(t)
+        if not rows:
+            print(f"cutline: job {args.job!r} has no checkpoints in {args.storage} yet",
+                  file=sys.stderr)
+    for r in corrupt:
+        print(f"cutline: error: {r['error']}", file=sys.stderr)
+    return 1 if corrupt else 0
+
+
+def _list_checkpoints(storage_url: str, job: str) -> list[dict[str, Any]]:
+    """Every checkpoint and savepoint directory of ``job``: complete ones, incomplete ones
+    (no ``_metadata`` yet: in progress or abandoned) and corrupt ones (with why)."""
+    from .storage.checkpoints import (
+        CheckpointNotFoundError,
+        CheckpointStorage,
+        CheckpointStorageError,
+    )
+
+    storage = CheckpointStorage(storage_url, job, read_only=True)
+    rows: list[dict[str, Any]] = []
+    for name, path in sorted(storage._entries().items()):
+        m = re.match(r"^(chk|savepoint)-(\d+)", name)
+        if m is None:
+            continue  # shared/, _job.json, ...
+        row: dict[str, Any] = {"id": int(m.group(2)), "savepoint": m.group(1) != "chk",
+                               "path": storage.fs.unstrip_protocol(path),
+                               "tasks": 0, "bytes": 0, "time": None}
+        try:
+            h = storage.open(name)
+            h.verify(deep=False)
+        except CheckpointNotFoundError:
+            row["kind"] = "incomplete"
+        except CheckpointStorageError as exc:
+            row["kind"], row["error"] = "corrupt", f"{name} of job {job!r} is corrupt: {exc}"
+        else:
+            row.update(kind="savepoint" if h.is_savepoint else "checkpoint", path=h.path,
+                       bytes=sum(int(i.get("size") or 0) for i in h.states.values()),
+                       tasks=len(h.states), time=h.metadata.get("time"))
+        rows.append(row)
+    rows.sort(key=lambda r: r["id"])
+    return rows
 
 
 def _chaos(args: argparse.Namespace, console: Any) -> int:

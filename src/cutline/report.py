@@ -11,7 +11,21 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-__all__ = ["Progress", "checkpoint_table"]
+__all__ = ["Progress", "checkpoint_table", "progress_by_default"]
+
+# set by CI services (GitHub Actions, GitLab, Travis, CircleCI, Buildkite, Jenkins, ...)
+_CI_VARIABLES = ("CI", "BUILD_NUMBER", "TEAMCITY_VERSION", "TF_BUILD")
+
+
+def progress_by_default() -> bool:
+    """Show a job's live progress line?  In an interactive terminal, yes; in CI, a
+    notebook, or with output going to a file or a pipe, no (ask with ``progress=True``)."""
+    import os
+
+    if any(os.environ.get(v) for v in _CI_VARIABLES):
+        return False
+    console = Console()
+    return console.is_terminal and not console.is_jupyter and not console.is_dumb_terminal
 
 
 def _size(n: float) -> str:

@@ -8,6 +8,7 @@ checkpoint. Nothing in this package imports pyspark.
 from __future__ import annotations
 
 import logging
+import pickle
 from typing import Any, Protocol, runtime_checkable
 
 from ..storage.fs import url_to_fs
@@ -89,6 +90,39 @@ class RecordError(ValueError):
 
 class CommitError(RuntimeError):
     """A staged transaction cannot be committed (its files are gone, or the target is taken)."""
+
+
+class UnpicklableRecordError(TypeError):
+    """A record cannot be pickled where it must be: written by a sink that pickles (e.g.
+    ``CollectSink``) or sent to another task (``key_by``, ``rebalance``, a parallelism
+    change).  It fails the same way on every retry, so the job fails with it, named."""
+
+    def __init__(self, where: str, record: Any, error: BaseException) -> None:
+        self.where, self.record, self.error = where, record, error
+        super().__init__(f"{where} cannot pickle record {_short(record)}: "
+                         f"{type(error).__name__}: {error} (records that leave a task or "
+                         "reach a pickling sink must be picklable: plain data, not locks, "
+                         "sockets, generators or open files)")
+
+
+def _short(obj: Any, limit: int = 200) -> str:
+    text = repr(obj)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def unpicklable(records: list, error: BaseException, where: str) -> UnpicklableRecordError:
+    """The error naming the first record of ``records`` that does not pickle (``records``
+    failed to pickle as a whole with ``error``)."""
+    for r in records:
+        try:
+            pickle.dumps(r, protocol=5)
+        except Exception as exc:  # noqa: BLE001 - any pickling failure names the record
+            return UnpicklableRecordError(where, r, exc)
+    return UnpicklableRecordError(where, records, error)
+
+
+PICKLING_ERRORS = (TypeError, AttributeError, pickle.PicklingError, RecursionError)
+"""What ``pickle.dumps`` raises on an object it cannot pickle."""
 
 
 # --------------------------------------------------------------------------- file helpers

@@ -8,7 +8,7 @@ import sys
 import tempfile
 
 from ..storage.fs import check_storage_options
-from .base import StagedWriter, get_fs, join
+from .base import PICKLING_ERRORS, StagedWriter, get_fs, join, unpicklable
 
 _PART = re.compile(r"^part-(\d+)-(\d+)\.pkl$")
 
@@ -86,8 +86,12 @@ class CollectWriter(StagedWriter):
             path = join(self._open_dir, f"chk-{cid}.pkl")
             payload = {"job": self._job, "subtask": self._subtask, "checkpoint_id": cid,
                        "records": self._buf}
+            try:
+                data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+            except PICKLING_ERRORS as exc:
+                raise unpicklable(self._buf, exc, repr(self._sink)) from None
             with self._fs.open(path, "wb") as f:
-                pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
+                f.write(data)
             files.append(self._rel(path))
             self._buf = []
         return {"files": files, "checkpoint_id": cid, "subtask": self._subtask, "job": self._job}

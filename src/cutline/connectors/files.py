@@ -57,6 +57,24 @@ class FileSource:
     def parallelism_hint(self) -> int | None:
         return None
 
+    def check(self) -> str | None:
+        """Before a run: a bounded source over no input files says so (it would read
+        nothing, silently)."""
+        if self.follow:
+            return None
+        fs, root = get_fs(self.path)
+        if not fs.exists(root):
+            raise FileNotFoundError(f"input path {self.path} does not exist")
+        if fs.isfile(root):
+            return None
+        names = [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(root, detail=True)
+                 if e.get("type") == "file"]
+        if any(not n.startswith((".", "_")) for n in names):
+            return None
+        ignored = f" ({len(names)} ignored: names starting with '.' or '_')" if names else ""
+        return (f"input directory {self.path} holds no input files{ignored}: the source "
+                "reads nothing (follow=True waits for files to arrive)")
+
     def create_reader(self) -> "FileReader":
         return FileReader(self)
 
@@ -161,6 +179,10 @@ class FileReader:
         if self._parallelism is None:
             raise RuntimeError("FileReader.read_batch() before open()")
         out: list = []
+        # where each file's records in this batch start: (index in out, file, offset, line)
+        self._marks: list[tuple[int, str, int, int]] = []
+        if self._cur is not None:
+            self._marks.append((0, self._cur, self._off, self._line))
         while len(out) < max_records:
             if self._cur is None:
                 nxt = self._pick()
@@ -179,6 +201,7 @@ class FileReader:
                     return []
                 self._off, self._line = self._started.pop(nxt, (0, 0))
                 self._cur = nxt
+                self._marks.append((len(out), nxt, self._off, self._line))
             if self._handle is None:
                 self._open_current()
             if self._read(max_records - len(out), out):  # end of this file
@@ -186,6 +209,39 @@ class FileReader:
                 self._done.add(self._cur)
                 self._cur, self._off, self._line = None, 0, 0
         return out
+
+    def locate(self, index: int | None = None) -> str | None:
+        """``file:line`` of record ``index`` of the last batch (``file row n`` for parquet);
+        with no index, the file(s) the batch came from.  Reads the file again: for error
+        messages only."""
+        marks = getattr(self, "_marks", None)
+        if not marks:
+            return None
+        if index is None:
+            files = [self._known.get(f, f) for _, f, _, _ in marks]
+            first = f"{files[0]}:{marks[0][3] + 1}" if self._src.format != "parquet" \
+                else f"{files[0]} row {marks[0][2]}"
+            return f"in the batch read from {first} on" + (
+                f" (and {len(files) - 1} more file(s))" if len(files) > 1 else "")
+        start, name, off, line = next(m for m in reversed(marks) if m[0] <= index)
+        path, k = self._known.get(name, name), index - start
+        if self._src.format == "parquet":
+            return f"{path} row {off + k}"
+        try:
+            with self._fs.open(path, "rb") as f:
+                f.seek(off)
+                if self._src.format == "csv" and off == 0 and self._src.fieldnames is None:
+                    f.readline()  # the header
+                    line += 1
+                for raw in f:
+                    line += 1
+                    if raw.strip():
+                        if k == 0:
+                            return f"{path}:{line}"
+                        k -= 1
+        except OSError:
+            pass
+        return f"{path} (from line {marks[0][3] + 1})"
 
     def _close_handle(self) -> None:
         h, self._handle = self._handle, None

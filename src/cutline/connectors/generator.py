@@ -116,6 +116,7 @@ class GeneratorReader:
         n = self._allowance(max(0, want))
         i, stride = split
         self._last_split = self._key(split)
+        self._last_batch = (i, stride, n)
         out = list(map(self._src.fn, range(i, i + n * stride, stride)))
         split[0] = i + n * stride
         if len(self._splits) > 1:
@@ -134,6 +135,19 @@ class GeneratorReader:
     def split_keys(self) -> list[str]:
         """The splits this reader still reads."""
         return [self._key(sp) for sp in self._splits if self._left(sp) != 0]
+
+    def locate(self, index: int | None = None) -> str | None:
+        """Where record ``index`` of the last batch came from (the whole batch if None)."""
+        last = getattr(self, "_last_batch", None)
+        if last is None:
+            return None
+        i, stride, n = last
+        if index is not None and 0 <= index < n:
+            return f"generated record {i + index * stride} (fn's argument)"
+        last = i + max(n - 1, 0) * stride
+        if stride == 1 or n <= 2:
+            return f"generated records {i} to {last}"
+        return f"generated records {i}, {i + stride}, ..., {last}"
 
     def snapshot(self) -> dict:
         return {"splits": [list(sp) for sp in self._splits], "subtask": self._subtask,

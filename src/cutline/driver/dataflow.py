@@ -16,6 +16,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from ..api import CheckpointConfig
 from ..plan import PhysicalPlan
@@ -37,14 +38,23 @@ from ..storage.checkpoints import CheckpointStorage
 
 log = logging.getLogger("cutline.driver")
 
-__all__ = ["CheckpointRecord", "JobDriver", "JobFailed", "SavepointError", "STAGE_ENDED"]
+__all__ = ["CheckpointRecord", "FinishedJobError", "JobDriver", "JobFailed", "SavepointError",
+           "STAGE_ENDED"]
 
 STAGE_ENDED = object()
 """Put on a driver's queue as ``(None, STAGE_ENDED)`` when Spark's stage call returned."""
 
 
 class JobFailed(RuntimeError):
-    pass
+    """The job failed; its message is the cause.  ``log_path``: the log file holding the
+    long story (the task's traceback; Spark's and its workers' output), when there is one."""
+
+    log_path: str | None = None
+
+
+class FinishedJobError(JobFailed):
+    """The job's storage holds the final checkpoint of a run that read all its input: a new
+    run would resume from it and output nothing.  Raised before anything runs."""
 
 
 class SavepointError(RuntimeError):
@@ -221,6 +231,8 @@ class JobDriver:
                       for t, s in stats.items()},
             "chains": {c.uid: c.parallelism for c in self.plan.chains},
             "max_parallelism": self.plan.max_parallelism, "time": time.time(),
+            # the last checkpoint of a bounded run (its input read to the end)
+            "final": n == self.controller.final,
             "plan": plan_summary(self.plan),
         }
 
@@ -229,8 +241,11 @@ class JobDriver:
         latest under the job's storage) must fit the pipeline; raises
         :class:`~cutline.runtime.restore.IncompatibleCheckpointError` naming what changed."""
         try:
-            handle = (self.storage.open(self.controller.restore)
-                      if self.controller.restore is not None else self.storage.latest())
+            chosen = self.controller.restore
+            handle = (self.storage.open(chosen) if chosen is not None
+                      else self.storage.latest())
+            if handle is not None and chosen is None and handle.metadata.get("final"):
+                raise FinishedJobError(self._finished_message(handle))
             self._restore_checked = True
             self.controller.restore = handle.path if handle is not None else None
             if handle is None:
@@ -242,6 +257,17 @@ class JobDriver:
         except BaseException:
             self._control.close()  # the run does not start: leave no listener behind
             raise
+
+    def _finished_message(self, handle: Any) -> str:
+        when = handle.metadata.get("time")
+        at = time.strftime(" on %Y-%m-%d at %H:%M", time.localtime(when)) if when else ""
+        job_dir = self.storage.fs.unstrip_protocol(self.storage.dir)
+        return (f"job {self.job!r} already finished{at}: {job_dir} holds the final "
+                f"checkpoint {handle.path.rsplit('/', 1)[-1]} of a run that read all its "
+                "input, and a new run would resume from it with nothing left to read. To "
+                f"start over, delete {job_dir} (or give the pipeline another name or "
+                "CheckpointConfig(storage=...)); to continue from its final state (new input "
+                f"files, say), run it with restore_from={handle.path!r}")
 
     def stop(self) -> None:
         self.done.set()

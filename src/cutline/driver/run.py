@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..plan import PhysicalPlan
 from ..protocol.job import CheckpointRecord
+from ..runtime.failures import SetupError, report_setup_failure
 from ..runtime.task import JobSpec, Slot
 from .dataflow import STAGE_ENDED, JobDriver, JobFailed
+from .logs import append, new_log_file
 
 log = logging.getLogger("cutline.run")
 
@@ -46,8 +48,16 @@ class JobResult:
         return self.checkpoints[-1] if self.checkpoints else None
 
 
+_STAGE_GRACE = 0.5  # seconds a finished job waits for Spark to close its stage
+
+
 def _slot_main(spec: JobSpec, k: int) -> dict:
-    return Slot(spec, k).run()
+    try:
+        slot = Slot(spec, k)
+    except SetupError as exc:  # it would fail the same way on a retry: the job fails
+        report_setup_failure(spec.coordinator, spec.secret, k, exc)
+        return {"slot": k, "failed": str(exc)}
+    return slot.run()
 
 
 def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str | None,
@@ -56,6 +66,11 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
             allow_non_restored_state: bool) -> JobResult:
     """``engine``: :class:`~cutline.spark.stage.SparkStage` or
     :class:`~cutline.driver.threads.ThreadsEngine`."""
+    for node in pipeline.nodes:  # what a source can tell before anything runs
+        check = getattr(node.fn, "check", None) if node.kind == "source" else None
+        warning = check() if callable(check) else None
+        if warning:
+            log.warning("cutline: source %r: %s", node.uid, warning)
     cfg = pipeline.checkpoint
     driver = JobDriver(plan, cfg, pipeline.name, restore_from, host=engine.driver_host)
     driver.check_restore(allow_non_restored_state)
@@ -70,17 +85,25 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
                   lambda: driver.events.put((None, STAGE_ENDED)))
     if on_start is not None:
         on_start(driver)
-    from ..report import Progress
+    from ..report import Progress, progress_by_default
 
+    if progress is None:
+        progress = progress_by_default()
     display = (Progress(progress if not isinstance(progress, bool) else None)
                if progress else None)
     try:
         with display or nullcontext():
             _wait(driver, engine, pipeline.name, t0, timeout, display)
         if driver.error:
-            raise JobFailed(f"job {pipeline.name!r} failed: {engine.explain(driver.error)}")
-        engine.join(60)
-    except (KeyboardInterrupt, JobCancelled):
+            raise _failed(pipeline.name, driver, engine)
+        # Every task finished and the final checkpoint committed: the job is done.  Spark's
+        # bookkeeping of the stage (its shuffle and result stage, 0.3-2 s) may end after
+        # the run returns; a next job's barrier stage simply waits for its slots.
+        engine.join(_STAGE_GRACE)
+    except KeyboardInterrupt:
+        _cancelled(pipeline, driver)
+        raise _interrupted(pipeline, driver) from None
+    except JobCancelled:
         _cancelled(pipeline, driver)
         raise
     finally:
@@ -98,15 +121,59 @@ def _wait(driver: JobDriver, engine: Any, name: str, t0: float,
     while not driver.done.wait(0.05):
         if display is not None:
             display.update(driver)
-        failure = engine.failure()
-        if failure:
-            raise engine.failed(f"job {name!r} failed: {failure}")
+        if engine.failure():
+            # the engine gave up; a task's own report of why may still be on its way
+            driver.done.wait(1.0)
+            raise _failed(name, driver, engine)
         if timeout is not None and time.monotonic() - t0 > timeout:
             raise JobCancelled(f"job {name!r} cancelled: not finished within {timeout}s")
         if driver.cancel_requested:
             raise JobCancelled(f"job {name!r} cancelled: {driver.cancel_requested}")
     if display is not None:
         display.update(driver)
+
+
+def _failed(name: str, driver: JobDriver, engine: Any) -> JobFailed:
+    """The job failed: one message with cutline's cause, and the long story (the task's
+    Python traceback, Spark's error with its Java frames) in a log file it names."""
+    c = driver.controller
+    engine_says = engine.failure()
+    stage_ended = (driver.error or "").startswith("the Spark stage ended")
+    if driver.error and not stage_ended:
+        cause = driver.error  # a task's fatal failure, or the coordinator's: cutline's cause
+    elif c.last_failure is not None:
+        cause = c.last_failure
+        if engine_says and engine_says.split(": ", 1)[-1] not in cause:
+            cause += f" ({engine_says})"
+    else:
+        cause = engine_says or driver.error or "unknown"
+    message = f"job {name!r} failed: {cause}"
+    path = engine.log_path or new_log_file("job")
+    append(path, f"cutline: {message}",
+           "\n\n".join(t for t in (c.trace, engine.details()) if t))
+    log.error("cutline: %s", message)
+    log.error("cutline: the task's traceback%s: %s",
+              " and Spark's logs" if engine.log_path else "", path)
+    exc = engine.failed(message)
+    exc.log_path = str(path)  # where the long story is
+    return exc
+
+
+def _interrupted(pipeline: Any, driver: JobDriver) -> KeyboardInterrupt:
+    """Ctrl-C: the job is cancelled; say where it can resume from."""
+    latest = driver.checkpoints[-1].path if driver.checkpoints else None
+    if latest is None:
+        with suppress(Exception):
+            handle = driver.storage.latest()
+            latest = handle.path if handle is not None else None
+    name = pipeline.name
+    if latest is None or not pipeline.checkpoint.retain_on_cancel:
+        text = f"job {name!r} interrupted before any checkpoint completed: a new run starts over"
+    else:
+        text = (f"job {name!r} interrupted; its latest checkpoint is {latest}. Run it again "
+                f"to resume from there (or p.run(restore_from={latest!r}))")
+    log.warning("cutline: %s", text)
+    return KeyboardInterrupt(text)
 
 
 def _cancelled(pipeline: Any, driver: JobDriver) -> None:

@@ -45,18 +45,22 @@ class ThreadsEngine:
         for t in self._threads:
             t.start()
 
-    def failure(self) -> str | None:
-        return None if self.error is None else str(self.error)
+    log_path = None  # no log file of its own: a failure's traceback goes to a new one
 
-    def explain(self, driver_error: str) -> str:
-        return driver_error
+    def failure(self) -> str | None:
+        e = self.error
+        return None if e is None else f"{type(e).__name__}: {e}"
+
+    def details(self) -> str:
+        """The long story of a failure, for the log file."""
+        import traceback
+
+        return "".join(traceback.format_exception(self.error)) if self.error else ""
 
     def failed(self, message: str) -> Exception:
         from .dataflow import JobFailed
 
-        exc = JobFailed(message)
-        exc.__cause__ = self.error
-        return exc
+        return JobFailed(message)  # the slot's traceback is in the log file
 
     def join(self, timeout: float) -> None:
         for t in self._threads:

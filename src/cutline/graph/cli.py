@@ -317,7 +317,9 @@ def _print(result: Any, args: argparse.Namespace, kill: Any) -> None:
     if durations:
         console.print(f"{len(snaps)} snapshots in {result.duration:.2f} s; snapshot duration "
                       f"p50 {durations[len(durations) // 2] * 1000:.0f} ms, max "
-                      f"{durations[-1] * 1000:.0f} ms; stored in {result.storage}")
+                      f"{durations[-1] * 1000:.0f} ms; "
+                      + (f"stored in {result.storage}" if args.storage else
+                         "not kept (--storage URL keeps them)"))
 
 
 # ---------------------------------------------------------------------- snapshots

@@ -75,13 +75,23 @@ def run_diagram(result: Any, path: str | Path, *, snapshot: int | None = None,
             raise ValueError(f"no snapshot {snapshot} in the last attempt of the run "
                              f"(have {[s.id for s in mine]})")
     if window is None:
-        lo, hi = min(snap.taken_at.values()), max(snap.taken_at.values())
-        pad = max(hi - lo, 0.03)
-        window = (max(lo - 2 * pad, 0.0), hi + 2 * pad)
+        window = _cut_window(result.trace, snap)
     title = title or (f"{result.job}: snapshot {snap.id} "
                       f"({snap.in_transit} message(s) in transit)")
     return draw(_TracedRun(result, [snap]), path, snapshot_ids=[snap.id], window=window,
                 max_messages=max_messages, title=title)
+
+
+def _cut_window(trace: Any, snap: GraphSnapshot) -> tuple[float, float]:
+    """The stretch of time a snapshot's cut needs: from its first marker sent (or local
+    snapshot) to its last marker received, with a third of that on either side, so the
+    cut fills the middle of the picture rather than a sliver of it."""
+    times = list(snap.taken_at.values())
+    times += [ev.time for ev in trace
+              if ev.checkpoint == snap.id and ev.kind in ("marker_send", "marker_recv")]
+    lo, hi = min(times), max(times)
+    pad = max((hi - lo) / 3, 1e-3)
+    return max(lo - pad, 0.0), hi + pad
 
 
 def _label(state: Any, width: int = 24) -> str:

@@ -189,6 +189,10 @@ class JobController:
         self.started_attempts = 0
         self.done = False
         self.error: str | None = None
+        # the last task failure a retry may not repeat (Spark restarts), and the Python
+        # traceback of that or of the fatal one (for the log file, not the terminal)
+        self.last_failure: str | None = None
+        self.trace = ""
         self.stopped_with_savepoint: str | None = None
         self.metrics: dict[str, tuple[int, bool]] = {}  # task -> (records in, is source)
         self.watermarks: dict[str, float] = {}  # task -> output watermark (event time)
@@ -234,6 +238,12 @@ class JobController:
         if t is m.Register:
             self._register(conn, msg, now, cmds)
             return cmds
+        if t is m.Failed and msg.fatal and not self.done:
+            # it will fail again on a retry: whichever attempt it comes from (or none: a
+            # slot that could not even be set up), the job fails with it
+            self.trace = msg.trace
+            self._finish(f"task {msg.who}: {msg.error}", cmds)
+            return cmds
         if self.done or not self.attempts.current(conn) or self.coordinator is None:
             return cmds  # stale: a previous attempt's, or the job is over
         if t is m.Ack:
@@ -263,10 +273,8 @@ class JobController:
             if self.finished >= set(self.shape.tasks):
                 self._finish(None, cmds)
         elif t is m.Failed:
-            if msg.fatal:
-                self._finish(f"task {msg.who}: {msg.error}", cmds)
-            else:
-                log.warning("task %s failed: %s", msg.who, msg.error)
+            log.warning("task %s failed: %s", msg.who, msg.error)
+            self.last_failure, self.trace = f"task {msg.who}: {msg.error}", msg.trace
         else:
             log.error("job %s: unexpected %r from a task dropped", self.job, msg)
         return cmds

@@ -61,21 +61,28 @@ class OperatorChain:
         self.origin: str | None = None  # input channel of the batch in the chain
 
     def process(self, batch: list) -> list:
+        op = None
         try:
             for op in self.ops:
                 if not batch:
                     return batch
                 batch = op.process(batch)
         except UserFunctionError as exc:
-            exc.locate(self.where())
+            # the first operator got the source's batch as read: its index is the reader's
+            exc.locate(self.where(exc.index if op is self.ops[0] else None))
             raise
         return batch
 
-    def where(self) -> str:
-        """Where the batch in the chain came from: for errors and dead letters."""
+    def where(self, index: int | None = None) -> str:
+        """Where the batch in the chain came from (record ``index`` of what the source
+        read, if known): for errors and dead letters."""
         if self.origin is not None:
             return f"input channel {self.origin!r} of task {self.task_id}"
         if self.reader is not None:
+            locate = getattr(self.reader, "locate", None)
+            at = locate(index) if locate is not None else None
+            if at:
+                return f"source {self.source_uid!r} subtask {self.index}, {at}"
             return (f"source {self.source_uid!r} subtask {self.index}, in the batch read "
                     f"up to {describe_position(self.reader.snapshot())}")
         return f"task {self.task_id}"

@@ -49,6 +49,7 @@ import time
 
 import msgpack
 
+from ..connectors.base import PICKLING_ERRORS, unpicklable
 from ..protocol.events import Barrier
 from . import net
 from .net import HELLO, MAX_HELLO, REJECT, WELCOME
@@ -300,7 +301,8 @@ class InputGate(_Closing):
         with self._cond:
             if self._closed or self._ch[cid].eof:
                 return
-            log.error("task %s: input channel %r broke: %s", self.task_id, cid, message)
+            # the task raises it (and reports it, unless the job is ending anyway)
+            log.info("task %s: input channel %r broke: %s", self.task_id, cid, message)
             self._error = self._error or ChannelError(cid, message)
             self._cond.notify_all()
 
@@ -490,7 +492,10 @@ class OutputChannel(_Closing):
         if retry is not None and retry[0] is batch and retry[1] == len(batch):
             payload = retry[2]
         else:
-            payload = encode_records(batch)
+            try:
+                payload = encode_records(batch)
+            except PICKLING_ERRORS as exc:  # the same record fails every retry: fatal
+                raise unpicklable(batch, exc, f"channel {self.channel_id!r}") from None
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._check()

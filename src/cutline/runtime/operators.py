@@ -20,6 +20,21 @@ from ..state.keygroups import key_group_range
 __all__ = ["AssignTimestamps", "UserFunctionError", "build_operator", "Operator"]
 
 
+def _raised_at(error: BaseException) -> str:
+    """`` (raised in fn at file:line)``: the innermost frame of the user's code that ``error``
+    passed through (not cutline's, not the standard library's or an installed package's)."""
+    import sysconfig
+    import traceback
+
+    skip = tuple(sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib"))
+    here = __file__.rsplit("/", 2)[0]  # the cutline package
+    frames = traceback.extract_tb(error.__traceback__)
+    for f in reversed(frames):
+        if not f.filename.startswith((here, *skip)) and not f.filename.startswith("<"):
+            return f" (raised in {f.name} at {f.filename}:{f.lineno})"
+    return ""
+
+
 class UserFunctionError(RuntimeError):
     """A user function raised on a record.
 
@@ -35,7 +50,8 @@ class UserFunctionError(RuntimeError):
             text = text[:200] + "..."
         self._text = (f"{kind} operator {uid!r} failed on record {text}: "
                       f"{type(error).__name__}: {error}")
-        super().__init__(self._text)
+        self._raised_at = _raised_at(error)
+        super().__init__(self._text + self._raised_at)
         self.uid, self.kind, self.record, self.error = uid, kind, record, error
         self.index, self.batch_size = index, batch_size
         self.position: str | None = None
@@ -47,7 +63,7 @@ class UserFunctionError(RuntimeError):
         self.position = where
         at = f"record {self.index} of {self.batch_size} in its batch, " \
             if self.index is not None else ""
-        self.args = (f"{self._text} (at {at}{where})",)
+        self.args = (f"{self._text} (at {at}{where}){self._raised_at}",)
 
 
 class Operator:

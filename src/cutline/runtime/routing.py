@@ -72,12 +72,16 @@ class Router:
                         raise err from exc
                     try:
                         ch = cache[k]
-                    except (KeyError, TypeError):
+                    except KeyError:
                         ch = chans[subtask_for_key_group(key_group(k, maxp), dst_p, maxp)]
-                        try:
-                            cache[k] = ch
-                        except TypeError:  # unhashable key: no caching
-                            pass
+                        cache[k] = ch
+                    except TypeError as exc:  # unhashable: keyed state could not hold it
+                        err = UserFunctionError(dst_uid, "key_by", r, TypeError(
+                            f"key_by returned the unhashable key {k!r} (a "
+                            f"{type(k).__name__}): a key must be hashable (str, int, "
+                            "tuple, ...)"), index=batch.index(r), batch_size=len(batch))
+                        err.locate(self.where())
+                        raise err from exc
                     buffers[ch].append(r)
             elif edge.partitioning == "broadcast":
                 for ch in chans:

@@ -27,7 +27,6 @@ import time
 import traceback
 from dataclasses import dataclass, replace
 
-from ..connectors.base import CommitError, RecordError
 from ..plan import Chain, ChannelId, PhysicalPlan
 from ..protocol import (
     Barrier,
@@ -49,8 +48,9 @@ from .chain import EventTime, OperatorChain
 from .channels import InputGate, OutputChannel
 from .control import FrameConnection, connect
 from .deadletter import DeadLetters
+from .failures import repeats, setup_error
 from .faults import FaultPlan
-from .operators import UserFunctionError, build_operator
+from .operators import build_operator
 from .restore import RestoreView, read_states
 from .routing import Router
 from .snapshots import Snapshots
@@ -83,6 +83,11 @@ class JobSpec:
 
 class _Stop(Exception):
     pass
+
+
+class _Abandon:
+    """Put on a subtask's control queue by its slot when a sibling subtask failed: end now,
+    quietly (the sibling's failure is the news)."""
 
 
 def _address_towards(peer: tuple[str, int]) -> str:
@@ -265,7 +270,7 @@ class Subtask:
                 self.snapshots.commit_upto(msg.checkpoint)
                 if msg.final:
                     raise _Stop
-            elif t is m.Stop:
+            elif t is m.Stop or t is _Abandon:
                 raise _Stop
             elif t is m.CloseLoop:  # a checkpoint showed this iteration empty: end it
                 self.router.close_outputs()
@@ -345,11 +350,20 @@ class Subtask:
         except _Stop:
             pass
         except Exception as exc:  # noqa: BLE001 - reported to the driver
+            # Bad records, user-code errors, unpicklable records and a sink refusing a
+            # commit (its target holds another run's output) repeat on every retry: the job
+            # fails with them named.  Anything else (a peer died) fails the Spark task:
+            # Spark restarts.  A task failing because its slot or job is going away (a
+            # sibling failed, a stop) is no news: the first failure is the cause.
             self.error = exc
-            # Bad records, user-code errors and a sink refusing a commit (its target holds
-            # another run's output) repeat on every retry: the job fails with them named.
-            # Anything else (a peer died) fails the Spark task: Spark restarts.
-            fatal = isinstance(exc, (UserFunctionError, RecordError, CommitError))
+            fatal = repeats(exc)
+            # a broken channel is news unless the job is ending (give a Stop in flight
+            # half a second to arrive: peers stop in no particular order)
+            quiet = self.slot.ending.is_set() or (not fatal and self.slot.ending.wait(0.5))
+            self.slot.failed(self, fatal)
+            if quiet:
+                log.debug("task %s ended: %s", self.task_id, exc)
+                return
             if not fatal:
                 log.warning("task %s failed: %s", self.task_id, exc)
             try:
@@ -361,7 +375,8 @@ class Subtask:
             return
         finally:
             self.close()
-        self.slot.send(m.Finished(self.task_id, self.slot.cpu()))
+        if not self.slot.failing:
+            self.slot.send(m.Finished(self.task_id, self.slot.cpu()))
 
     def _run_source(self) -> None:
         size, router, reader = self.spec.batch_size, self.router, self.reader
@@ -457,16 +472,38 @@ class Slot:
             spec = replace(spec, host=_address_towards(spec.coordinator))
         self.spec, self.slot = spec, slot
         self.storage = CheckpointStorage(spec.storage_url, spec.job, spec.storage_options)
-        self.subtasks = [Subtask(spec, c, i, self) for c, i in spec.plan.tasks_in_slot(slot)]
+        self.stopping = False  # the coordinator stopped the job (stop-with-savepoint)
+        self.ending = threading.Event()  # a subtask failed or the job stops: end quietly
+        self.failing = False  # a subtask failed
+        self.fatal = False  # a subtask failed in a way a retry repeats
+        self._lost = threading.Event()  # the control connection closed
+        self.subtasks: list[Subtask] = []
+        try:
+            for c, i in spec.plan.tasks_in_slot(slot):
+                self.subtasks.append(Subtask(spec, c, i, self))
+        except Exception as exc:
+            for s in self.subtasks:
+                s.close()
+            raise setup_error(f"setting up slot {slot} of job {spec.job!r} failed", exc) \
+                from exc
         self.by_id = {s.task_id: s for s in self.subtasks}
         self.conn: FrameConnection | None = None
         self.attempt = -1
         self._cpu0 = time.process_time()  # Spark reuses worker processes: count from here
-        self.stopping = False  # the coordinator stopped the job (stop-with-savepoint)
 
     def cpu(self) -> float:
         """CPU seconds this process (every thread of it) spent since the slot began."""
         return time.process_time() - self._cpu0
+
+    def failed(self, subtask: Subtask, fatal: bool) -> None:
+        """``subtask`` failed: its siblings end now (the Spark task must end within
+        seconds, for a restart or for the job to fail), quietly."""
+        self.fatal = self.fatal or (fatal and not self.ending.is_set())
+        self.failing = True
+        self.ending.set()
+        for s in self.subtasks:
+            if s is not subtask:
+                s.control.put(_Abandon())
 
     def send(self, msg: m.Message) -> None:
         if self.conn is None:
@@ -497,12 +534,22 @@ class Slot:
             raise RuntimeError(f"coordinator did not start the job: {start}")
         self.attempt = start.attempt
         addresses = {k: tuple(v) for k, v in start.addresses.items() if v}
-        view = self._load_restore(start.restore)
-        for s in self.subtasks:
-            s.plan_faults(self.attempt)
-            s.connect_outputs(addresses)
-        for s in self.subtasks:
-            s.open(view)
+        try:
+            view = self._load_restore(start.restore)
+            for s in self.subtasks:
+                s.plan_faults(self.attempt)
+                s.connect_outputs(addresses)
+            for s in self.subtasks:
+                s.open(view)
+        except Exception as exc:
+            err = setup_error(f"slot {self.slot} of job {self.spec.job!r} could not restore or "
+                              "open its tasks", exc)
+            if not repeats(err):
+                raise
+            self.send(m.Failed(f"slot {self.slot}", True, str(err),
+                               traceback.format_exc()[-4000:]))
+            self._wait_for_driver()
+            return {"slot": self.slot, "attempt": start.attempt, "failed": str(err)}
         threads = [threading.Thread(target=s.run, name=s.task_id, daemon=True)
                    for s in self.subtasks]
         reader = threading.Thread(target=self._read_control, name="control", daemon=True)
@@ -510,12 +557,22 @@ class Slot:
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            while t.is_alive() and not self.failing:
+                t.join(0.1)
+            # a subtask failed: the others were told to end; a stuck one is left behind
+            t.join(5.0 if self.failing else None)
         failed = [s.error for s in self.subtasks if s.error is not None]
-        if failed and not self.stopping:  # after a stop, peers going away is expected
+        if self.fatal:
+            # The driver fails the job with the cause: no Spark retry, no second report.
+            self._wait_for_driver()
+        elif failed and not self.stopping:  # after a stop, peers going away is expected
             raise failed[0]
         return {"slot": self.slot, "attempt": start.attempt,
                 "records": sum(s.records_in for s in self.subtasks)}
+
+    def _wait_for_driver(self, timeout: float = 10.0) -> None:
+        """After a fatal failure: the driver ends the job and closes our connection."""
+        self._lost.wait(timeout)
 
     def _load_restore(self, path: str | None) -> RestoreView | None:
         if not path:
@@ -535,9 +592,12 @@ class Slot:
                 target = getattr(msg, "task", None)
                 if type(msg) is m.Stop:
                     self.stopping = True
+                    self.ending.set()
                 for s in self.subtasks:
                     if target is None or target == s.task_id:
                         s.control.put(msg)
         except (ConnectionError, OSError):
+            self.ending.set()
+            self._lost.set()
             for s in self.subtasks:  # coordinator gone: stop everything
                 s.control.put(m.Stop(lost=True))

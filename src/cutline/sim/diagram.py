@@ -49,8 +49,11 @@ MAX_DEFAULT_SNAPSHOTS = 3
 MESSAGE_COLOUR = "#333333"
 MARKER_COLOUR = "#8c8c8c"
 RECORDED_COLOUR = "#d62728"
-CUT_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b")
-CUT_MARKERS = ("s", "D", "^", "v", "P", "X")
+CUT_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2",
+               "#bcbd22")
+CUT_MARKERS = ("s", "D", "^", "v", "P", "X", "o", "h")
+LABEL_SIZE = 12  # points
+LABEL_ROWS = 2  # labels that would overlap move up a row; past the last row, left out
 
 
 class Run(Protocol):
@@ -250,6 +253,38 @@ def _plan(
     return plan
 
 
+def _segment(a: _Arrow, x0: float, x1: float, ya: float, yb: float
+             ) -> tuple[float, float, float, float, str]:
+    """Where ``a`` is drawn between the time limits ``x0``..``x1``: ``(xa, ya, xb, yb,
+    arrow style)``.  An arrow that starts or ends outside them stops at the edge, inside
+    the figure, headless where its end is not in the picture."""
+    xa = x0 if a.t0 is None else a.t0
+    xb = x1 if a.t1 is None else a.t1
+    ya, yb = float(ya), float(yb)
+    head = "-|>"
+    if xb > x1 and xb > xa:
+        yb = ya + (yb - ya) * (x1 - xa) / (xb - xa)
+        xb, head = x1, "-"
+    if xa < x0 and xb > xa:
+        ya = ya + (yb - ya) * (x0 - xa) / (xb - xa)
+        xa = x0
+    return xa, ya, xb, yb, head
+
+
+def _label_width(text: str) -> float:
+    """Width in points of a bold label at :data:`LABEL_SIZE` (DejaVu Sans, about 0.68 em
+    per character), with its box's padding."""
+    return 0.68 * LABEL_SIZE * len(text) + 3.0
+
+
+def _points_per_unit(fig: Figure, ax: Any) -> float:
+    """Points per unit of time on ``ax`` once the figure is laid out."""
+    fig.draw_without_rendering()  # the constrained layout places the axes
+    x0, x1 = ax.get_xlim()
+    width = ax.get_window_extent().width * 72.0 / fig.dpi
+    return width / (x1 - x0) if x1 > x0 else 1.0
+
+
 def _ends(sim: Run, channel: str | None, src: str | None, dst: str | None
           ) -> tuple[str, str]:
     """Sender and receiver of ``channel``, preferring what the trace says."""
@@ -266,6 +301,8 @@ def _ends(sim: Run, channel: str | None, src: str | None, dst: str | None
 def _figure(plan: _Plan, title: str | None) -> Figure:
     n = len(plan.procs)
     width = min(16.0, max(8.0, 2.0 + 0.45 * len(plan.events)))
+    # every cut needs room of its own: several snapshots widen the picture
+    width = max(width, min(26.0, 4.0 + 2.6 * len(plan.cuts)))
     height = 1.2 * max(n, 1) + 1.8 + (0.3 if title else 0.0)
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
@@ -285,12 +322,12 @@ def _figure(plan: _Plan, title: str | None) -> Figure:
         ax.axhline(y[p], color="black", lw=1.3, zorder=1)
 
     def arrow(a: _Arrow, **style) -> None:
-        xa = x0 if a.t0 is None else a.t0
-        xb = x1 if a.t1 is None else a.t1
+        xa, ya, xb, yb, head = _segment(a, x0, x1, y[a.src], y[a.dst])
         bend = "arc3,rad=0.35" if a.src == a.dst else "arc3"
         ax.add_patch(FancyArrowPatch(
-            (xa, y[a.src]), (xb, y[a.dst]), connectionstyle=bend,
-            arrowstyle="-|>", mutation_scale=14, shrinkA=3, shrinkB=4, **style))
+            (xa, ya), (xb, yb), connectionstyle=bend,
+            arrowstyle=head, mutation_scale=14, shrinkA=3, shrinkB=4 if head != "-" else 0,
+            **style))
 
     for a in plan.markers:
         arrow(a, color=MARKER_COLOUR, lw=1.2, linestyle=(0, (5, 3)), zorder=2)
@@ -306,9 +343,14 @@ def _figure(plan: _Plan, title: str | None) -> Figure:
     # A label sits above its dot, on the left, where no arrow is: arrows leave a send
     # to the right and reach a receive from the left.  Only a receive from a process
     # above has its arrow on the upper left, so its label goes upper right.
+    # Labels never overlap: one that would is moved up a row, and past the last row left
+    # out (a dense run's labels are repetitive; the lecture example's all fit).
     senders = {a.message: a.src for a in plan.messages}
     seen: dict[tuple[str, float], int] = {}
-    for ev in plan.events:
+    per_unit = _points_per_unit(fig, ax)
+    taken: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    hidden = 0
+    for ev in sorted(plan.events, key=lambda e: (e.process, e.time)):
         if not ev.label:
             continue
         k = seen.get((ev.process, ev.time), 0)
@@ -316,9 +358,19 @@ def _figure(plan: _Plan, title: str | None) -> Figure:
         src = senders.get(ev.message) if ev.kind == "recv" else None
         right = src is not None and y.get(src, -1) > y[ev.process]
         dx = (4 + 11 * k) if right else (-4 - 11 * k)
-        ax.annotate(ev.label, (ev.time, y[ev.process]), xytext=(dx, 7),
+        w = _label_width(ev.label)
+        at = ev.time * per_unit + dx  # in points
+        span = (at, at + w) if right else (at - w, at)
+        row = next((r for r in range(LABEL_ROWS)
+                    if all(span[1] + 1 < a or span[0] - 1 > b
+                           for a, b in taken.get((ev.process, r), []))), None)
+        if row is None:
+            hidden += 1
+            continue
+        taken.setdefault((ev.process, row), []).append(span)
+        ax.annotate(ev.label, (ev.time, y[ev.process]), xytext=(dx, 7 + 16 * row),
                     textcoords="offset points", ha="left" if right else "right", va="bottom",
-                    fontsize=12, fontweight="bold", zorder=7,
+                    fontsize=LABEL_SIZE, fontweight="bold", zorder=7,
                     bbox=dict(boxstyle="round,pad=0.1", fc="white", ec="none", alpha=0.8))
 
     # Cuts: a polyline through the local snapshot points, run past the outer lines.
@@ -352,6 +404,8 @@ def _figure(plan: _Plan, title: str | None) -> Figure:
         fig.legend(handles=legend, loc="outside lower center", ncols=len(legend),
                    frameon=False, fontsize=10)
     notes = []
+    if hidden:
+        notes.append(f"{hidden} overlapping event labels left out")
     if len(plan.messages) < plan.messages_total:
         notes.append(f"{len(plan.messages)} of {plan.messages_total} messages drawn")
     if len(plan.markers) < plan.markers_total:

@@ -138,7 +138,10 @@ def run_chaos(example: str, kills: int, seed: int = 0, mode: str = "aligned",
               mean_delay: float = 1.0, progress: Any = False,
               early: float = 0.25) -> ChaosReport:
     module = load_example(example)
-    workdir = workdir or tempfile.mkdtemp(prefix="cutline-chaos-")
+    if workdir is None:  # ours: deleted once the report is made
+        with tempfile.TemporaryDirectory(prefix="cutline-chaos-") as tmp:
+            return run_chaos(example, kills, seed, mode, records, spark, tmp, mean_delay,
+                             progress, early)
     pipeline, committed, expected = module.chaos_job(workdir, mode, records)
     if spark is None:
         from .launcher import embedded_session

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import shutil
 import tempfile
 import time
 from typing import Any
@@ -50,12 +51,18 @@ def run_graph(graph: Any, opts: RunOptions, *, spark: Any = None, on_start: Any 
     names = list(graph.processes)
     opts.validate(names)
     hosts = min(opts.tasks or 2, len(names))
-    storage = opts.storage or "file://" + tempfile.mkdtemp(prefix=f"cutline-{graph.name}-")
+    # no storage given: snapshots go to a temporary directory, deleted when the run ends
+    # (the result holds every snapshot in memory; pass storage= to keep them on disk)
+    temp = None if opts.storage else tempfile.mkdtemp(prefix=f"cutline-{graph.name}-")
+    storage = opts.storage or f"file://{temp}"
     placement = _placement(names, hosts)
     engine: SparkStage | ThreadsEngine
     if opts.engine == "spark":
+        from . import launcher
+
         engine = SparkStage(spark if spark is not None else embedded_session(hosts), hosts,
-                            f"graph {graph.name!r}", f"cutline-graph-{graph.name}")
+                            f"graph {graph.name!r}", f"cutline-graph-{graph.name}",
+                            log_path=launcher.SPARK_LOG if spark is None else None)
         ship_user_code(graph.processes.values())
         processes = graph.processes
     else:
@@ -96,4 +103,12 @@ def run_graph(graph: Any, opts: RunOptions, *, spark: Any = None, on_start: Any 
         if not driver.done.is_set() or driver.error:
             engine.cancel()
         driver.close()
-    return driver.result(time.monotonic() - t0)
+        if temp is not None:
+            engine.join(5)
+            shutil.rmtree(temp, ignore_errors=True)
+    result = driver.result(time.monotonic() - t0)
+    if temp is not None:  # nothing on disk to point at
+        result.storage = ""
+        for snap in result.snapshots:
+            snap.path = None
+    return result

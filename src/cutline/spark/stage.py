@@ -15,6 +15,7 @@ import sysconfig
 import threading
 import types
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 __all__ = ["SparkStage", "ship_user_code"]
@@ -60,6 +61,31 @@ def ship_user_code(objects: Iterable[Any]) -> None:
         visit(obj)
 
 
+def spark_reason(text: str) -> str:
+    """One line of a Py4J / Spark error: the stage failure's reason and, when a Python
+    worker raised, the last line of its traceback."""
+    lines = [ln.strip() for ln in text.strip().splitlines()]
+    reason = next((ln.split("Job aborted due to stage failure: ", 1)[1] for ln in lines
+                   if "Job aborted due to stage failure: " in ln), None)
+    python = None
+    if any("PythonException" in ln for ln in lines):
+        # the worker's traceback ends at its exception line, before the Java frames
+        for ln in lines:
+            if ln.startswith("at ") or ln.startswith("Driver stacktrace"):
+                break
+            if ln and not ln.startswith(("File ", "Traceback", "^", "~")) and ": " in ln \
+                    and ln.split(":", 1)[0].replace(".", "").replace("_", "").isalnum():
+                python = ln
+    if reason is not None:
+        reason = reason.split(", most recent failure:", 1)[0].split(":", 1)[0] \
+            if python else reason
+    parts = [p for p in (reason, python) if p]
+    if not parts:
+        first = next((ln for ln in lines if ln), "")
+        parts = [first or "unknown error"]
+    return "; ".join(parts)
+
+
 def _partition_main(task_main: Callable[[Any, int], Any], spec: Any):
     def run(_: Any):
         from pyspark import BarrierTaskContext
@@ -74,7 +100,9 @@ class SparkStage:
     ``spark``'s context, on a thread of the driver; ``on_end()`` is called when Spark's call
     returns, however it ends (its exception, if any, is :attr:`error`)."""
 
-    def __init__(self, spark: Any, slots: int, what: str, group: str) -> None:
+    def __init__(self, spark: Any, slots: int, what: str, group: str,
+                 log_path: Path | None = None) -> None:
+        self.log_path = log_path  # where the session's JVM and workers log, if we know
         self.sc = spark.sparkContext
         if self.sc.defaultParallelism < slots:
             raise ValueError(f"{what} needs {slots} task slots for its barrier stage, the "
@@ -107,15 +135,14 @@ class SparkStage:
         self._thread.start()
 
     def failure(self) -> str | None:
-        """Spark's reason for giving up on the stage, first line only (no Java frames)."""
+        """Spark's reason for giving up on the stage, in one line (no Java frames)."""
         if self.error is None:
             return None
-        text = str(self.error).strip().splitlines()
-        return f"Spark gave up on the stage: {text[0] if text else type(self.error).__name__}"
+        return f"Spark gave up on the stage: {spark_reason(str(self.error))}"
 
-    def explain(self, driver_error: str) -> str:
-        """Why the job failed: Spark's own reason says more than "the stage ended"."""
-        return self.failure() or driver_error
+    def details(self) -> str:
+        """Spark's whole error (Java frames and all), for the log file."""
+        return "" if self.error is None else str(self.error)
 
     def failed(self, message: str) -> Exception:
         from ..driver.dataflow import JobFailed

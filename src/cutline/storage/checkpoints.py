@@ -279,11 +279,13 @@ class CheckpointStorage:
     the collected results, then :meth:`retain`.  On restart, :meth:`latest` or :meth:`open`.
     """
 
-    def __init__(self, url: str, job: str, storage_options: Mapping[str, Any] | None = None
-                 ) -> None:
+    def __init__(self, url: str, job: str, storage_options: Mapping[str, Any] | None = None,
+                 *, read_only: bool = False) -> None:
         """``storage_options``: keyword arguments of the fsspec filesystem (for ``s3://``:
         ``endpoint_url``, ``key``, ``secret``, ``client_kwargs`` ...), also used to open
-        checkpoint URLs of the same scheme given to :meth:`open`."""
+        checkpoint URLs of the same scheme given to :meth:`open`.  ``read_only``: for tools
+        that only look (``cutline checkpoints list``, ``cutline savepoint``): nothing is
+        created or written, and a missing job directory is an error."""
         self.url, self.job = url, _name("job", job)
         self.storage_options = check_storage_options(storage_options,
                                                      "checkpoint storage_options")
@@ -301,10 +303,38 @@ class CheckpointStorage:
                                          f"{describe_open_error(url, e)}") from e
         self.root = root.rstrip("/") or "/"
         self.dir = f"{self.root.rstrip('/')}/{job}"
-        self._check_writable()
+        if read_only:
+            self._check_exists()
+        else:
+            self._check_writable()
 
     def __repr__(self) -> str:
         return f"CheckpointStorage({self.url!r}, job={self.job!r})"
+
+    def _check_exists(self) -> None:
+        try:
+            found = self.fs.isdir(self.dir)
+            root = found or self.fs.isdir(self.root)
+        except Exception as e:  # noqa: BLE001 - unreachable: say so in one line
+            raise CheckpointStorageError(f"cannot read checkpoint storage {self.url!r}: "
+                                         f"{describe_open_error(self.url, e)}") from e
+        if found:
+            return
+        if not root:
+            raise CheckpointNotFoundError(
+                f"checkpoint storage {self.url!r} does not exist (no directory "
+                f"{self.fs.unstrip_protocol(self.root)})")
+        jobs = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self._ls_names(self.root))
+        raise CheckpointNotFoundError(
+            f"no job {self.job!r} in checkpoint storage {self.url!r}"
+            + (f" (jobs there: {', '.join(jobs)})" if jobs else " (it holds no jobs)"))
+
+    def _ls_names(self, directory: str) -> list[str]:
+        try:
+            return [e["name"] for e in self.fs.ls(directory, detail=True)
+                    if e.get("type") == "directory"]
+        except FileNotFoundError:
+            return []
 
     def _check_writable(self) -> None:
         for path, what in ((self.root, "root"), (self.dir, "job directory")):

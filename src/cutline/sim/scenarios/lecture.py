@@ -1,10 +1,12 @@
 """The classic three-process lecture example of the Chandy-Lamport snapshot.
 
-P1, P2, P3 on a complete graph, application events A-I (cf. I. Gupta's CS425 notes, with
-the duplicate "E" of the original fixed as in L. Kuper's write-up).  P1 initiates right
-after B; P3 receives the first marker; P2 records F, G, H; the message sent at H and
-received at D crosses the cut and is recorded on channel P2->P1; every other channel is
-empty.
+P1, P2, P3 on a complete graph, application events named as in L. Kuper's write-up ("An
+example run of the Chandy-Lamport snapshot algorithm", 2019), which fixes the duplicate "E"
+of I. Gupta's CS425 notes it follows: P3's message to P2 is sent at I (received at F).  P1
+initiates right after B and records A, B; P3 receives the first marker and records I; P2
+records F, G, H; the message sent at H and received at D crosses the cut and is recorded on
+channel P2->P1; every other channel is empty.  (P3's event J, after its snapshot, is
+cutline's: it shows P3 going on after the cut.)
 
 The timeline is pinned by explicit times and per-channel delays, so the run is the
 lecture's run on every machine.
@@ -23,16 +25,16 @@ PROCESSES = ("P1", "P2", "P3")
 # (time, process, event, kind, destination)  kind: internal | send | initiate
 SCRIPT = [
     (1.0, "P1", "A", "internal", None),
-    (1.5, "P3", "E", "send", "P2"),
+    (1.5, "P3", "I", "send", "P2"),
     (2.0, "P1", "B", "send", "P2"),
     (2.5, "P1", None, "initiate", None),
     (5.5, "P1", "C", "internal", None),
     (6.0, "P2", "H", "send", "P1"),
-    (9.0, "P3", "I", "internal", None),
+    (9.0, "P3", "J", "internal", None),
 ]
 # receive events: message (named by its send event) -> name of the receive event
-RECEIVES = {"E": "F", "B": "G", "H": "D"}
-MESSAGE_DELAY = {"E": 2.0, "B": 3.0, "H": 1.5}
+RECEIVES = {"I": "F", "B": "G", "H": "D"}
+MESSAGE_DELAY = {"I": 2.0, "B": 3.0, "H": 1.5}
 MARKER_DELAY = {
     "P1->P2": 6.0, "P1->P3": 1.0, "P3->P1": 1.0, "P3->P2": 3.5, "P2->P1": 1.0, "P2->P3": 1.0,
 }

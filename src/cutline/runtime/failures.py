@@ -1,0 +1,67 @@
+"""Which task failures repeat, and telling the driver about one that happens before a task
+has registered.
+
+A failure that will happen again on every retry (a user function raising on a record, a
+malformed input, a record that cannot be pickled, a sink refusing a commit, a pipeline or
+configuration the task cannot even be built from) is *fatal*: the driver fails the job at
+once, naming it, and Spark does not retry the stage.  Anything else (a peer or the network
+went away, a storage hiccup) fails the Spark task, and Spark restarts the stage from the
+latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import traceback
+
+from ..connectors.base import CommitError, RecordError, UnpicklableRecordError
+from ..protocol import messages as m
+from .control import connect
+from .operators import UserFunctionError
+
+log = logging.getLogger("cutline.task")
+
+__all__ = ["SetupError", "repeats", "report_setup_failure"]
+
+
+class SetupError(RuntimeError):
+    """A task could not be built, restored or opened for a reason that will not go away on
+    a retry (not an I/O error): its pipeline, configuration or checkpoint is at fault."""
+
+
+def repeats(exc: BaseException) -> bool:
+    """Will ``exc`` happen again when the stage is retried?"""
+    return isinstance(exc, (UserFunctionError, RecordError, CommitError,
+                            UnpicklableRecordError, SetupError))
+
+
+def setup_error(what: str, exc: BaseException) -> BaseException:
+    """``exc``, raised while a task was being set up, as it should be reported: a
+    :class:`SetupError` unless it is an I/O error (worth a retry) or already fatal."""
+    if repeats(exc) or isinstance(exc, OSError):
+        return exc
+    err = SetupError(f"{what}: {type(exc).__name__}: {exc}")
+    err.__cause__ = exc
+    return err
+
+
+def report_setup_failure(coordinator: tuple[str, int], secret: bytes, slot: int,
+                         exc: BaseException, wait: float = 5.0) -> None:
+    """Tell the driver that slot ``slot`` failed fatally before it registered, then wait
+    (up to ``wait`` s) for the driver to end the job and close the connection, so that
+    the Spark task ends quietly rather than in a stage retry."""
+    try:
+        conn = connect(coordinator, secret, timeout=10.0)
+    except Exception:  # noqa: BLE001 - no driver to tell: fail the Spark task instead
+        raise exc from None
+    try:
+        conn.send(m.Failed(f"slot {slot} (pid {os.getpid()})", True, str(exc),
+                           "".join(traceback.format_exception(exc))[-4000:]))
+        conn.sock.settimeout(wait)
+        while True:
+            conn.recv()  # until the driver closes the connection (or the wait ends)
+    except Exception:  # noqa: BLE001, S110 - closed, timed out or refused: done waiting
+        pass
+    finally:
+        conn.close()
