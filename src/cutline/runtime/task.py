@@ -50,7 +50,7 @@ from .control import FrameConnection, connect
 from .deadletter import DeadLetters
 from .failures import repeats, setup_error
 from .faults import FaultPlan
-from .operators import build_operator
+from .operators import UserFunctionError, build_operator
 from .restore import RestoreView, read_states
 from .routing import Router
 from .snapshots import Snapshots
