@@ -145,9 +145,11 @@ def test_bad_record_fails_the_job_on_spark_naming_it(spark, tmp_path):
     m = re.search(r"map operator 'parse' failed on record \{'i': (\d+), 'user': 'u\d', "
                   r"'ms': 'oops'\}: ValueError: invalid literal for int\(\) with base 10: "
                   r"'oops' \(at record (\d+) of (\d+) in its batch, source 'events' subtask "
-                  r"(\d), \S+/events-\d+\.jsonl:\d+\) \(raised in parse at \S+:\d+\)", msg)
+                  r"(\d), generated record (\d+) \(fn's argument\)\) \(raised in parse at "
+                  r"\S+test_dead_letter\.py:\d+\)", msg)
     assert m, msg
     assert int(m.group(1)) % 101 == 17 and int(m.group(2)) < int(m.group(3))
+    assert m.group(5) == m.group(1)  # the record's own position, not its batch's
 
 
 @pytest.mark.slow

@@ -28,11 +28,16 @@ def test_unaligned_checkpoints_store_in_flight_data(tmp_path):
 
 
 def test_a_new_run_resumes_from_the_latest_checkpoint(tmp_path):
+    from cutline.driver.dataflow import FinishedJobError
+
     p, sink = wordcount(tmp_path, 5_000, "aligned")
     first = p.run(engine="threads", timeout=60)
     last = first.checkpoints[-1]
     p2, sink2 = wordcount(tmp_path, 5_000, "aligned")
-    second = p2.run(engine="threads", timeout=60)
+    # the first run finished: a rerun is refused, naming the checkpoint to resume from
+    with pytest.raises(FinishedJobError, match=f"restore_from='{last.path}'"):
+        p2.run(engine="threads", timeout=60)
+    second = p2.run(engine="threads", timeout=60, restore_from=last.path)
     assert second.checkpoints[0].id > last.id  # ids never repeat across runs
     # the restored run starts where the first one ended: nothing more to emit
     assert collections.Counter(sink2.results()) == expected_rows(5_000)

@@ -239,13 +239,13 @@ class JobDriver:
     def check_restore(self, allow_non_restored_state: bool = False) -> str | None:
         """Before the run: the checkpoint attempt 0 will restore (``restore_from``, else the
         latest under the job's storage) must fit the pipeline; raises
-        :class:`~cutline.runtime.restore.IncompatibleCheckpointError` naming what changed."""
+        :class:`~cutline.runtime.restore.IncompatibleCheckpointError` naming what changed,
+        and :class:`FinishedJobError` when the latest one ended a finished run (resume it
+        with ``restore_from``)."""
         try:
             chosen = self.controller.restore
             handle = (self.storage.open(chosen) if chosen is not None
                       else self.storage.latest())
-            if handle is not None and chosen is None and handle.metadata.get("final"):
-                raise FinishedJobError(self._finished_message(handle))
             self._restore_checked = True
             self.controller.restore = handle.path if handle is not None else None
             if handle is None:
@@ -253,6 +253,9 @@ class JobDriver:
             for warning in check_compatible(handle.metadata, read_states(handle), self.plan,
                                             handle.path, allow_non_restored_state):
                 log.warning("%s", warning)
+            if chosen is None and handle.metadata.get("final"):
+                # a finished run: resuming it by default would silently output nothing
+                raise FinishedJobError(self._finished_message(handle))
             return handle.path
         except BaseException:
             self._control.close()  # the run does not start: leave no listener behind
