@@ -47,3 +47,17 @@ def test_the_cli_explores_event_time_and_refuses_at_least_once(capsys):
     assert "every window fires exactly once" in " ".join(capsys.readouterr().out.split())
     with pytest.raises(ValueError, match="at_least_once"):
         explore_time("small", mode="at_least_once")
+
+
+def test_one_interleaving_with_a_crash_is_drawn(tmp_path):
+    from cutline.analysis.time_diagram import draw_time_run, sample_run
+
+    run = sample_run("late", "aligned", seed=1)
+    assert run.crash is not None and run.restored == 1 and not run.problems
+    assert any(o[0] == "late" for _, o in run.outputs)
+    # every item of both channels reached W (the ends after the crash again)
+    assert {a[1][0] for a in run.arrows} == {"r", "w", "b", "eof"}
+    out = draw_time_run(run, tmp_path / "t.png")
+    assert out.stat().st_size > 20_000
+    assert main(["explore", "--event-time", "small", "--diagram", str(tmp_path / "c.svg")]) == 0
+    assert (tmp_path / "c.svg").read_text().count("<svg") == 1

@@ -237,6 +237,13 @@ def _explore(args: argparse.Namespace) -> int:
                              checkpoints=args.snapshots,
                              fault=args.fault)
         console.print(timed.summary(), markup=False, highlight=False)
+        if args.diagram is not None:
+            from .analysis.time_diagram import draw_time_run, sample_run
+
+            run = sample_run(args.event_time, args.mode or "aligned", seed=args.seed)
+            draw_time_run(run, args.diagram)
+            console.print(f"one interleaving with a crash after checkpoint {run.restored}, "
+                          f"drawn to {args.diagram}", markup=False)
         return 0 if timed.ok else 1
     from .analysis.explore import explore
 
@@ -290,6 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
                          + ", ".join(TIME_SCENARIOS))
     ex.add_argument("--fault", choices=list(TIME_FAULTS),
                     help="--event-time: inject a known bug to see the checker catch it")
+    ex.add_argument("--diagram", type=_diagram_path, metavar="FILE.png|svg",
+                    help="--event-time: also draw one interleaving with a crash")
+    ex.add_argument("--seed", type=int, default=1,
+                    help="--diagram: which interleaving (a seeded random walk)")
     ex.add_argument("--quiet", action="store_true")
     from . import cli_jobs
 
