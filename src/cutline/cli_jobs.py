@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
                       f"{_size(info['state_bytes'])}")
         t = Table()
         for col in ("operator", "kind", "parallelism", "keyed state", "keys", "source position",
-                    "pending sink transactions", "in-flight", "watermark"):
+                    "pending sink transactions", "in-flight", "timers", "watermark"):
             t.add_column(col, justify="left" if col in ("operator", "kind") else "right")
         for op in info["operators"]:
             t.add_row(op["uid"], op["kind"] or "-", str(op["parallelism"] or "-"),
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                       "yes" if op.get("source") else "-",
                       str(op.get("pending_transactions", "-")),
                       _size(op["in_flight_bytes"]) if op.get("in_flight_bytes") else "-",
-                      _watermark(op))
+                      f"{op['timers']:,}" if op.get("timers") else "-", _watermark(op))
         console.print(t)
         return 0
     try:
