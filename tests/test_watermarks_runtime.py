@@ -398,4 +398,5 @@ def test_checkpoints_show_names_each_operator_s_watermark(tmp_path, capsys):
     assert ops["events"]["watermark"] == "inf" and ops["windows"]["watermark"] == "inf"
     assert "watermark" not in ops["out"]  # the sink's chain: part of windows' chain or none
     assert main(["checkpoints", "show", path]) == 0
-    assert "end of" in capsys.readouterr().out  # "end of input", wrapped in a narrow table
+    cells = " ".join(capsys.readouterr().out.split())
+    assert "watermark" in cells and "input" in cells  # "end of input", wrapped in the table
