@@ -18,8 +18,9 @@ def test_vs_spark_bench_quick(tmp_path):
     out = tmp_path / "vs_spark.json"
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--quick", "--records", "8000", "--latency-seconds", "2.5",
-         "--warmup", "0.5", "--rate", "300", "--no-profile", "--out", str(out)],
-        capture_output=True, text=True, timeout=600,
+         "--warmup", "0.5", "--rate", "300", "--window-latency-seconds", "13", "--no-profile",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=900,
         env={**os.environ, "COLUMNS": "200"},
     )
     assert proc.returncode == 0, proc.stderr[-5000:]
@@ -28,9 +29,15 @@ def test_vs_spark_bench_quick(tmp_path):
     assert result["quick"] is True
     assert result["errors"] == [], result["errors"]
     workloads = {row["workload"] for row in result["summary"]}
-    assert workloads == {"stateless", "keyed", "keyed-sql"}, workloads
+    assert workloads == {"stateless", "keyed", "keyed-sql", "windowed"}, workloads
     assert {row["kind"] for row in result["summary"]} == {"throughput", "latency"}
-    assert "windowed" in result["skipped"]
+    assert result["skipped"] == {}
+    # workload 4: cutline's window counts equal Spark SQL's, and both the input's
+    check = result["windowed_check"]
+    assert check["cutline_equals_spark_sql"] and check["every_run_equals_the_input_counts"]
+    for name, runs in result["runs"].items():
+        if name.startswith("lat | windowed"):  # windows closed, were measured and are right
+            assert all(r["n"] > 0 and r["output"]["ok"] for r in runs), (name, runs)
     for row in result["summary"]:
         assert row["ratio"] is not None and row["ratio"] > 0, row
     for name, runs in result["runs"].items():
