@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from ..protocol import (
     Barrier,
@@ -304,6 +305,31 @@ def explore(
     edges = globals()["topology"](topology, processes)
     ex = _Explorer(processes, edges, m, messages, snapshots, initiators)
     result = ExploreResult(processes, topology, m.value, messages, snapshots, initiators)
+    found = search(ex.initial(), ex.steps, ex.problems, max_states=max_states,
+                   progress=progress)
+    result.states, result.interleavings, result.violating = (
+        found.states, found.interleavings, found.violating)
+    result.counterexample, result.problems = found.counterexample, found.problems
+    return result
+
+
+@dataclass
+class Search:
+    states: int = 0
+    interleavings: int = 0
+    violating: int = 0
+    counterexample: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def search(initial: Any, steps: Callable[[Any], list[tuple[str, Callable[[], Any]]]],
+           problems: Callable[[Any], list[str]], *, max_states: int = 2_000_000,
+           progress: bool = False) -> Search:
+    """Every path from ``initial`` through ``steps`` (a world's ``(label, next world)``
+    choices, none at a final state), each final state judged by ``problems``.  Worlds with
+    the same ``key()`` are visited once, and paths through them are still counted exactly.
+    The first path to a violating final state is the counterexample."""
+    found = Search()
     memo: dict[tuple, tuple[int, int]] = {}
     path: list[str] = []
     status = None
@@ -313,20 +339,20 @@ def explore(
         status = Console(stderr=True).status("exploring ...")
         status.start()
 
-    def visit(w: _World) -> tuple[int, int]:
+    def visit(w: Any) -> tuple[int, int]:
         key = w.key()
         hit = memo.get(key)
         if hit is not None:
             return hit
-        steps = ex.steps(w)
-        if not steps:
-            bad = ex.problems(w)
-            if bad and not result.counterexample:
-                result.counterexample, result.problems = list(path), bad
+        choices = steps(w)
+        if not choices:
+            bad = problems(w)
+            if bad and not found.counterexample:
+                found.counterexample, found.problems = list(path), bad
             res = (1, 1 if bad else 0)
         else:
             total = violating = 0
-            for label, step in steps:
+            for label, step in choices:
                 path.append(label)
                 t, v = visit(step())
                 path.pop()
@@ -343,10 +369,10 @@ def explore(
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 10_000))
     try:
-        result.interleavings, result.violating = visit(ex.initial())
+        found.interleavings, found.violating = visit(initial)
     finally:
         sys.setrecursionlimit(limit)
         if status is not None:
             status.stop()
-    result.states = len(memo)
-    return result
+    found.states = len(memo)
+    return found

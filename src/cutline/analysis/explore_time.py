@@ -38,7 +38,6 @@ operator reached later), ``"tracker_not_restored"`` (restore starts the watermar
 from __future__ import annotations
 
 import copy
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -55,6 +54,7 @@ from ..protocol import (
     TakeSnapshot,
 )
 from ..protocol.watermarks import BoundedOutOfOrderness, WatermarkTracker
+from .explore import search
 
 __all__ = ["FAULTS", "TimeExploreResult", "explore_time", "SCENARIOS"]
 
@@ -426,40 +426,9 @@ def explore_time(scenario: str = "in-order", *, mode: str = "aligned", checkpoin
         raise ValueError(f"checkpoints must be >= 1, got {checkpoints}")
     ex = _Explorer(SCENARIOS[scenario], m, checkpoints, size, max_delay, fault)
     result = TimeExploreResult(scenario, m.value, checkpoints, fault)
-    memo: dict[tuple, tuple[int, int]] = {}
-    path: list[str] = []
-
-    def visit(w: _World) -> tuple[int, int]:
-        key = w.key()
-        hit = memo.get(key)
-        if hit is not None:
-            return hit
-        steps = ex.steps(w)
-        if not steps:
-            bad = ex.problems(w)
-            if bad and not result.counterexample:
-                result.counterexample, result.problems = list(path), bad
-            res = (1, 1 if bad else 0)
-        else:
-            total = violating = 0
-            for label, step in steps:
-                path.append(label)
-                t, v = visit(step())
-                path.pop()
-                total += t
-                violating += v
-            res = (total, violating)
-        memo[key] = res
-        if len(memo) > max_states:
-            raise RuntimeError(f"more than {max_states:,} states: choose a smaller system")
-        return res
-
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 10_000))
-    try:
-        result.interleavings, result.violating = visit(ex.initial())
-    finally:
-        sys.setrecursionlimit(limit)
-    result.states = len(memo)
+    found = search(ex.initial(), ex.steps, ex.problems, max_states=max_states)
+    result.states, result.interleavings, result.violating = (
+        found.states, found.interleavings, found.violating)
+    result.counterexample, result.problems = found.counterexample, found.problems
     return result
 
