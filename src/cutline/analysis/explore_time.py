@@ -395,14 +395,15 @@ def _set(t: tuple, i: int, v: Any) -> tuple:
     return t[:i] + (v,) + t[i + 1:]
 
 
-def _show(item: tuple) -> str:
+def _show(item: tuple, short: bool = False) -> str:
+    """An item for a counterexample, or (``short``) for a diagram's arrow."""
     if item[0] == "r":
-        return f"record {item[1][0]}@{item[1][1]:g}"
+        return f"{'' if short else 'record '}{item[1][0]}@{item[1][1]:g}"
     if item[0] == "w":
-        return f"watermark {item[1]:g}"
+        return f"{'wm' if short else 'watermark'} {item[1]:g}"
     if item[0] == "b":
         return f"barrier {item[1].checkpoint_id}"
-    return "end of input"
+    return "end" if short else "end of input"
 
 
 def _shows(items: Sequence[tuple]) -> str:

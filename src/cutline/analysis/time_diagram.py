@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..protocol import Mode
-from .explore_time import SCENARIOS, _Explorer, _World
+from .explore_time import SCENARIOS, _Explorer, _show, _World
 
 __all__ = ["TimeRun", "draw_time_run", "sample_run"]
 
@@ -112,16 +112,6 @@ def _walk(ex: _Explorer, rng: random.Random, scenario: str, mode: str) -> TimeRu
     return run
 
 
-def _label(item: tuple) -> str:
-    if item[0] == "r":
-        return f"{item[1][0]}@{item[1][1]:g}"
-    if item[0] == "w":
-        return f"wm {item[1]:g}"
-    if item[0] == "b":
-        return f"barrier {item[1].checkpoint_id}"
-    return "end"
-
-
 def draw_time_run(run: TimeRun, path: str | Path) -> Path:
     """Render ``run`` to ``path`` (``.png`` or ``.svg``)."""
     import matplotlib
@@ -152,7 +142,7 @@ def draw_time_run(run: TimeRun, path: str | Path) -> Path:
             ax.annotate("", xy=(took, wy), xytext=(x0, y[f"S{c + 1}"]),
                         arrowprops={"arrowstyle": "-|>", "color": color, "lw": 1.1,
                                     "linestyle": ls, "shrinkA": 0, "shrinkB": 0})
-            label = _label(item)
+            label = _show(item, short=True)
             ax.text(x0, y[f"S{c + 1}"] + 0.08, label, fontsize=7, color=color, ha="center",
                     va="bottom", rotation=35)
         for step, who, n in run.checkpoints:
