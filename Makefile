@@ -47,7 +47,8 @@ test-spark-versions: $(STAMP)
 	  ls $(SPARK_WHEELS)/pyspark-$$v-*.whl >/dev/null 2>&1 || \
 	    $(PY) -m pip wheel --quiet --no-deps pyspark==$$v -w $(SPARK_WHEELS); \
 	  test -x $$venv/bin/python || $(PYTHON) -m venv $$venv; \
-	  $$venv/bin/python -m pip install --quiet --find-links $(SPARK_WHEELS) \
+	  case $$v in 4.0.*|4.1.*) pins="-c bench/constraints-pyspark-4.0-4.1.txt";; *) pins=;; esac; \
+	  $$venv/bin/python -m pip install --quiet --find-links $(SPARK_WHEELS) $$pins \
 	    -e '.[test]' pyspark==$$v; \
 	  echo "== PySpark $$v: $$($$venv/bin/python -c 'import pyspark, pyarrow, pandas; \
 	    print(pyspark.__version__, "pyarrow", pyarrow.__version__, "pandas", pandas.__version__)')"; \
