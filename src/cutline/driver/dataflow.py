@@ -98,6 +98,7 @@ class JobDriver:
         self.done = threading.Event()
         self.error: str | None = None
         self.cancel_requested: str | None = None  # RunningJob.cancel(): why
+        self.dashboard_url: str | None = None  # the live dashboard's, with its token
         self._control = ControlService(host, self.secret, self.events, "cutline-driver")
         self.address = self._control.address
 

@@ -63,9 +63,10 @@ def _slot_main(spec: JobSpec, k: int) -> dict:
 def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str | None,
             timeout: float | None, on_start: Any, progress: Any,
             faults: tuple[tuple[str, int, int], ...],
-            allow_non_restored_state: bool) -> JobResult:
+            allow_non_restored_state: bool, dashboard: Any = None) -> JobResult:
     """``engine``: :class:`~cutline.spark.stage.SparkStage` or
-    :class:`~cutline.driver.threads.ThreadsEngine`."""
+    :class:`~cutline.driver.threads.ThreadsEngine`.  ``dashboard``: serve the live
+    dashboard (:func:`~cutline.driver.dashboard.dashboard_port` says when)."""
     for node in pipeline.nodes:  # what a source can tell before anything runs
         check = getattr(node.fn, "check", None) if node.kind == "source" else None
         warning = check() if callable(check) else None
@@ -79,6 +80,7 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
                    aligned_timeout=cfg.aligned_timeout, storage_url=cfg.storage,
                    storage_options=cfg.storage_options, host=engine.task_host,
                    faults=tuple(faults))
+    board = _start_dashboard(driver, dashboard, engine)
     driver.start()
     t0 = time.monotonic()
     engine.submit(_slot_main, spec, f"cutline job {pipeline.name}",
@@ -110,10 +112,32 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
         if not driver.done.is_set() or driver.error:
             engine.cancel()
         driver.stop()
+        if board is not None:
+            board.stop()
     return JobResult(pipeline.name, driver.checkpoints, driver.attempts,
                      time.monotonic() - t0, driver.restored_from, plan.describe(),
                      task_pids=driver.task_pids, cpu_seconds=driver.cpu_seconds,
                      savepoint=driver.stopped_with_savepoint)
+
+
+def _start_dashboard(driver: JobDriver, option: Any, engine: Any) -> Any:
+    """The job's live dashboard, started and announced, or None (not wanted)."""
+    from .dashboard import Dashboard, JobView, dashboard_port
+
+    try:
+        port = dashboard_port(option)
+        if port is None:
+            return None
+        board = Dashboard(JobView(driver, engine.name), port)
+    except BaseException as exc:
+        driver.stop()  # the run does not start: leave no listener behind
+        if isinstance(exc, OSError):
+            raise OSError(exc.errno, f"cannot serve the dashboard of job {driver.job!r} on "
+                                     f"127.0.0.1:{port}: {exc.strerror}") from None
+        raise
+    driver.dashboard_url = board.url
+    board.announce()
+    return board
 
 
 def _wait(driver: JobDriver, engine: Any, name: str, t0: float,

@@ -18,6 +18,7 @@ __all__ = ["ThreadsEngine"]
 
 
 class ThreadsEngine:
+    name = "threads"
     driver_host = "127.0.0.1"
     task_host = "127.0.0.1"
     local = True

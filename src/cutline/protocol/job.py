@@ -35,8 +35,9 @@ from .coordinator import (
 log = logging.getLogger("cutline.driver")
 
 __all__ = [
-    "Attempt", "AttemptTracker", "CheckpointRecord", "CommitCheckpoint", "Conn", "Done",
-    "JobCommand", "JobController", "JobShape", "SavepointFailed", "SavepointReady", "Send",
+    "Attempt", "AttemptStarted", "AttemptTracker", "CheckpointRecord", "CommitCheckpoint",
+    "Conn", "Done", "FailedCheckpoint", "JobCommand", "JobController", "JobShape",
+    "SavepointFailed", "SavepointReady", "Send",
 ]
 
 Conn: TypeAlias = Hashable
@@ -149,10 +150,47 @@ class CheckpointRecord:
     final: bool = False
     attempt: int = 0
     alignment: float = 0.0  # longest alignment of any task
+    in_flight_bytes: int = 0  # persisted size of the in-flight records
+    savepoint: bool = False
+    # per task: what its snapshot cost (seconds: ``end_to_end`` from the trigger to its
+    # ack, ``alignment``, ``sync``, ``async``; ``bytes`` of state, ``in_flight`` records
+    # and their ``in_flight_bytes``), what Flink's checkpoint tab shows per subtask
+    tasks: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def duration(self) -> float:
         return self.completed - self.started
+
+
+@dataclass(frozen=True)
+class AttemptStarted:
+    """An attempt of the run started (all its slots registered): when, from which
+    checkpoint, and after which task failure (``None``: the first, or no cause reported)."""
+    number: int
+    at: float
+    restored_from: str | None
+    after_failure: str | None = None
+
+
+@dataclass(frozen=True)
+class FailedCheckpoint:
+    """A checkpoint that was aborted (declined, expired, its storage failed)."""
+    id: int
+    attempt: int
+    started: float
+    failed: float
+    reason: str
+
+
+_TASK_STATS = ("bytes", "in_flight", "in_flight_bytes", "alignment", "sync")
+
+
+def _task_stats(stats: Mapping[str, Any], acked: float | None,
+                triggered: float) -> dict[str, float]:
+    row = {k: stats.get(k) or 0 for k in _TASK_STATS}
+    row["async"] = max(0.0, float(stats.get("duration") or 0) - row["sync"])
+    row["end_to_end"] = max(0.0, acked - triggered) if acked is not None else 0.0
+    return row
 
 
 @dataclass(frozen=True)
@@ -194,7 +232,9 @@ class JobController:
         self.last_failure: str | None = None
         self.trace = ""
         self.stopped_with_savepoint: str | None = None
-        self.metrics: dict[str, tuple[int, bool]] = {}  # task -> (records in, is source)
+        self.metrics: dict[str, m.Metrics] = {}  # task -> its latest, current attempt
+        self.failed_checkpoints: list[FailedCheckpoint] = []
+        self.attempt_log: list[AttemptStarted] = []
         self.watermarks: dict[str, float] = {}  # task -> output watermark (event time)
         self.source_records_before = 0
         self._savepoints: dict[int, tuple[Hashable, bool]] = {}  # id -> (token, stop after)
@@ -209,6 +249,7 @@ class JobController:
         self.probe_at: float | None = None
         self.final: int | None = None
         self.triggered: dict[int, float] = {}
+        self._acked: dict[int, dict[str, float]] = {}  # checkpoint -> task -> when
 
     # ------------------------------------------------------------------ queries
 
@@ -222,7 +263,7 @@ class JobController:
 
     def source_records(self) -> int:
         """Records read by the sources in the current attempt."""
-        return sum(n for n, is_source in self.metrics.values() if is_source)
+        return sum(x.records for x in list(self.metrics.values()) if x.source)
 
     def watermark(self) -> float | None:
         """The job's event time: the lowest output watermark of its timed tasks (``None``
@@ -247,6 +288,8 @@ class JobController:
         if self.done or not self.attempts.current(conn) or self.coordinator is None:
             return cmds  # stale: a previous attempt's, or the job is over
         if t is m.Ack:
+            if msg.checkpoint in self.triggered:
+                self._acked.setdefault(msg.checkpoint, {})[msg.task] = now
             self._run(self.coordinator.on_ack(msg.task, msg.checkpoint, now,
                                               msg.stats.as_dict()), now, cmds)
         elif t is m.Decline:
@@ -263,7 +306,7 @@ class JobController:
             if self.forward_closed >= self.shape.loop_heads:
                 self.probe_at = now
         elif t is m.Metrics:
-            self.metrics[msg.task] = (msg.records, msg.source)
+            self.metrics[msg.task] = msg
             if msg.timed:
                 self.watermarks[msg.task] = decode_ts(msg.watermark)
             self._note_cpu(conn, msg.cpu)
@@ -338,12 +381,17 @@ class JobController:
             return cmds
         n, stats = checkpoint_id, cmd.stats_by_task
         final = n == self.final
+        started = self.triggered.get(n, cmd.triggered_at)
+        acked = self._acked.pop(n, {})
+        tasks = {str(t): _task_stats(s, acked.get(str(t)), started) for t, s in stats.items()}
         self.checkpoints.append(CheckpointRecord(
-            n, self.triggered.get(n, cmd.triggered_at), now,
+            n, started, now,
             sum(int(s.get("bytes") or 0) for s in stats.values()),
             sum(int(s.get("in_flight") or 0) for s in stats.values()), path, final,
             self.attempt.number,
-            max((float(s.get("alignment") or 0) for s in stats.values()), default=0.0)))
+            max((float(s.get("alignment") or 0) for s in stats.values()), default=0.0),
+            sum(int(s.get("in_flight_bytes") or 0) for s in stats.values()), cmd.savepoint,
+            tasks))
         self._broadcast(m.Complete(n, final), cmds)
         self._check_loop({str(t): s for t, s in stats.items()}, now, cmds)
         waiter = self._savepoints.pop(n, None)
@@ -396,6 +444,8 @@ class JobController:
                                                  first_id=self.next_id, started_at=now)
         a.started = True
         self.started_attempts = a.number + 1
+        self.attempt_log.append(AttemptStarted(a.number, now, path,
+                                               self.last_failure if a.number else None))
         for conn in a.conns.values():
             cmds.append(Send(conn, m.Start(a.number, dict(a.addresses), path)))
         log.info("attempt %d started%s", a.number, f" from {path}" if path else "")
@@ -478,6 +528,10 @@ class JobController:
                     cmd.checkpoint_id, self.metadata(cmd.checkpoint_id, self.attempt.number,
                                                      stats), stats, cmd.savepoint))
             elif isinstance(cmd, Abort):
+                n = cmd.checkpoint_id
+                self._acked.pop(n, None)
+                self.failed_checkpoints.append(FailedCheckpoint(
+                    n, self.attempt.number, self.triggered.get(n, now), now, cmd.reason))
                 self._broadcast(m.Abort(cmd.checkpoint_id), cmds)
                 self._fail_savepoints(cmd.reason, cmds, only=cmd.checkpoint_id)
                 heads = self.shape.loop_heads

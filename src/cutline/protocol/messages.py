@@ -89,7 +89,12 @@ class Register:
 @dataclass(frozen=True, slots=True)
 class SnapshotStats:
     """What a task reports with its acknowledgement: where its state file is and what the
-    snapshot cost.  ``shared``: RocksDB files the state references (listed in ``_metadata``)."""
+    snapshot cost.  ``shared``: RocksDB files the state references (listed in ``_metadata``).
+    Times in seconds: ``alignment`` (channels held blocked for the barriers), ``sync`` (the
+    synchronous part, on the task's thread: state captured, the barrier sent on after the
+    output buffered ahead of it), ``duration`` (from the snapshot to the ack: ``sync`` plus
+    the asynchronous write).  ``in_flight``: records of
+    channel state, ``in_flight_bytes`` their persisted size."""
     path: str | None = None
     size: int | None = None
     sha256: str | None = None
@@ -100,6 +105,8 @@ class SnapshotStats:
     chain: str | None = None
     forward_closed: bool = False
     shared: dict | None = None
+    sync: float = 0.0
+    in_flight_bytes: int = 0
     TAG: ClassVar[str]
 
     def as_dict(self) -> dict[str, Any]:
@@ -147,13 +154,15 @@ class ForwardClosed:
 class Metrics:
     """A task's progress.  ``watermark``: its output watermark with event time, encoded
     (:func:`~cutline.protocol.watermarks.encode_ts`: ``None`` none yet, ``"inf"`` the end);
-    ``timed``: whether it has one."""
+    ``timed``: whether it has one.  ``backpressured``: seconds so far its output waited for
+    credit from a slower receiver."""
     task: str
     records: int
     source: bool
     cpu: float
     timed: bool = False
     watermark: float | str | None = None
+    backpressured: float = 0.0
     TAG: ClassVar[str]
 
 

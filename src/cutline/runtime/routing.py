@@ -46,6 +46,8 @@ class Router:
         self.closed = False  # the task's outputs ended (EOF sent)
         self.last_flush = time.monotonic()
         self._in_wait = False
+        self.backpressured = 0.0  # seconds sends waited for credit (a slower receiver)
+        self._waiting_since: float | None = None  # an interruptible send waits since then
 
     def emit(self, batch: list) -> None:
         if not batch:
@@ -113,18 +115,36 @@ class Router:
             buf = self.buffers[ch]
             if buf:
                 self.buffers[ch] = []
-                out.send_records(buf)
+                if out.credits:
+                    out.send_records(buf)
+                else:
+                    waited = time.monotonic()
+                    out.send_records(buf)
+                    if not self._in_wait:  # else the interruptible send counts it
+                        self.backpressured += time.monotonic() - waited
             return
-        while self.buffers[ch]:
-            try:
-                out.send_records(self.buffers[ch], timeout=0.01)
-                self.buffers[ch] = []
-            except TimeoutError:
-                self._in_wait = True
+        try:
+            while self.buffers[ch]:
                 try:
-                    self.while_blocked()
-                finally:
-                    self._in_wait = False
+                    out.send_records(self.buffers[ch], timeout=0.01)
+                    self.buffers[ch] = []
+                except TimeoutError:
+                    if self._waiting_since is None:
+                        self._waiting_since = time.monotonic() - 0.01
+                    self._in_wait = True
+                    try:
+                        self.while_blocked()
+                    finally:
+                        self._in_wait = False
+        finally:
+            if self._waiting_since is not None:
+                self.backpressured += time.monotonic() - self._waiting_since
+                self._waiting_since = None
+
+    def backpressured_now(self) -> float:
+        """Seconds sends waited for credit so far, the wait going on included."""
+        since = self._waiting_since
+        return self.backpressured + (time.monotonic() - since if since is not None else 0.0)
 
     def flush_all(self, interruptible: bool = False) -> None:
         for ch in self.buffers:

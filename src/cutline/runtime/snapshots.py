@@ -43,6 +43,8 @@ class PendingSnapshot:
     channels: dict[str, list[bytes]] = field(default_factory=dict)
     out_channels: dict[str, list[bytes]] = field(default_factory=dict)
     in_flight: int = 0  # records in channels + out_channels
+    in_flight_bytes: int = 0  # their pickled size
+    sync: float = 0.0  # seconds on the task's thread: state captured, barrier sent on
     watermarks: dict[str, Any] | None = None  # event-time state (EventTime.snapshot)
 
 
@@ -98,8 +100,10 @@ class Snapshots:
         """In-flight records of input ``channel`` that belong to snapshot ``n``."""
         snap = self.pending[n]
         # bytes now: a later in-place change of a record must not alter the snapshot
-        snap.channels.setdefault(channel, []).append(pickle.dumps(records, protocol=5))
+        data = pickle.dumps(records, protocol=5)
+        snap.channels.setdefault(channel, []).append(data)
         snap.in_flight += len(records)
+        snap.in_flight_bytes += len(data)
 
     def record_output(self, n: int, buffers: dict[str, list]) -> None:
         """An unaligned barrier of ``n`` leaves ahead of ``buffers``: their records are
@@ -109,6 +113,7 @@ class Snapshots:
             snap.out_channels = {ch: [pickle.dumps(buf, protocol=5)]
                                  for ch, buf in buffers.items() if buf}
             snap.in_flight += sum(len(b) for b in buffers.values())
+            snap.in_flight_bytes += sum(len(b[0]) for b in snap.out_channels.values())
 
     def drop(self, n: int) -> None:
         """Snapshot ``n`` was aborted or declined."""
@@ -120,6 +125,7 @@ class Snapshots:
         snap = self.pending.pop(n, None)
         if snap is None:
             return
+        snap.sync = time.monotonic() - snap.started  # the rest is the write: asynchronous
         if any(not isinstance(b, bytes) for b in snap.ops.values()):
             # A state backend's files (RocksDB) upload on this subtask's upload thread while
             # records keep flowing; the ack leaves once they are up.
@@ -158,6 +164,7 @@ class Snapshots:
             bytes=len(data) + sum(d.uploaded for d in deferred.values()),
             in_flight=snap.in_flight, alignment=snap.alignment,
             duration=time.monotonic() - snap.started, chain=self.chain.uid,
+            sync=snap.sync, in_flight_bytes=snap.in_flight_bytes,
             forward_closed=snap.forward_closed,
             # shared files the state references: listed in _metadata
             shared={rel: ref for d in deferred.values() for rel, ref in d.shared.items()}

@@ -199,6 +199,7 @@ class Subtask:
     # ------------------------------------------------------------------ data path
 
     def _while_blocked(self) -> None:
+        self._metrics()  # a task waiting for credit reports it (backpressure)
         self._control()
         if self.timers:
             self._timers()
@@ -281,14 +282,15 @@ class Subtask:
             except queue.Empty:
                 return
 
-    def _metrics(self) -> None:
+    def _metrics(self, force: bool = False) -> None:
         now = time.monotonic()
-        if now - self.last_metrics >= 0.5:
+        if force or now - self.last_metrics >= 0.5:
             self.last_metrics = now
             et = self.event_time
             self.slot.send(m.Metrics(self.task_id, self.records_in, self.reader is not None,
                                      self.slot.cpu(), et is not None,
-                                     None if et is None else encode_ts(et.output)))
+                                     None if et is None else encode_ts(et.output),
+                                     self.router.backpressured_now()))
 
     def _timers(self) -> None:
         now = time.monotonic()
@@ -333,6 +335,7 @@ class Subtask:
             self.event_time.end_of_input()
         self.router.close_outputs()
         self.drained = True
+        self._metrics(force=True)  # its final counts
         self.slot.send(m.Drained(self.task_id))
 
     def _forward_closed(self) -> bool:

@@ -88,7 +88,7 @@ def _build_session(builder: Any, slots: int, max_failures: int, stage_attempts: 
 def run_threads(pipeline: Any, *, restore_from: str | None = None,
                 timeout: float | None = None,
                 allow_non_restored_state: bool = False, on_start: Any = None,
-                progress: Any = None) -> JobResult:
+                progress: Any = None, dashboard: Any = None) -> JobResult:
     """Run every slot on a thread of this process (no Spark): for tests and debugging.
 
     The same driver, tasks, channels and storage as on Spark; no fault tolerance beyond
@@ -97,14 +97,14 @@ def run_threads(pipeline: Any, *, restore_from: str | None = None,
     plan = make_plan(pipeline)
     return run_job(pipeline, plan, ThreadsEngine(plan.slots), restore_from=restore_from,
                    timeout=timeout, on_start=on_start, progress=progress, faults=(),
-                   allow_non_restored_state=allow_non_restored_state)
+                   allow_non_restored_state=allow_non_restored_state, dashboard=dashboard)
 
 
 def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None = None,
                  timeout: float | None = None, on_start: Any = None,
                  engine: str = "spark", progress: Any = None,
                  faults: tuple[tuple[str, int, int], ...] = (),
-                 allow_non_restored_state: bool = False) -> JobResult:
+                 allow_non_restored_state: bool = False, dashboard: Any = None) -> JobResult:
     """Run ``pipeline`` to the end (bounded sources) and return what happened.
 
     ``restore_from`` starts from a checkpoint or savepoint path; otherwise the job resumes
@@ -119,11 +119,16 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
     ``progress``: a live line (records/s, checkpoints, attempt) while the job runs.  By
     default (None) shown in an interactive terminal, not in CI, a notebook or a pipe;
     True / False force it; a rich ``Console`` shows it there.
+
+    ``dashboard``: a live web page and Prometheus endpoint on 127.0.0.1 while the job runs
+    (its URL, with the job's token, is printed at start).  By default (None) on where the
+    progress line shows, or as ``$CUTLINE_DASHBOARD`` says (1, 0 or a port); True / False
+    force it; a number is the port (default: any free one).
     """
     if engine == "threads":
         return run_threads(pipeline, restore_from=restore_from, timeout=timeout,
                            allow_non_restored_state=allow_non_restored_state,
-                           on_start=on_start, progress=progress)
+                           on_start=on_start, progress=progress, dashboard=dashboard)
     if engine != "spark":
         raise ValueError(f"engine must be 'spark' or 'threads', got {engine!r}")
     plan = make_plan(pipeline)
@@ -135,7 +140,7 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
     ship_user_code(n for node in pipeline.nodes for n in (node.fn, node.key_fn, node.on_timer))
     return run_job(pipeline, plan, stage, restore_from=restore_from, timeout=timeout,
                    on_start=on_start, progress=progress, faults=faults,
-                   allow_non_restored_state=allow_non_restored_state)
+                   allow_non_restored_state=allow_non_restored_state, dashboard=dashboard)
 
 
 class RunningJob:

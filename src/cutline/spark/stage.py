@@ -109,6 +109,7 @@ class SparkStage:
                              f"Spark session offers {self.sc.defaultParallelism}")
         self.slots = slots
         self.local = self.sc.master.startswith("local")
+        self.name = f"spark {self.sc.master}"
         # where the driver listens: loopback for an embedded session, else the address the
         # executors reach the Spark driver on
         self.driver_host = "127.0.0.1" if self.local else spark.conf.get("spark.driver.host")

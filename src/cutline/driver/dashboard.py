@@ -1,0 +1,421 @@
+"""The live dashboard: a web page and a Prometheus endpoint the driver serves while a job runs.
+
+What Flink's web UI shows of a job, from what the driver already knows (the
+:class:`~cutline.protocol.job.JobController`, the tasks' ``Metrics`` and their checkpoint
+acks): the job graph with each operator's records/s, backpressure and watermark; the
+checkpoint history with, per subtask, the end-to-end, alignment, synchronous and
+asynchronous times, state size and persisted in-flight data; the attempts and what
+restarted them.
+
+* ``/``: the page (one self-contained HTML file, its script polls ``/api/job``);
+* ``/api/job``: the same as JSON (:meth:`JobView.snapshot`);
+* ``/metrics``: the same numbers in Prometheus' text format (``prometheus-client``).
+
+The server listens on loopback only, on a thread of the driver, and answers only requests
+that carry the job's token (``?token=...``, or ``Authorization: Bearer ...`` for a
+Prometheus scrape config); anyone else gets 403.  It stops with the job.
+
+On by default where the progress line is (an interactive terminal, not CI); ``p.run(
+dashboard=True)`` or ``CUTLINE_DASHBOARD=1`` turn it on anywhere, ``False`` / ``0`` off; a
+number is the port (default: any free one).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import math
+import os
+import secrets
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from ..protocol.watermarks import decode_ts
+from ..report import format_event_time
+
+log = logging.getLogger("cutline.dashboard")
+
+__all__ = ["DASHBOARD_ENV", "Dashboard", "JobView", "dashboard_port"]
+
+DASHBOARD_ENV = "CUTLINE_DASHBOARD"
+_HISTORY = 50  # checkpoints (completed and failed) the page lists
+
+
+def dashboard_port(option: Any) -> int | None:
+    """The port to serve the dashboard on (0: any free one), or ``None`` for none.
+
+    ``option`` is ``p.run(dashboard=...)``: True, False, a port, or None for the default:
+    ``$CUTLINE_DASHBOARD`` (1 / 0 / a port) if set, else on where the progress line shows
+    (an interactive terminal, not CI, a notebook or a pipe)."""
+    if option is None:
+        env = os.environ.get(DASHBOARD_ENV, "").strip().lower()
+        if not env:
+            from ..report import progress_by_default
+
+            return 0 if progress_by_default() else None
+        if env in ("0", "false", "no", "off"):
+            return None
+        if env in ("1", "true", "yes", "on"):
+            return 0
+        option = int(env) if env.isdigit() else env
+        if isinstance(option, str):
+            raise ValueError(f"{DASHBOARD_ENV} must be 1, 0 or a port number, got {env!r}")
+    if option is True:
+        return 0
+    if option is False:
+        return None
+    if isinstance(option, int) and 0 < option < 65536:
+        return option
+    raise ValueError(f"dashboard= must be True, False, None or a port number (1-65535), "
+                     f"got {option!r}")
+
+
+# ---------------------------------------------------------------------------- the numbers
+
+
+class _Rates:
+    """Records/s and backpressure per task between samples at least ``every`` seconds apart
+    (counters restart with each attempt: a new attempt starts a new sample)."""
+
+    def __init__(self, every: float = 1.0) -> None:
+        self.every = every
+        self.lock = threading.Lock()
+        self.prev: tuple[float, int, dict[str, tuple[int, float]]] | None = None
+        self.rates: dict[str, tuple[float, float]] = {}
+
+    def sample(self, now: float, attempt: int,
+               counters: dict[str, tuple[int, float]]) -> dict[str, tuple[float, float]]:
+        with self.lock:
+            prev = self.prev
+            if prev is None or prev[1] != attempt:
+                self.prev, self.rates = (now, attempt, counters), {}
+            elif now - prev[0] >= self.every:
+                dt = now - prev[0]
+                self.rates = {
+                    t: (max(0.0, (n - prev[2][t][0]) / dt),
+                        min(1.0, max(0.0, (bp - prev[2][t][1]) / dt)))
+                    for t, (n, bp) in counters.items() if t in prev[2]}
+                self.prev = (now, attempt, counters)
+            return dict(self.rates)
+
+
+def _wall(mono: float, now_mono: float, now_wall: float) -> float:
+    return now_wall - (now_mono - mono)
+
+
+class JobView:
+    """What the page and ``/metrics`` show of a running job, read from its driver
+    (:class:`~cutline.driver.dataflow.JobDriver`) without stopping it."""
+
+    def __init__(self, driver: Any, engine: str) -> None:
+        self.driver, self.engine = driver, engine
+        self.rates = _Rates()
+        self.started = time.monotonic()
+        plan = driver.plan
+        self.chain_of = {c.task_id(i): c.uid for c, i in plan.tasks()}
+        self.graph = _graph(plan)
+
+    def sample(self) -> dict[str, tuple[float, float]]:
+        c = self.driver.controller
+        counters = {t: (x.records, x.backpressured) for t, x in list(c.metrics.items())}
+        return self.rates.sample(time.monotonic(), c.attempt.number, counters)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The job as JSON-able data (``/api/job``)."""
+        for _ in range(5):  # the driver thread changes the controller meanwhile: retry
+            try:
+                return self._snapshot()
+            except RuntimeError:  # a dict changed size while read
+                time.sleep(0.001)
+        return self._snapshot()
+
+    def _snapshot(self) -> dict[str, Any]:
+        d, c = self.driver, self.driver.controller
+        now, wall = time.monotonic(), time.time()
+        rates = self.sample()
+        metrics = dict(c.metrics)
+        operators = []
+        for chain in d.plan.chains:
+            subtasks = [_subtask(chain.task_id(i), metrics.get(chain.task_id(i)),
+                                 rates.get(chain.task_id(i), (0.0, 0.0)))
+                        for i in range(chain.parallelism)]
+            marks = [decode_ts(metrics[s["task"]].watermark) for s in subtasks if s["timed"]]
+            operators.append({
+                "uid": chain.uid, "parallelism": chain.parallelism,
+                "records": sum(s["records"] for s in subtasks),
+                "records_per_s": sum(s["records_per_s"] for s in subtasks),
+                "backpressure": max(s["backpressure"] for s in subtasks),
+                "watermark_text": format_event_time(min(marks)) if marks else None,
+                "subtasks": subtasks})
+        history = [_completed(r, now, wall) for r in list(c.checkpoints)]
+        history += [{"id": f.id, "status": "failed", "attempt": f.attempt,
+                     "triggered": _wall(f.started, now, wall),
+                     "duration": f.failed - f.started, "reason": f.reason}
+                    for f in list(c.failed_checkpoints)]
+        history.sort(key=lambda h: h["id"], reverse=True)
+        coordinator = c.coordinator
+        pending = []
+        if coordinator is not None and c.running:
+            for n in list(coordinator.pending):
+                p = coordinator.pending.get(n)
+                if p is not None:
+                    pending.append({"id": n, "status": "in progress",
+                                    "acked": len(p.acks), "tasks": len(c.shape.tasks),
+                                    "duration": now - c.triggered.get(n, now)})
+        status = ("failed" if c.error or d.error else "finished" if c.done
+                  else "running" if c.attempt.started
+                  else "restarting" if c.attempt.number else "starting")
+        return {
+            "job": d.job, "engine": self.engine, "status": status,
+            "error": c.error or d.error,
+            "uptime": now - self.started, "time": wall,
+            "mode": d.config.protocol_mode.value, "interval": d.config.interval,
+            "attempt": c.attempt.number, "restarts": max(0, c.started_attempts - 1),
+            "attempts": [{"number": a.number, "started": _wall(a.at, now, wall),
+                          "restored_from": a.restored_from, "after_failure": a.after_failure}
+                         for a in list(c.attempt_log)],
+            "last_failure": c.last_failure,
+            "source_records": c.source_records_before + c.source_records(),
+            "records_per_s": sum(o["records_per_s"] for o in operators
+                                 if o["uid"] in self.graph["sources"]),
+            "watermark_text": (format_event_time(c.watermark())
+                               if c.watermark() is not None else None),
+            "graph": self.graph, "operators": operators,
+            "checkpoints": {
+                "completed": len(c.checkpoints), "failed": len(c.failed_checkpoints),
+                "in_progress": pending, "history": history[:_HISTORY]},
+        }
+
+
+def _subtask(task: str, x: Any, rate: tuple[float, float]) -> dict[str, Any]:
+    """One task's row: ``x`` its latest ``Metrics`` (None before the first)."""
+    wm = decode_ts(x.watermark) if x is not None and x.timed else None
+    return {"task": task, "records": x.records if x else 0, "records_per_s": rate[0],
+            "backpressure": rate[1], "backpressured_s": x.backpressured if x else 0.0,
+            "timed": wm is not None,
+            "watermark": "end" if wm == math.inf else None if wm == -math.inf else wm,
+            "watermark_text": format_event_time(wm) if wm is not None else None}
+
+
+def _completed(r: Any, now: float, wall: float) -> dict[str, Any]:
+    return {"id": r.id, "status": "completed", "attempt": r.attempt,
+            "triggered": _wall(r.started, now, wall), "duration": r.duration,
+            "bytes": r.bytes, "in_flight": r.in_flight, "in_flight_bytes": r.in_flight_bytes,
+            "alignment": r.alignment, "final": r.final, "savepoint": r.savepoint,
+            "path": r.path, "tasks": [{"task": t, **s} for t, s in sorted(r.tasks.items())]}
+
+
+def _graph(plan: Any) -> dict[str, Any]:
+    """Chains as nodes (an operator chain runs as one task, as in Flink), edges between them,
+    and each chain's column: its longest distance from a source (feedback edges aside)."""
+    depth = {c.id: 0 for c in plan.chains}
+    for _ in plan.chains:  # chains are few: relax until stable
+        for e in plan.edges:
+            if not e.back:
+                depth[e.dst] = max(depth[e.dst], depth[e.src] + 1)
+    return {
+        "nodes": [{"uid": c.uid, "parallelism": c.parallelism, "depth": depth[c.id],
+                   "operators": [{"uid": n.uid, "kind": n.kind} for n in c.nodes]}
+                  for c in plan.chains],
+        "edges": [{"src": plan.chains[e.src].uid, "dst": plan.chains[e.dst].uid,
+                   "partitioning": e.partitioning, "back": e.back} for e in plan.edges],
+        "sources": [c.uid for c in plan.chains if c.is_source],
+    }
+
+
+# ---------------------------------------------------------------------------- Prometheus
+
+
+class _Collector:
+    """The snapshot's numbers as Prometheus metric families, read at each scrape."""
+
+    def __init__(self, view: JobView) -> None:
+        self.view = view
+
+    def describe(self) -> list:
+        return []  # no fixed set: the registry does not call collect() at registration
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        s = self.view.snapshot()
+        name = s["job"]
+
+        def job_metric(kind: type, metric: str, doc: str, value: float) -> Any:
+            family = kind(f"cutline_{metric}", doc, labels=["job"])
+            family.add_metric([name], value)
+            return family
+
+        ck = s["checkpoints"]
+        for kind, metric, doc, value in (
+                (GaugeMetricFamily, "job_attempt", "The attempt the job runs (0: the first).",
+                 s["attempt"]),
+                (CounterMetricFamily, "job_restarts", "Restarts of the job's tasks.",
+                 s["restarts"]),
+                (GaugeMetricFamily, "job_uptime_seconds", "Seconds since the driver started.",
+                 s["uptime"]),
+                (GaugeMetricFamily, "job_running", "1 while the job's tasks run.",
+                 1.0 if s["status"] == "running" else 0.0),
+                (CounterMetricFamily, "source_records",
+                 "Records the sources read, over every attempt.", s["source_records"]),
+                (CounterMetricFamily, "checkpoints_completed",
+                 "Checkpoints completed (savepoints included).", ck["completed"]),
+                (CounterMetricFamily, "checkpoints_failed",
+                 "Checkpoints aborted: declined, expired, storage failed.", ck["failed"]),
+                (GaugeMetricFamily, "checkpoints_in_progress",
+                 "Checkpoints triggered, not yet complete.", len(ck["in_progress"]))):
+            yield job_metric(kind, metric, doc, value)
+
+        labels = ["job", "operator", "task"]
+        per_task = {key: kind(f"cutline_task_{metric}", doc, labels=labels)
+                    for key, kind, metric, doc in (
+            ("records", CounterMetricFamily, "records_in",
+             "Records a task took in (a source: read), this attempt."),
+            ("records_per_s", GaugeMetricFamily, "records_per_second",
+             "Records/s a task took in, over the last second or more."),
+            ("backpressured_s", CounterMetricFamily, "backpressured_seconds",
+             "Seconds a task's output waited for credit from a slower receiver, "
+             "this attempt."),
+            ("backpressure", GaugeMetricFamily, "backpressure_ratio",
+             "Share of the last second or more a task was backpressured."),
+            ("watermark", GaugeMetricFamily, "watermark_seconds",
+             "A task's output watermark (event time)."))}
+        for op in s["operators"]:
+            for st in op["subtasks"]:
+                values = [name, op["uid"], st["task"]]
+                for key, family in per_task.items():
+                    if key != "watermark":
+                        family.add_metric(values, st[key])
+                    elif st["timed"]:
+                        w = st[key]
+                        family.add_metric(values, math.inf if w == "end" else
+                                          -math.inf if w is None else w)
+        yield from per_task.values()
+
+        latest = next((h for h in ck["history"] if h["status"] == "completed"), None)
+        if latest is None:
+            return
+        for metric, key, doc in (
+                ("id", "id", "Id of the latest completed checkpoint."),
+                ("timestamp_seconds", "triggered", "When it was triggered (Unix time)."),
+                ("duration_seconds", "duration", "From its trigger to its last ack."),
+                ("size_bytes", "bytes", "State it persisted, every task."),
+                ("alignment_seconds", "alignment", "Longest alignment of any task."),
+                ("in_flight_records", "in_flight", "In-flight records it persisted."),
+                ("in_flight_bytes", "in_flight_bytes", "Their persisted size.")):
+            yield job_metric(GaugeMetricFamily, f"last_checkpoint_{metric}", doc, latest[key])
+        for metric, key, doc in (
+                ("end_to_end_seconds", "end_to_end", "From the trigger to this task's ack."),
+                ("alignment_seconds", "alignment", "Channels held blocked for the barriers."),
+                ("sync_seconds", "sync", "The synchronous part: state captured, barrier sent."),
+                ("async_seconds", "async", "The asynchronous part: state written."),
+                ("size_bytes", "bytes", "State this task persisted."),
+                ("in_flight_records", "in_flight", "In-flight records this task persisted."),
+                ("in_flight_bytes", "in_flight_bytes", "Their persisted size.")):
+            g = GaugeMetricFamily(f"cutline_last_checkpoint_task_{metric}",
+                                  f"Latest completed checkpoint, per task: {doc}",
+                                  labels=labels)
+            for t in latest["tasks"]:
+                g.add_metric([name, self.view.chain_of.get(t["task"], ""), t["task"]],
+                             t[key])
+            yield g
+
+
+# ---------------------------------------------------------------------------- the server
+
+
+class Dashboard:
+    """Serves a job's :class:`JobView` on ``127.0.0.1:port`` (0: a free port) until
+    :meth:`stop`.  :attr:`url` (with the token) is what the user opens."""
+
+    def __init__(self, view: JobView, port: int = 0) -> None:
+        from prometheus_client import CollectorRegistry
+
+        self.view = view
+        self.token = secrets.token_urlsafe(16)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(view))
+        self._page = (resources.files(__package__) / "dashboard.html").read_bytes()
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/?token={self.token}"
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
+                             name="cutline-dashboard", daemon=True),
+            threading.Thread(target=self._sample, name="cutline-dashboard-rates", daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.view.rates.every):
+            try:
+                self.view.sample()
+            except Exception:  # noqa: BLE001 - a dashboard never fails a job
+                log.debug("dashboard sample failed", exc_info=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+        for t in self._threads:
+            t.join(2)
+
+    def announce(self, out: Any = None) -> None:
+        print(f"cutline: dashboard of job {self.view.driver.job!r}: {self.url}  "
+              f"(Prometheus: {self.url.replace('/?', '/metrics?')})",
+              file=out or sys.stderr, flush=True)
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        board = self
+
+        class Handler(BaseHTTPRequestHandler):
+            server_version = "cutline"
+            sys_version = ""
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                url = urlsplit(self.path)
+                given = parse_qs(url.query).get("token", [""])[0]
+                auth = self.headers.get("Authorization", "")
+                if auth.startswith("Bearer "):
+                    given = given or auth[len("Bearer "):].strip()
+                if not hmac.compare_digest(given.encode(), board.token.encode()):
+                    self._reply(403, b"forbidden: this dashboard needs its job's token\n",
+                                "text/plain; charset=utf-8")
+                    return
+                try:
+                    if url.path == "/":
+                        self._reply(200, board._page, "text/html; charset=utf-8")
+                    elif url.path == "/api/job":
+                        body = json.dumps(board.view.snapshot(), default=str).encode()
+                        self._reply(200, body, "application/json")
+                    elif url.path == "/metrics":
+                        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+                        self._reply(200, generate_latest(board.registry), CONTENT_TYPE_LATEST)
+                    else:
+                        self._reply(404, b"not found\n", "text/plain; charset=utf-8")
+                except Exception as exc:  # noqa: BLE001 - a dashboard never fails a job
+                    log.debug("dashboard request failed", exc_info=True)
+                    self._reply(500, f"{type(exc).__name__}: {exc}\n".encode(),
+                                "text/plain; charset=utf-8")
+
+            def _reply(self, code: int, body: bytes, kind: str) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Cache-Control", "no-store")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                pass  # no access log on the user's terminal
+
+        return Handler

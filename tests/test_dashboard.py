@@ -1,0 +1,290 @@
+"""The live dashboard: its JSON and Prometheus endpoints scraped during real runs (threads and
+Spark) and checked against exact counts, its token, and the page in headless Chromium.
+
+A job is held open at its final checkpoint by :class:`GateSink` (its commit waits for a
+file): then every task has drained and reported its final counts, checkpoint 1 is committed,
+and the numbers are exact while the dashboard still serves."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from cutline import CheckpointConfig, Pipeline, tumbling
+from cutline.connectors.collect import CollectSink, CollectWriter
+from cutline.connectors.generator import GeneratorSource
+from cutline.driver.dashboard import DASHBOARD_ENV, dashboard_port
+from cutline.state.keygroups import key_group, subtask_for_key_group
+
+N = 600  # records of the exact runs
+KEYS = 5
+
+
+class GateSink(CollectSink):
+    """A CollectSink whose commits wait until the file ``release`` exists (at most 60 s)."""
+
+    def __init__(self, path: str, release: str) -> None:
+        super().__init__(path)
+        self.release = release
+
+    def create_writer(self) -> CollectWriter:
+        return _GateWriter(self)
+
+
+class _GateWriter(CollectWriter):
+    def commit(self, handles: list) -> None:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(self._sink.release) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        super().commit(handles)
+
+
+def _key(i: int) -> int:
+    return i % KEYS
+
+
+def _exact_pipeline(name: str, tmp_path: Path) -> tuple[Pipeline, Path]:
+    release = tmp_path / "release"
+    p = Pipeline(name, parallelism=2, checkpoint=CheckpointConfig(
+        storage=f"file://{tmp_path}/chk", interval=600))  # the final checkpoint only
+    (p.source(GeneratorSource(count=N), uid="numbers")
+     .key_by(_key).count(uid="counts")
+     .sink(GateSink(str(tmp_path / "out"), str(release)), uid="out"))
+    return p, release
+
+
+def _get(url: str, headers: dict | None = None) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}),
+                                    timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _api(url: str) -> dict:
+    status, body = _get(url.replace("/?", "/api/job?"))
+    assert status == 200, body
+    return json.loads(body)
+
+
+def _wait_for(url: str, done, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = _api(url)
+        if done(job):
+            return job
+        assert time.monotonic() < deadline, f"dashboard never showed it: {job}"
+        time.sleep(0.05)
+
+
+def _url_of(job) -> str:
+    """A started job's dashboard URL, once it serves."""
+    deadline = time.monotonic() + 30
+    while job.driver is None or job.driver.dashboard_url is None:
+        assert time.monotonic() < deadline, "the job's dashboard never started"
+        time.sleep(0.01)
+    return job.driver.dashboard_url
+
+
+def _prometheus(text: str) -> dict[str, float]:
+    """``name{labels}`` -> value of a Prometheus text exposition."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def _check_held_job(url: str, job_name: str, tmp_path: Path, engine: str) -> dict:
+    """The job holds at its final checkpoint: JSON and /metrics give exact counts."""
+    job = _wait_for(url, lambda j: j["checkpoints"]["completed"] == 1)
+    status, text = _get(url.replace("/?", "/metrics?"))
+    assert status == 200
+    prom = _prometheus(text.decode())
+    per_counter = [0, 0]
+    for i in range(N):
+        per_counter[subtask_for_key_group(key_group(_key(i), 128), 2, 128)] += 1
+    want = {"numbers.0": N // 2, "numbers.1": N // 2,
+            "counts.0": per_counter[0], "counts.1": per_counter[1]}
+    assert {s["task"]: s["records"] for o in job["operators"] for s in o["subtasks"]} == want
+    for task, n in want.items():
+        op = task.split(".")[0]
+        assert prom[f'cutline_task_records_in_total{{job="{job_name}",operator="{op}",'
+                    f'task="{task}"}}'] == n
+    assert job["source_records"] == N
+    assert prom[f'cutline_source_records_total{{job="{job_name}"}}'] == N
+    assert (job["status"], job["attempt"], job["restarts"]) == ("running", 0, 0)
+    assert job["engine"].startswith(engine)
+    assert [a["number"] for a in job["attempts"]] == [0]
+    assert {n["uid"]: n["depth"] for n in job["graph"]["nodes"]} == {
+        "numbers": 0, "counts": 1}
+    assert [(e["src"], e["dst"], e["partitioning"]) for e in job["graph"]["edges"]] == [
+        ("numbers", "counts", "hash")]
+    assert [o["uid"] for n in job["graph"]["nodes"] for o in n["operators"]] == [
+        "numbers", "counts", "out"]
+    # checkpoint 1, the final one, as committed: its state files' sizes, per task
+    (ck,) = job["checkpoints"]["history"]
+    assert (ck["id"], ck["status"], ck["final"], ck["attempt"]) == (1, "completed", True, 0)
+    files = sorted(f.stat().st_size for f in (tmp_path / "chk" / job_name / "chk-1").glob(
+        "*.state"))
+    assert sorted(t["bytes"] for t in ck["tasks"]) == files
+    assert ck["bytes"] == sum(files)
+    assert [t["task"] for t in ck["tasks"]] == sorted(want)
+    assert (ck["in_flight"], ck["in_flight_bytes"]) == (0, 0)  # aligned: no channel state
+    for t in ck["tasks"]:
+        assert 0 <= t["sync"] and 0 <= t["async"] and 0 <= t["alignment"]
+        assert t["end_to_end"] <= ck["duration"] + 1e-6
+    label = f'{{job="{job_name}"}}'
+    assert prom[f"cutline_checkpoints_completed_total{label}"] == 1
+    assert prom[f"cutline_checkpoints_failed_total{label}"] == 0
+    assert prom[f"cutline_last_checkpoint_id{label}"] == 1
+    assert prom[f"cutline_last_checkpoint_size_bytes{label}"] == sum(files)
+    assert prom[f"cutline_job_restarts_total{label}"] == 0
+    assert prom[f"cutline_job_running{label}"] == 1
+    assert sorted(v for k, v in prom.items()
+                  if k.startswith("cutline_last_checkpoint_task_size_bytes")) == files
+    return job
+
+
+def test_threads_run_exact_counts_and_token(tmp_path, capsys):
+    p, release = _exact_pipeline("dash-threads", tmp_path)
+    job = p.start(engine="threads", dashboard=True)
+    try:
+        url = _url_of(job)
+        _check_held_job(url, "dash-threads", tmp_path, "threads")
+        base, token = url.split("/?token=")
+        for path in ("/", "/api/job", "/metrics", "/nothing"):
+            assert _get(base + path)[0] == 403  # a stranger
+            assert _get(f"{base}{path}?token=x{token}")[0] == 403
+        assert _get(base + "/metrics", {"Authorization": f"Bearer {token}"})[0] == 200
+        assert _get(f"{base}/nothing?token={token}")[0] == 404
+        status, page = _get(url)
+        assert status == 200 and b'id="checkpoint-detail"' in page
+        assert "http" not in page.decode().replace("http://www.w3.org/2000/svg", "")  # no CDN
+    finally:
+        release.touch()
+    result = job.result(60)
+    assert [c.id for c in result.checkpoints] == [1]
+    assert sorted(GateSink(str(tmp_path / "out"), "").results()) == [
+        (k, n) for k in range(KEYS) for n in range(1, N // KEYS + 1)]  # running counts
+    err = capsys.readouterr().err
+    assert f"cutline: dashboard of job 'dash-threads': {url}" in err
+    # the server is gone with the job
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(url, timeout=5)
+
+
+def test_spark_run_exact_counts(spark, tmp_path):
+    p, release = _exact_pipeline("dash-spark", tmp_path)
+    seen: dict = {}
+
+    def watch(driver) -> None:
+        def main() -> None:
+            try:
+                seen["job"] = _check_held_job(driver.dashboard_url, "dash-spark", tmp_path,
+                                              "spark local")
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                seen["error"] = exc
+            finally:
+                release.touch()
+        threading.Thread(target=main, daemon=True).start()
+
+    result = p.run(spark, dashboard=True, on_start=watch, timeout=120)
+    if "error" in seen:
+        raise seen["error"]
+    assert [c.id for c in result.checkpoints] == [1]
+    assert seen["job"]["operators"][0]["subtasks"][0]["records"] == N // 2
+
+
+def test_dashboard_option(monkeypatch):
+    monkeypatch.delenv(DASHBOARD_ENV, raising=False)
+    monkeypatch.setenv("CI", "true")
+    assert dashboard_port(None) is None  # like the progress line: not in CI
+    assert dashboard_port(True) == 0 and dashboard_port(8123) == 8123
+    assert dashboard_port(False) is None
+    for env, port in (("1", 0), ("0", None), ("9000", 9000), ("off", None)):
+        monkeypatch.setenv(DASHBOARD_ENV, env)
+        assert dashboard_port(None) == port
+        assert dashboard_port(False) is None  # the argument wins
+    monkeypatch.setenv(DASHBOARD_ENV, "maybe")
+    with pytest.raises(ValueError, match="CUTLINE_DASHBOARD must be 1, 0 or a port"):
+        dashboard_port(None)
+    with pytest.raises(ValueError, match="dashboard= must be True, False, None or a port"):
+        dashboard_port(70000)
+
+
+# ---------------------------------------------------------------------------- the page
+
+def _slow(record):
+    time.sleep(0.0004)  # 2,500 records/s per subtask: slower than the source
+    return record
+
+
+def _reading(i: int) -> dict:
+    return {"sensor": f"s{i % 4}", "t": 1_767_225_600 + i * 0.05, "v": i % 10}
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or \
+        shutil.which("google-chrome")
+
+
+@pytest.mark.skipif(_chromium() is None, reason="no headless Chromium here (apt-get install "
+                                                "chromium): the page is not rendered")
+def test_page_in_headless_chromium(tmp_path):
+    p = Pipeline("sensors", parallelism=2, checkpoint=CheckpointConfig(
+        storage=f"file://{tmp_path}/chk", interval=0.3))
+    (p.source(GeneratorSource(count=None, rate=8000, fn=_reading), uid="readings")
+     .assign_timestamps(lambda r: r["t"], max_delay=1, uid="timestamps")
+     .rebalance().map(_slow, uid="slow", parallelism=2)
+     .key_by(lambda r: r["sensor"]).window(tumbling(5)).count()
+     .sink(CollectSink(str(tmp_path / "out")), uid="out"))
+    job = p.start(engine="threads", dashboard=True)
+    try:
+        url = _url_of(job)
+        state = _wait_for(url, lambda j: j["checkpoints"]["completed"] >= 3 and any(
+            o["uid"] == "readings" and o["backpressure"] > 0.5 for o in j["operators"]))
+        ops = {o["uid"]: o for o in state["operators"]}
+        assert ops["slow"]["backpressure"] < 0.5 < ops["readings"]["backpressure"]
+        assert ops["slow"]["records_per_s"] > 0
+        assert state["watermark_text"].startswith("2026-01-01 ")
+        browser = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu",
+                   "--hide-scrollbars", "--virtual-time-budget=4000"]
+        dom = subprocess.run([*browser, "--dump-dom", url], capture_output=True, text=True,
+                             timeout=60).stdout
+        png = tmp_path / "dashboard.png"
+        subprocess.run([*browser, "--window-size=1280,1180", f"--screenshot={png}", url],
+                       capture_output=True, timeout=60)
+    finally:
+        job.cancel()
+    with pytest.raises(Exception, match="cancelled"):
+        job.result(60)
+    # the page as rendered: header, graph, operators, checkpoints, subtasks, attempts
+    assert '<span id="job-name">sensors</span>' in dom
+    assert 'class="badge running"' in dom
+    for uid in ("readings", "slow"):
+        assert f'data-uid="{uid}"' in dom
+    assert dom.count('class="node bp-high"') >= 1  # the source, backpressured
+    assert "watermark 2026-01-01 " in dom
+    for task in ("readings.0", "readings.1", "slow.0", "slow.1"):
+        assert f'<tr data-task="{task}">' in dom
+    assert dom.count('class="l st-completed"') >= 3
+    assert 'id="detail-title">Subtasks of checkpoint #' in dom
+    detail = dom.split('id="checkpoint-detail"', 1)[1].split("</table>", 1)[0]
+    assert detail.count("<tr data-task=") == sum(o["parallelism"] for o in state["operators"])
+    assert '<div id="ended"></div>' in dom  # the driver answered every poll
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    keep = os.environ.get("CUTLINE_DASHBOARD_PNG")  # docs/dashboard.png is made so
+    if keep:
+        shutil.copy(png, keep)
