@@ -528,3 +528,15 @@ def test_local_channel_closed_without_eof_breaks_the_receiver():
         with pytest.raises(ChannelError, match="before EOF"):
             for _ in range(3):
                 gate.poll(set(), timeout=T)
+
+
+def test_a_channel_broken_while_a_slot_sets_up_is_retried_not_fatal():
+    """A peer killed while the stage restarts breaks a channel's handshake: Spark retries
+    (a bad configuration, in contrast, would fail the same way again)."""
+    from cutline.runtime.channels import ChannelError
+    from cutline.runtime.failures import repeats, setup_error
+
+    broken = ChannelError("a.0->b.1", "handshake with ('127.0.0.1', 1) failed: reset by peer")
+    assert setup_error("slot 0 could not open its tasks", broken) is broken
+    assert not repeats(broken)
+    assert repeats(setup_error("slot 0 could not open its tasks", ValueError("bad config")))

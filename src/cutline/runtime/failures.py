@@ -17,6 +17,7 @@ import traceback
 
 from ..connectors.base import CommitError, RecordError, UnpicklableRecordError
 from ..protocol import messages as m
+from .channels import ChannelError
 from .control import connect
 from .operators import UserFunctionError
 
@@ -38,8 +39,9 @@ def repeats(exc: BaseException) -> bool:
 
 def setup_error(what: str, exc: BaseException) -> BaseException:
     """``exc``, raised while a task was being set up, as it should be reported: a
-    :class:`SetupError` unless it is an I/O error (worth a retry) or already fatal."""
-    if repeats(exc) or isinstance(exc, OSError):
+    :class:`SetupError` unless it is an I/O error or a broken channel (a peer died while
+    the stage restarts: worth a retry), or already fatal."""
+    if repeats(exc) or isinstance(exc, (OSError, ChannelError)):
         return exc
     err = SetupError(f"{what}: {type(exc).__name__}: {exc}")
     err.__cause__ = exc
