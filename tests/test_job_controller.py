@@ -142,6 +142,33 @@ def test_a_restart_fails_the_savepoints_in_flight():
     assert [x.token for x in failed] == ["w"] and "restarted" in failed[0].reason
 
 
+def test_what_the_dashboard_reads_per_subtask_failed_checkpoints_and_attempts():
+    c = controller(interval=1.0, tolerable_failures=5)
+    register(c, 0, now=0.0)
+    c.tick(1.0)  # checkpoint 5 triggered at 1.0
+    for i, t in enumerate(TASKS):
+        stats = m.SnapshotStats(bytes=10 + i, in_flight=i, in_flight_bytes=100 * i,
+                                alignment=0.01 * i, sync=0.1, duration=0.25)
+        c.on_message(f"a0s{SHAPE.slot_of[t]}", m.Ack(t, 5, stats), 1.5 + i)
+    c.committed(5, "/s/chk-5", 6.0)
+    (r,) = c.checkpoints
+    assert (r.bytes, r.in_flight, r.in_flight_bytes, r.alignment) == (46, 6, 600, 0.03)
+    assert r.tasks["sink.1"] == {"bytes": 13, "in_flight": 3, "in_flight_bytes": 300,
+                                 "alignment": 0.03, "sync": 0.1, "async": 0.15,
+                                 "end_to_end": 3.5}
+    assert [r.tasks[t]["end_to_end"] for t in TASKS] == [0.5, 1.5, 2.5, 3.5]
+    # checkpoint 6 was due at the last ack (4.5): declined
+    c.on_message("a0s0", m.Decline("src.0", 6, "no space"), 7.5)
+    (f,) = c.failed_checkpoints
+    assert (f.id, f.attempt, f.started, f.failed) == (6, 0, 4.5, 7.5) and "no space" in f.reason
+    c.on_message("a0s1", m.Failed("sink.1", False, "ChannelError: peer lost"), 8.0)
+    register(c, 1, now=9.0)  # Spark restarted the stage
+    assert [(a.number, a.at, a.restored_from, a.after_failure) for a in c.attempt_log] == [
+        (0, 0.0, None, None), (1, 9.0, "/s/chk-5", "task sink.1: ChannelError: peer lost")]
+    c.on_message("a1s0", m.Metrics("src.0", 42, True, 0.1, backpressured=1.5), 9.5)
+    assert c.metrics["src.0"].backpressured == 1.5 and c.source_records() == 42
+
+
 def test_a_fatal_task_failure_fails_the_job_once():
     c = controller()
     register(c, 0)
