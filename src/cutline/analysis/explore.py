@@ -19,7 +19,6 @@ red, in order.
 
 from __future__ import annotations
 
-import copy
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -223,7 +222,7 @@ class _Explorer:
     def _run(self, w: _World, p: int, event: Callable[[SnapshotHandler], list]) -> _World:
         """Apply ``event`` to a private copy of ``p``'s handler and perform the actions."""
         handlers = list(w.handlers)
-        h = handlers[p] = copy.deepcopy(w.handlers[p])
+        h = handlers[p] = w.handlers[p].copy()
         actions = event(h)
         queues, taken, finished = list(w.queues), list(w.taken), list(w.finished)
         recv_white, recorded = list(w.recv_white), [list(r) for r in w.recorded]
