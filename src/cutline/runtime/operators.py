@@ -181,6 +181,9 @@ class AssignTimestamps(Operator):
         if callable(getattr(reader, "split_key", None)) and callable(
                 getattr(reader, "split_keys", None)):
             self.reader, self.splits = reader, {}
+            per_split = getattr(reader, "watermark_per_split", None)
+            if callable(per_split):  # (a reader whose batches may span splits)
+                per_split()
 
     def _generator(self) -> Any:
         if self.splits is None:
