@@ -251,7 +251,11 @@ class RestoreView:
             # Watermarks in flight stay behind: each new channel starts at the old senders'
             # lowest output watermark (upstream_output_floor), which covers them.
             records = [r for r in per_channel[ch] if not is_time_item(r)]
-            if edge.partitioning == HASH:
+            if edge.partitioning == HASH and getattr(edge, "columnar", False):
+                from .batches import rows_for_subtask  # record batches: split by key
+
+                keep = rows_for_subtask(records, edge.key_fn.columns, index, p, maxp)
+            elif edge.partitioning == HASH:
                 kf = edge.key_fn
                 keep = [r for r in records
                         if subtask_for_key_group(key_group(kf(r), maxp), p, maxp) == index]
