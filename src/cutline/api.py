@@ -724,16 +724,16 @@ class BatchStream(Stream):
                         f"batches): use {instead}, or .rows().{name}(...) for dict records")
 
     # the per-record operators do not apply to record batches
-    def map(self, fn: Any, **kw: Any) -> "Stream":  # type: ignore[override]
+    def map(self, fn: Any, **kw: Any) -> "Stream":
         return self._per_record("map", "map_batches(fn)")
 
-    def flat_map(self, fn: Any, **kw: Any) -> "Stream":  # type: ignore[override]
+    def flat_map(self, fn: Any, **kw: Any) -> "Stream":
         return self._per_record("flat_map", "map_batches(fn)")
 
-    def assign_timestamps(self, ts_fn: Any, **kw: Any) -> "Stream":  # type: ignore[override]
+    def assign_timestamps(self, ts_fn: Any, **kw: Any) -> "Stream":
         return self._per_record("assign_timestamps", "rows() first")
 
-    def iterate(self, **kw: Any) -> "IterativeStream":  # type: ignore[override]
+    def iterate(self, **kw: Any) -> "IterativeStream":
         return self._per_record("iterate", "rows() first")
 
     def batches(self, schema: Any = None, *, uid: str | None = None) -> "BatchStream":
@@ -835,7 +835,7 @@ class BatchKeyedStream:
 
         if not named:
             raise ValueError("agg() needs at least one aggregate, e.g. agg(n='count')")
-        aggs = []
+        aggs: list[tuple[str, str | None, str]] = []
         for out, spec in named.items():
             if spec == "count":
                 aggs.append((out, None, "count"))

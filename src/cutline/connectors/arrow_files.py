@@ -75,6 +75,7 @@ class ColumnarFileReader(FileReader):
         super().__init__(source.files)
         self._columnar = source
         self._schema: Any = None  # jsonl: the current file's schema (given or inferred)
+        self._csv: Any = None  # csv: pyarrow's streaming reader of the current file
 
     def read_batch(self, max_records: int) -> list | None:
         """One block of the current file (several files' blocks when they are small):
@@ -215,6 +216,7 @@ class ColumnarFileReader(FileReader):
             raise RecordError(self._current_path(), self._off, str(exc)) from None
 
     def _read_csv(self, out: list) -> bool:
+        assert self._csv is not None  # opened with the file
         try:
             batch = self._csv.read_next_batch()
         except StopIteration:

@@ -137,7 +137,6 @@ class DeltaWriter(ParquetWriter):
     # ------------------------------------------------------------------ staging
 
     def _write_file(self, path: str, records: list[dict]) -> None:
-        import pyarrow as pa
         import pyarrow.parquet as pq
 
         table = table_of(records, path)

@@ -77,7 +77,7 @@ def _from_arrow(rb: pa.RecordBatch, fmt: str) -> Any:
         return rb
     if fmt == "pandas":
         return rb.to_pandas()
-    import polars as pl  # the polars adapter: checked for when the pipeline is built
+    import polars as pl  # type: ignore[import-not-found]  # checked for when built
 
     return pl.from_arrow(rb)
 
@@ -208,9 +208,9 @@ class WithColumn(_PerBatch):
         if isinstance(value, pa.ChunkedArray):
             value = value.combine_chunks()
         if not isinstance(value, pa.Array) or len(value) != rb.num_rows:
-            raise TypeError(f"the column expression gave a {describe_type(value)}"
-                            f"{' of length ' + str(len(value)) if hasattr(value, '__len__') else ''}"
-                            f": it must give a pyarrow Array of {rb.num_rows} values")
+            size = f" of length {len(value)}" if hasattr(value, "__len__") else ""
+            raise TypeError(f"the column expression gave a {describe_type(value)}{size}: "
+                            f"it must give a pyarrow Array of {rb.num_rows} values")
         i = rb.schema.get_field_index(name)
         if i >= 0:
             return [rb.set_column(i, name, value)]
@@ -278,7 +278,8 @@ class BatchAggregate(Keyed):
         self.spec = spec
         parts: list[tuple[str, str]] = []  # the partial aggregates group_by computes
         self.reads: list[tuple[str, list[int]]] = []  # per output: fn, partial columns
-        for _, col, fn in spec.aggs:
+        for _, column, fn in spec.aggs:
+            col = column or ""
             if fn == "count":
                 idx = [self._part(parts, ("", "count_all"))]
             elif fn == "mean":

@@ -78,7 +78,7 @@ def _binary_hash(arr: pa.Array) -> np.ndarray:
     data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else \
         np.zeros(0, np.uint8)
     starts = off[:-1].astype(np.int64)
-    lens = (off[1:] - off[:-1]).astype(np.int64)
+    lens = off[1:].astype(np.int64) - starts
     return _crc32_var(starts, lens, data).astype(_U64)
 
 
