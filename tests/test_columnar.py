@@ -143,7 +143,7 @@ def _node(kind, fn, **kw):
 
 
 def test_aggregate_state_rescales_by_key_group():
-    from cutline.runtime.batches import AggSpec
+    from cutline.logical import AggSpec
 
     spec = AggSpec(("user",), (("n", None, "count"), ("total", "value", "sum")))
     node = _node("aggregate", spec, key_fn=ColumnKey(("user",)), partitioning=HASH,
@@ -236,7 +236,7 @@ def test_record_batches_travel_as_arrow_ipc():
 
 def test_user_function_error_names_the_batch_not_its_data():
     node = _node("map_batches", None, columnar=True)
-    from cutline.runtime.batches import BatchFunction
+    from cutline.logical import BatchFunction
 
     node.fn = BatchFunction(lambda b: 1 / 0)
     op = build_operator(node, 0, 1, 128)

@@ -13,7 +13,18 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .logical import FORWARD, HASH, REBALANCE, ColumnKey, Node, TimestampSpec, timestamp_fn_of
+from .logical import (
+    AGGREGATES,
+    FORWARD,
+    HASH,
+    REBALANCE,
+    AggSpec,
+    BatchFunction,
+    ColumnKey,
+    Node,
+    TimestampSpec,
+    timestamp_fn_of,
+)
 from .protocol import Mode
 from .protocol.watermarks import BoundedOutOfOrderness, to_duration
 from .protocol.windows import (
@@ -744,8 +755,6 @@ class BatchStream(Stream):
         """``fn(batch)`` per record batch: a ``pyarrow.RecordBatch`` (``batch_format=
         "arrow"``), ``pandas.DataFrame`` or ``polars.DataFrame``; it returns the same kind
         (or an Arrow ``Table``) with any number of rows and any schema."""
-        from .runtime.batches import BatchFunction
-
         _check_callable("map_batches", fn)
         _check_batch_format("map_batches", batch_format)
         return self._then("map_batches", BatchFunction(fn, batch_format), uid=uid,
@@ -756,8 +765,6 @@ class BatchStream(Stream):
                        parallelism: int | None = None) -> "BatchStream":
         """The rows where ``fn(batch)`` is true: it returns one boolean per row (a pyarrow
         boolean array, or a numpy / pandas / polars boolean vector)."""
-        from .runtime.batches import BatchFunction
-
         _check_callable("filter_batches", fn)
         _check_batch_format("filter_batches", batch_format)
         return self._then("filter_batches", BatchFunction(fn, batch_format), uid=uid,
@@ -831,8 +838,6 @@ class BatchKeyedStream:
             **named: Any) -> BatchStream:
         """Named aggregates: ``agg(n="count", total=("value", "sum"), avg=("value",
         "mean"))``; functions ``count`` (rows), ``sum``, ``min``, ``max``, ``mean``."""
-        from .runtime.batches import AGGREGATES, AggSpec
-
         if not named:
             raise ValueError("agg() needs at least one aggregate, e.g. agg(n='count')")
         aggs: list[tuple[str, str | None, str]] = []

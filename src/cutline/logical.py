@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FORWARD", "REBALANCE", "HASH", "BROADCAST", "ColumnKey", "Node", "TimestampSpec",
-           "timestamp_fn_of"]
+__all__ = ["AGGREGATES", "AggSpec", "BatchFunction", "FORWARD", "REBALANCE", "HASH", "BROADCAST",
+           "ColumnKey", "Node", "TimestampSpec", "timestamp_fn_of"]
 
 # Partitioning of an edge into an operator.
 FORWARD, REBALANCE, HASH, BROADCAST = "forward", "rebalance", "hash", "broadcast"
@@ -76,6 +76,26 @@ class ColumnKey:
 
     def __repr__(self) -> str:
         return f"ColumnKey({list(self.columns)!r})"
+
+
+@dataclass(frozen=True)
+class BatchFunction:
+    """``map_batches`` / ``filter_batches``: the user's function and the format it takes."""
+
+    fn: Callable[[Any], Any]
+    batch_format: str = "arrow"
+
+
+AGGREGATES = ("count", "sum", "min", "max", "mean")
+
+
+@dataclass(frozen=True)
+class AggSpec:
+    """A keyed aggregation of a batch stream: the key columns and ``(output name, column,
+    function)`` per aggregate (``count`` counts rows; its column is ``None``)."""
+
+    keys: tuple[str, ...]
+    aggs: tuple[tuple[str, str | None, str], ...]
 
 
 @dataclass

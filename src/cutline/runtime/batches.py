@@ -19,15 +19,13 @@ Nothing here runs for a per-record stream: the per-record path pays nothing for 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..logical import Node
+from ..logical import AggSpec, BatchFunction, Node
 from ..state.arrow_keys import key_groups
 from ..state.keygroups import subtask_for_key_group
 from .operators import BATCH_KINDS, Keyed, Operator, UserFunctionError
@@ -36,7 +34,6 @@ __all__ = ["AggSpec", "BATCH_KINDS", "BatchAggregate", "BatchFunction", "build_b
            "decode_batches", "encode_batches", "is_batch_list", "split_by_key"]
 
 FORMATS = ("arrow", "pandas", "polars")
-AGGREGATES = ("count", "sum", "min", "max", "mean")
 
 
 class Described:
@@ -120,14 +117,6 @@ def _to_mask(obj: Any, n: int, uid: str, given: pa.RecordBatch) -> Any:
             f"the function returned a {describe_type(obj)}; it must return {n} booleans (a "
             "pyarrow boolean Array, or a numpy / pandas / polars boolean vector), one per "
             "row")) from exc
-
-
-@dataclass(frozen=True)
-class BatchFunction:
-    """``map_batches`` / ``filter_batches``: the user's function and the format it takes."""
-
-    fn: Callable[[Any], Any]
-    batch_format: str = "arrow"
 
 
 # --------------------------------------------------------------------------- operators
@@ -240,15 +229,6 @@ class ToBatches(Operator):
 
 
 # --------------------------------------------------------------------------- aggregation
-
-@dataclass(frozen=True)
-class AggSpec:
-    """A keyed aggregation of a batch stream: the key columns and ``(output name, column,
-    function)`` per aggregate (``count`` counts rows; its column is ``None``)."""
-
-    keys: tuple[str, ...]
-    aggs: tuple[tuple[str, str | None, str], ...]
-
 
 def _merge(fn: str, cur: Any, part: Any) -> Any:
     if cur is None:
