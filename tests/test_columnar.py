@@ -51,7 +51,7 @@ def keyed_batches(draw):
     return pa.record_batch(cols).slice(offset), list(cols)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(keyed_batches(), st.sampled_from([1, 7, 128, 1000]))
 def test_vectorised_key_groups_equal_the_per_record_ones(case, maxp):
     batch, names = case
