@@ -89,6 +89,15 @@ class FileSource:
     def create_reader(self) -> "FileReader":
         return FileReader(self)
 
+    def batches(self, schema: Any = None, *, batch_bytes: int = 1 << 20) -> Any:
+        """The same files read as Arrow record batches of about ``batch_bytes`` (a batch
+        stream, like ``spark.read.schema(schema).json(path)``): pyarrow parses them, with
+        ``schema`` (a ``pyarrow.Schema``) or inferring the types.  Positions stay exact (a
+        restore resumes at the record).  See :mod:`cutline.connectors.arrow_files`."""
+        from .arrow_files import ColumnarFileSource
+
+        return ColumnarFileSource(self, schema, batch_bytes)
+
     def __repr__(self) -> str:
         return f"FileSource({self.path!r}, format={self.format!r}, follow={self.follow})"
 

@@ -283,7 +283,13 @@ class RestoreView:
             items = [r for r in per_channel[ch]
                      if type(r) is Watermark or not is_time_item(r)] if same else [
                 r for r in per_channel[ch] if not is_time_item(r)]
-            if edge.partitioning == HASH:
+            if edge.partitioning == HASH and getattr(edge, "columnar", False):
+                from .batches import rows_for_subtask  # record batches: split by key
+
+                # (batch streams carry no event time yet: no watermarks among them)
+                keep = rows_for_subtask([r for r in items if type(r) is not Watermark],
+                                        edge.key_fn.columns, index, p, maxp)
+            elif edge.partitioning == HASH:
                 kf = edge.key_fn
                 keep = [r for r in items if type(r) is Watermark or
                         subtask_for_key_group(key_group(kf(r), maxp), p, maxp) == index]

@@ -39,8 +39,16 @@ class Router:
             task_id, max_parallelism, writer, where)
         self.batch_size, self.while_blocked = batch_size, while_blocked
         self.edges: list[tuple[Any, list[str], int, str, dict]] = [
-            (edge, chans, dst_p, dst_uid, {}) for edge, chans, dst_p, dst_uid in outputs]
+            (edge, chans, dst_p, dst_uid, {}) for edge, chans, dst_p, dst_uid in outputs
+            if not getattr(edge, "columnar", False)]
         self.buffers: dict[str, list] = {ch: [] for _, chans, _, _ in outputs for ch in chans}
+        # a batch stream's edges (Arrow record batches): routed by .batches, sized by bytes
+        columnar = [o for o in outputs if getattr(o[0], "columnar", False)]
+        self.columnar: Any = None
+        if columnar:
+            from .batches import BatchRouting
+
+            self.columnar = BatchRouting(columnar, max_parallelism, self.buffers)
         self.channels: dict[str, Any] = {}  # channel -> its OutputChannel / LocalChannel
         self.rr = 0
         self.closed = False  # the task's outputs ended (EOF sent)
@@ -56,6 +64,8 @@ class Router:
         if self.writer is not None:
             self.writer.write(batch)
             return
+        if self.columnar is not None:
+            self.columnar.emit(batch)
         buffers = self.buffers
         for edge, chans, dst_p, dst_uid, cache in self.edges:
             if edge.partitioning == HASH:
@@ -114,11 +124,15 @@ class Router:
             if buf:
                 self.buffers[ch] = []
                 out.send_records(buf)
+                if self.columnar is not None:
+                    self.columnar.sent(ch)
             return
         while self.buffers[ch]:
             try:
                 out.send_records(self.buffers[ch], timeout=0.01)
                 self.buffers[ch] = []
+                if self.columnar is not None:
+                    self.columnar.sent(ch)
             except TimeoutError:
                 self._in_wait = True
                 try:
@@ -136,6 +150,9 @@ class Router:
         size = self.batch_size
         for ch, buf in self.buffers.items():
             if len(buf) >= size:
+                self._flush(ch, interruptible=True)
+        if self.columnar is not None:
+            for ch in self.columnar.full():
                 self._flush(ch, interruptible=True)
 
     def send_barrier(self, barrier: Any) -> None:
