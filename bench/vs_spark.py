@@ -1119,12 +1119,14 @@ def reference_cases(ctx: dict) -> list[tuple[str, Any]]:
 
 def latency_cases(ctx: dict) -> list[tuple[str, Any]]:
     cases = []
-    cut_configs = [CUT_EO, CUT_VISIBLE] + ([] if ctx["quick"] else [CUT_EO_SHORT])
+    smoke = ctx.get("smoke")  # every code path once: the headline configuration of each pair
+    cut_configs = [CUT_EO] + ([] if smoke else [CUT_VISIBLE]) + (
+        [] if ctx["quick"] else [CUT_EO_SHORT])
     for w in (STATELESS, KEYED):
         for c in cut_configs:
             cases.append((lat_name(w, CUTLINE, c), lambda w=w, c=c: cutline_latency(ctx, w, c)))
     if HAS_WINDOWS:  # window results: 0.1 s is the target's interval, 1 s the default's
-        for c in (CUT_EO_SHORT, CUT_EO):
+        for c in (CUT_EO_SHORT,) if smoke else (CUT_EO_SHORT, CUT_EO):
             cases.append((lat_name(WINDOWED, CUTLINE, c),
                           lambda c=c: cutline_latency(ctx, WINDOWED, c)))
     spark = [(STATELESS, SPARK_PY), (KEYED, SPARK_PY), (KEYED_SQL, SPARK_SQL)]
@@ -1135,8 +1137,8 @@ def latency_cases(ctx: dict) -> list[tuple[str, Any]]:
     for w, e in spark:
         # quick: Spark's Python windows only at its fastest trigger (its micro-batches take
         # seconds per 1,000 users: a 1 s trigger is the same or slower), saving minutes
-        for c in (SPARK_FAST,) if ctx["quick"] and (w, e) == (WINDOWED, SPARK_PY) else (
-                SPARK_1S, SPARK_FAST):
+        for c in (SPARK_FAST,) if smoke or ctx["quick"] and (w, e) == (WINDOWED, SPARK_PY) \
+                else (SPARK_1S, SPARK_FAST):
             cases.append((lat_name(w, e, c), lambda w=w, e=e, c=c: spark_latency(ctx, w, e, c)))
     return cases
 
@@ -1387,9 +1389,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     default=None, help="run only these parts (repeatable)")
     ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,
                     help="profile cutline's tasks with py-spy (default: on, off with --quick)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="quick, and each latency pair at one configuration only (CI's "
+                         "smoke test: every code path once; not for numbers)")
     ap.add_argument("--cutline-only", action="store_true",
                     help="skip Spark's own queries (bench/ab.py: they do not change with "
                          "cutline's version); no cutline / Spark ratios then")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--smoke" in argv and "--quick" not in argv:
+        argv.append("--quick")  # --smoke is --quick with fewer latency runs
     args = parse_bench_args(ap, argv)
     args.latency_rounds = args.latency_rounds or (1 if args.quick else 2)
     args.records = args.records or (100_000 if args.quick else 400_000)
@@ -1423,7 +1431,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def make_ctx(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     """What the cases read: the session and the sizes of the runs."""
-    return {"spark": spark, "quick": args.quick, "rate": args.rate,
+    return {"spark": spark, "quick": args.quick, "smoke": args.smoke, "rate": args.rate,
             "latency_seconds": args.latency_seconds, "warmup": args.warmup,
             "window_latency_seconds": args.window_latency_seconds,
             "cutline_only": args.cutline_only}

@@ -17,7 +17,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "vs_spark.py"
 def test_vs_spark_bench_quick(tmp_path):
     out = tmp_path / "vs_spark.json"
     proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--records", "8000", "--latency-seconds", "2.5",
+        [sys.executable, str(BENCH), "--smoke", "--records", "8000", "--latency-seconds", "2.5",
          "--warmup", "0.5", "--rate", "300", "--window-latency-seconds", "13", "--no-profile",
          "--out", str(out)],
         capture_output=True, text=True, timeout=900,

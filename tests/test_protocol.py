@@ -1,6 +1,8 @@
 """The handler as data: feed events, assert the exact actions (no threads, no I/O)."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cutline.protocol import (
     AbortCheckpoint, AlignmentTimeout, Barrier, BarrierArrived, BlockChannel, ChannelClosed,
@@ -224,3 +226,56 @@ def test_overtaken_records_left_in_the_drivers_queue_are_recorded_once_and_deliv
     acts = h2.on_barrier("a", B(5, True), overtaken=(7,), deliver_overtaken=False)
     assert acts == [RecordChannelState(5, "a", (7,)), FinishSnapshot(5)]
     assert h2.on_records("a", (7,)) == [Deliver("a", (7,))]
+
+
+@settings(max_examples=150, deadline=None)
+@given(mode=st.sampled_from(["aligned", "aligned_timeout", "unaligned", "chandy_lamport",
+                             "at_least_once"]),
+       events=st.lists(st.tuples(st.sampled_from(["rec", "bar", "ubar", "close", "trigger",
+                                                  "abort", "timeout", "announce"]),
+                                 st.integers(0, 2), st.integers(1, 3)), max_size=30),
+       at=st.floats(0, 1))
+def test_a_copied_handler_is_independent_and_behaves_the_same(mode, events, at):
+    """The explorers copy a handler per step (``copy()``, not deepcopy): the copy must
+    answer every later event as the original does, and not see the original's changes."""
+    chans = ["a", "b", "c"]
+
+    def step(h, ev):
+        kind, c, n = ev
+        ch = chans[c]
+        try:
+            if kind == "rec":
+                return h.on_records(ch, (("r", n),))
+            if kind in ("bar", "ubar"):
+                u = kind == "ubar"
+                return h.on_barrier(ch, Barrier(n, unaligned=u), (("r", 0),) if u else ())
+            if kind == "close":
+                return h.on_close(ch)
+            if kind == "trigger":
+                return h.on_trigger(n)
+            if kind == "abort":
+                return h.on_abort(n)
+            if kind == "timeout":
+                return h.on_timeout(n)
+            return h.on_announce(ch, Barrier(n))
+        except (ProtocolError, ValueError) as e:
+            return type(e).__name__
+
+    timeout = 0.0 if mode == "aligned_timeout" else None
+    h = SnapshotHandler(chans, "aligned" if timeout is not None else mode,
+                        aligned_timeout=timeout)
+    at = int(at * len(events))
+    for ev in events[:at]:
+        step(h, ev)
+    c = h.copy()
+    frozen = c.state_key()
+    d = SnapshotHandler(chans, "aligned" if timeout is not None else mode,
+                        aligned_timeout=timeout)
+    for ev in events[:at]:
+        step(d, ev)                     # a third handler, fed the same prefix, as reference
+    for ev in events[at:]:
+        step(h, ev)                     # the original moves on; the copy must not notice
+    assert c.state_key() == frozen
+    for ev in events[at:]:
+        assert step(c, ev) == step(d, ev)
+    assert c.state_key() == d.state_key() == h.state_key()

@@ -156,6 +156,27 @@ def test_restore_rescaled_starts_every_channel_at_the_floor():
     assert t.on_watermark("y", 15) == 15
 
 
+def test_restore_rescaled_per_channel_starts_each_where_its_old_receivers_were():
+    t = WatermarkTracker(["x", "y", "z"])
+    t.restore_rescaled({"x": 30, "y": 12.5})
+    assert t.current == 12.5 and t.watermark_of("z") == 12.5  # unnamed: the lowest
+    assert t.on_watermark("y", 40) is None and t.on_watermark("z", 35) == 30
+
+
+def test_in_flight_items_of_one_sender_merge_behind_their_watermarks():
+    """Old channels a (its receiver had consumed up to W(20)) and b (behind, from W(10)) of
+    one sender: each record goes just before the first watermark after it on its channel,
+    so b's records before W(20) come before it though a's channel starts after it."""
+    from cutline.runtime.restore import merge_in_flight
+
+    W = Watermark
+    a = ["a1", W(30), "a2"]
+    b = ["b1", W(20), "b2", W(30), "b3"]
+    assert merge_in_flight([a, b]) == ["b1", W(20), "a1", "b2", W(30), "a2", "b3"]
+    assert merge_in_flight([["x", W(5)]]) == ["x", W(5)]
+    assert merge_in_flight([]) == []
+
+
 def test_restore_ignores_unknown_channels_and_keeps_infinities():
     t = WatermarkTracker(["x", "y"])
     t.on_watermark("x", math.inf)

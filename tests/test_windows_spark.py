@@ -1,7 +1,5 @@
-"""Windows on real Spark: Spark Structured Streaming as the oracle for window counts, and
-``kill -9`` of a Python worker mid-run with exactly-once results and late output."""
+"""Windows on real Spark: Spark Structured Streaming as the oracle for window counts."""
 
-import collections
 import json
 import os
 
@@ -9,9 +7,7 @@ import pytest
 
 from cutline import CheckpointConfig, Pipeline, sliding, tumbling
 from cutline.connectors import CollectSink, FileSource
-from cutline.spark.faults import Kill
 
-from test_windows_pipelines import expected, late_rows, windowed
 
 pytestmark = pytest.mark.slow
 
@@ -85,17 +81,5 @@ def test_window_counts_equal_spark_structured_streaming(spark, tmp_path, size, s
     assert sum(want.values()) == FILES * PER_FILE * (size // (slide or size))
 
 
-@pytest.mark.parametrize("mode", ["aligned", "unaligned"])
-def test_kill_9_of_a_worker_windows_and_late_output_exactly_once(spark, tmp_path, mode):
-    n = 30_000
-    p, out, late = windowed(tmp_path, n, "tumbling", mode, rate=8_000, interval=0.3)
-    kill = Kill(after_checkpoint=1, delay=0.3)
-    result = p.run(spark=spark, timeout=240, on_start=kill)
-    assert kill.killed, "the worker was never killed"
-    assert result.attempts >= 2
-    assert [c for c in result.checkpoints if c.attempt >= 1], "no checkpoint after the restart"
-    want, want_late = expected(n, "tumbling")
-    got = collections.Counter(out.results())
-    assert got == want, (sorted((got - want).items())[:5], sorted((want - got).items())[:5])
-    assert late_rows(late) == want_late
-    assert len(want_late) > 50
+# kill -9 of windows with late output: tests/test_event_time_spark.py (every exactly-once
+# mode, both backends, row for row against a failure-free run).

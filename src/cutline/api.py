@@ -13,7 +13,18 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .logical import FORWARD, HASH, REBALANCE, Node, TimestampSpec, timestamp_fn_of
+from .logical import (
+    AGGREGATES,
+    FORWARD,
+    HASH,
+    REBALANCE,
+    AggSpec,
+    BatchFunction,
+    ColumnKey,
+    Node,
+    TimestampSpec,
+    timestamp_fn_of,
+)
 from .protocol import Mode
 from .protocol.watermarks import BoundedOutOfOrderness, to_duration
 from .protocol.windows import (
@@ -30,8 +41,8 @@ from .protocol.windows import (
     window_time,
 )
 
-__all__ = ["CheckpointConfig", "IterativeStream", "Pipeline", "Stream", "KeyedStream", "Node",
-           "WindowedResults", "WindowedStream"]
+__all__ = ["BatchKeyedStream", "BatchStream", "CheckpointConfig", "IterativeStream", "Pipeline",
+           "Stream", "KeyedStream", "Node", "WindowedResults", "WindowedStream"]
 
 _UID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -212,7 +223,11 @@ class Pipeline:
         if not hasattr(source, "create_reader"):
             raise TypeError(f"source() needs a cutline source (e.g. GeneratorSource, "
                             f"FileSource), got {source!r}")
-        return Stream(self, self._add("source", source, [], uid=uid, parallelism=parallelism))
+        node = self._add("source", source, [], uid=uid, parallelism=parallelism)
+        if getattr(source, "columnar", False):  # FileSource(...).batches(), batch_fn=
+            node.columnar = True
+            return BatchStream(self, node)
+        return Stream(self, node)
 
     def run(self, spark: Any = None, **kwargs: Any) -> Any:
         """Run on Spark (an embedded ``local[N,F]`` session unless ``spark`` is given)."""
@@ -379,9 +394,23 @@ class Stream:
         """Spread records round-robin over the next operator's subtasks."""
         return _Repartitioned(self, REBALANCE)
 
-    def key_by(self, key_fn: Callable[[Any], Any]) -> "KeyedStream":
+    def key_by(self, key_fn: Callable[[Any], Any] | str | list[str]) -> "KeyedStream":
+        """Partition by key: ``key_fn(record)``, or column names (``"user"`` keys a dict
+        record by ``record["user"]``, ``["a", "b"]`` by the tuple of both)."""
+        if isinstance(key_fn, (str, list, tuple)):
+            key_fn = _column_key("key_by", key_fn)
         _check_callable("key_by", key_fn)
         return KeyedStream(self, key_fn)
+
+    def batches(self, schema: Any = None, *, uid: str | None = None) -> "BatchStream":
+        """This stream's dict records as Arrow record batches (one per task batch, with
+        ``schema``, a ``pyarrow.Schema``, or inferred): the columnar operators follow.
+        Costs about what ``RecordBatch.from_pylist`` does (see docs/columnar.md)."""
+        if schema is not None:
+            _check_schema("batches", schema)
+        node = self._then("to_batches", schema, uid=uid, parallelism=None).node
+        node.columnar = True
+        return BatchStream(self.pipeline, node)
 
     def iterate(self, *, uid: str | None = None,
                 parallelism: int | None = None) -> "IterativeStream":
@@ -649,3 +678,207 @@ class WindowedResults(Stream):
         node = self.pipeline._add("window_late", self.spec, [w.id], uid=uid,
                                   parallelism=w.parallelism, partitioning=FORWARD)
         return Stream(self.pipeline, node)
+
+
+# --------------------------------------------------------------------------- batch streams
+
+def _column_key(what: str, columns: Any) -> ColumnKey:
+    cols = (columns,) if isinstance(columns, str) else tuple(columns)
+    if not cols or not all(isinstance(c, str) and c for c in cols):
+        raise TypeError(f"{what}() takes a column name or a list of column names, got "
+                        f"{columns!r}")
+    return ColumnKey(cols)
+
+
+def _check_schema(what: str, schema: Any) -> None:
+    import pyarrow as pa
+
+    if not isinstance(schema, pa.Schema):
+        raise TypeError(f"{what}(schema=...) takes a pyarrow.Schema, got "
+                        f"{type(schema).__name__}: {schema!r}")
+
+
+_BATCH_FORMATS = ("arrow", "pandas", "polars")
+
+
+def _check_batch_format(what: str, batch_format: Any) -> None:
+    if batch_format not in _BATCH_FORMATS:
+        raise ValueError(f"{what}(batch_format=...) must be 'arrow', 'pandas' or 'polars', "
+                         f"got {batch_format!r}")
+    if batch_format != "arrow":
+        import importlib.util
+
+        if importlib.util.find_spec(batch_format) is None:
+            raise ValueError(f"{what}(batch_format={batch_format!r}) needs the "
+                             f"{batch_format} package (pip install {batch_format})")
+
+
+class BatchStream(Stream):
+    """A stream of Arrow record batches (``FileSource(...).batches()``,
+    ``GeneratorSource(batch_fn=...)``, ``stream.batches(schema)``): operators run a record
+    batch at a time, vectorised, like Spark's ``mapInArrow`` / ``mapInPandas`` and
+    DataFrame column expressions.  ``rows()`` turns it back into dict records.
+    """
+
+    def _then(self, kind: str, fn: Any, *, uid: str | None, parallelism: int | None,
+              partitioning: str | None = None, key_fn: Callable | None = None,
+              on_error: str | None = None) -> "Stream":
+        stream = super()._then(kind, fn, uid=uid, parallelism=parallelism,
+                               partitioning=partitioning, key_fn=key_fn, on_error=on_error)
+        if kind in ("sink", "to_rows"):
+            return stream
+        stream.node.columnar = True
+        return BatchStream(self.pipeline, stream.node)
+
+    def _per_record(self, name: str, instead: str) -> Any:
+        raise TypeError(f"{name}() works on records; this is a batch stream (Arrow record "
+                        f"batches): use {instead}, or .rows().{name}(...) for dict records")
+
+    # the per-record operators do not apply to record batches
+    def map(self, fn: Any, **kw: Any) -> "Stream":
+        return self._per_record("map", "map_batches(fn)")
+
+    def flat_map(self, fn: Any, **kw: Any) -> "Stream":
+        return self._per_record("flat_map", "map_batches(fn)")
+
+    def assign_timestamps(self, ts_fn: Any, **kw: Any) -> "Stream":
+        return self._per_record("assign_timestamps", "rows() first")
+
+    def iterate(self, **kw: Any) -> "IterativeStream":
+        return self._per_record("iterate", "rows() first")
+
+    def batches(self, schema: Any = None, *, uid: str | None = None) -> "BatchStream":
+        raise TypeError("batches(): this stream is a batch stream already")
+
+    def map_batches(self, fn: Callable[[Any], Any], *, batch_format: str = "arrow",
+                    uid: str | None = None, parallelism: int | None = None) -> "BatchStream":
+        """``fn(batch)`` per record batch: a ``pyarrow.RecordBatch`` (``batch_format=
+        "arrow"``), ``pandas.DataFrame`` or ``polars.DataFrame``; it returns the same kind
+        (or an Arrow ``Table``) with any number of rows and any schema."""
+        _check_callable("map_batches", fn)
+        _check_batch_format("map_batches", batch_format)
+        return self._then("map_batches", BatchFunction(fn, batch_format), uid=uid,
+                          parallelism=parallelism)  # type: ignore[return-value]
+
+    def filter_batches(self, fn: Callable[[Any], Any], *, batch_format: str = "arrow",
+                       uid: str | None = None,
+                       parallelism: int | None = None) -> "BatchStream":
+        """The rows where ``fn(batch)`` is true: it returns one boolean per row (a pyarrow
+        boolean array, or a numpy / pandas / polars boolean vector)."""
+        _check_callable("filter_batches", fn)
+        _check_batch_format("filter_batches", batch_format)
+        return self._then("filter_batches", BatchFunction(fn, batch_format), uid=uid,
+                          parallelism=parallelism)  # type: ignore[return-value]
+
+    def select(self, *columns: str, uid: str | None = None) -> "BatchStream":
+        """Only these columns, in this order (``df.select``)."""
+        if not columns or not all(isinstance(c, str) for c in columns):
+            raise TypeError(f"select() takes column names, got {columns!r}")
+        return self._then("select", list(columns), uid=uid,
+                          parallelism=None)  # type: ignore[return-value]
+
+    def filter(self, expr: Any, *, uid: str | None = None,  # type: ignore[override]
+               **kw: Any) -> "BatchStream":
+        """The rows where the boolean column expression holds (``df.filter``), e.g.
+        ``pc.field("value") >= 10`` (``import pyarrow.compute as pc``)."""
+        return self.where(expr, uid=uid)
+
+    def where(self, expr: Any, *, uid: str | None = None) -> "BatchStream":
+        """Alias of :meth:`filter` (``df.where``)."""
+        import pyarrow.compute as pc
+
+        if not isinstance(expr, pc.Expression):
+            raise TypeError(f"filter()/where() on a batch stream takes a column expression "
+                            f"(pyarrow.compute, e.g. pc.field('x') > 3), got "
+                            f"{type(expr).__name__}; for a function of the batch use "
+                            "filter_batches(fn)")
+        return self._then("where", expr, uid=uid,
+                          parallelism=None)  # type: ignore[return-value]
+
+    def with_column(self, name: str, expr: Any, *, uid: str | None = None) -> "BatchStream":
+        """Add (or replace) column ``name``: a ``pyarrow.compute`` expression (e.g.
+        ``pc.field("value") * 1.5``) or a function of the record batch returning an Arrow
+        array (e.g. ``lambda b: pc.utf8_upper(b["page"])``) (``df.withColumn``)."""
+        import pyarrow.compute as pc
+
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"with_column() needs a column name, got {name!r}")
+        if not isinstance(expr, pc.Expression) and not callable(expr):
+            raise TypeError(f"with_column() takes a pyarrow.compute expression or a function "
+                            f"of the batch, got {type(expr).__name__}: {expr!r}")
+        return self._then("with_column", (name, expr), uid=uid,
+                          parallelism=None)  # type: ignore[return-value]
+
+    def rows(self, *, uid: str | None = None) -> Stream:
+        """Every row as a dict record (``RecordBatch.to_pylist``): the per-record
+        operators follow.  Costs a Python dict per row (see docs/columnar.md)."""
+        return self._then("to_rows", None, uid=uid, parallelism=None)
+
+    def key_by(self, columns: Any) -> "BatchKeyedStream":  # type: ignore[override]
+        """Partition rows by column(s) (``df.groupBy``): ``"user"`` or ``["a", "b"]``.  A
+        row goes to the key group the per-record ``key_by`` gives the same key (the value,
+        or the tuple of values), so state can be rescaled and the two paths mixed."""
+        if callable(columns) and not isinstance(columns, ColumnKey):
+            raise TypeError("key_by() on a batch stream takes column names (e.g. "
+                            "key_by('user')), not a function: rows are keyed vectorised")
+        return BatchKeyedStream(self, _column_key("key_by", columns))
+
+
+class BatchKeyedStream:
+    """A batch stream partitioned by key columns: keyed aggregations follow (``count``,
+    ``sum``, ``min``, ``max``, ``mean``, ``agg``), computed per record batch with
+    ``Table.group_by`` and merged into keyed state.  Each emits, per input batch, one row
+    per key in it with the key's aggregates so far (an update stream, as Spark's update
+    output mode): ``(key columns..., aggregates...)``."""
+
+    def __init__(self, stream: BatchStream, key: ColumnKey) -> None:
+        self.stream, self.key_fn = stream, key
+
+    def agg(self, *, uid: str | None = None, parallelism: int | None = None,
+            **named: Any) -> BatchStream:
+        """Named aggregates: ``agg(n="count", total=("value", "sum"), avg=("value",
+        "mean"))``; functions ``count`` (rows), ``sum``, ``min``, ``max``, ``mean``."""
+        if not named:
+            raise ValueError("agg() needs at least one aggregate, e.g. agg(n='count')")
+        aggs: list[tuple[str, str | None, str]] = []
+        for out, spec in named.items():
+            if spec == "count":
+                aggs.append((out, None, "count"))
+                continue
+            if not (isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], str)
+                    and spec[1] in AGGREGATES and spec[1] != "count"):
+                raise ValueError(f"agg({out}=...) takes 'count' or (column, function) with "
+                                 f"function one of sum, min, max, mean; got {spec!r}")
+            aggs.append((out, spec[0], spec[1]))
+        clash = set(self.key_fn.columns) & set(named)
+        if clash:
+            raise ValueError(f"agg(): output names {sorted(clash)} are key columns")
+        stream = self.stream._then("aggregate", AggSpec(self.key_fn.columns, tuple(aggs)),
+                                   uid=uid, parallelism=parallelism, partitioning=HASH,
+                                   key_fn=self.key_fn)
+        return stream  # type: ignore[return-value]
+
+    def count(self, *, uid: str | None = None, parallelism: int | None = None) -> BatchStream:
+        """Rows per key, as column ``count``."""
+        return self.agg(uid=uid, parallelism=parallelism, count="count")
+
+    def sum(self, column: str, *, uid: str | None = None,
+            parallelism: int | None = None) -> BatchStream:
+        """The sum of ``column`` per key, as column ``<column>_sum``."""
+        return self.agg(uid=uid, parallelism=parallelism, **{f"{column}_sum": (column, "sum")})
+
+    def min(self, column: str, *, uid: str | None = None,
+            parallelism: int | None = None) -> BatchStream:
+        """The smallest ``column`` per key, as ``<column>_min``."""
+        return self.agg(uid=uid, parallelism=parallelism, **{f"{column}_min": (column, "min")})
+
+    def max(self, column: str, *, uid: str | None = None,
+            parallelism: int | None = None) -> BatchStream:
+        """The largest ``column`` per key, as ``<column>_max``."""
+        return self.agg(uid=uid, parallelism=parallelism, **{f"{column}_max": (column, "max")})
+
+    def mean(self, column: str, *, uid: str | None = None,
+             parallelism: int | None = None) -> BatchStream:
+        """The mean of ``column`` per key (a float), as ``<column>_mean``."""
+        return self.agg(uid=uid, parallelism=parallelism,
+                        **{f"{column}_mean": (column, "mean")})

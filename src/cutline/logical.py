@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FORWARD", "REBALANCE", "HASH", "BROADCAST", "Node", "TimestampSpec",
-           "timestamp_fn_of"]
+__all__ = ["AGGREGATES", "AggSpec", "BatchFunction", "FORWARD", "REBALANCE", "HASH", "BROADCAST",
+           "ColumnKey", "Node", "TimestampSpec", "timestamp_fn_of"]
 
 # Partitioning of an edge into an operator.
 FORWARD, REBALANCE, HASH, BROADCAST = "forward", "rebalance", "hash", "broadcast"
@@ -43,10 +43,59 @@ class Node:
     timestamp_fn: Callable[[Any], Any] | None = None
     # the uid of that assigner (or, when inputs' assigners differ, "" : ambiguous)
     timestamps_from: str | None = None
+    # a batch stream's operator: its output items are Arrow record batches
+    columnar: bool = False
 
     @property
     def keyed(self) -> bool:
-        return self.kind in ("reduce", "process", "count", "window")
+        return self.kind in ("reduce", "process", "count", "window", "aggregate")
+
+
+class ColumnKey:
+    """``key_by("col")`` / ``key_by(["a", "b"])``: a record's key is its column's value
+    (``record["col"]``), or the tuple of its columns' values.  On a batch stream the rows
+    of a record batch are routed by these columns vectorised
+    (:mod:`cutline.state.arrow_keys`), to the key groups this function gives per record."""
+
+    __slots__ = ("columns",)
+
+    def __init__(self, columns: tuple[str, ...]) -> None:
+        self.columns = columns
+
+    def __call__(self, record: Any) -> Any:
+        cols = self.columns
+        if len(cols) == 1:
+            return record[cols[0]]
+        return tuple(record[c] for c in cols)
+
+    def __getstate__(self) -> tuple[str, ...]:
+        return self.columns
+
+    def __setstate__(self, state: tuple[str, ...]) -> None:
+        self.columns = state
+
+    def __repr__(self) -> str:
+        return f"ColumnKey({list(self.columns)!r})"
+
+
+@dataclass(frozen=True)
+class BatchFunction:
+    """``map_batches`` / ``filter_batches``: the user's function and the format it takes."""
+
+    fn: Callable[[Any], Any]
+    batch_format: str = "arrow"
+
+
+AGGREGATES = ("count", "sum", "min", "max", "mean")
+
+
+@dataclass(frozen=True)
+class AggSpec:
+    """A keyed aggregation of a batch stream: the key columns and ``(output name, column,
+    function)`` per aggregate (``count`` counts rows; its column is ``None``)."""
+
+    keys: tuple[str, ...]
+    aggs: tuple[tuple[str, str | None, str], ...]
 
 
 @dataclass

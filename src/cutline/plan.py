@@ -54,6 +54,7 @@ class Edge:
     partitioning: str
     key_fn: Any = None
     back: bool = False  # the feedback edge of an iteration (into its head)
+    columnar: bool = False  # it carries a batch stream (Arrow record batches)
 
     def pairs(self, src_p: int, dst_p: int) -> list[tuple[int, int]]:
         if self.partitioning == FORWARD:
@@ -165,7 +166,8 @@ def plan(pipeline: Pipeline) -> PhysicalPlan:
             if part == FORWARD and par[i] != par[n.id]:
                 part = "rebalance"
             edges.append(Edge(chain_of[i].id, chain_of[n.id].id, part,
-                              n.key_fn if part == HASH else None))
+                              n.key_fn if part == HASH else None,
+                              columnar=nodes[i].columnar))
     return PhysicalPlan(pipeline.name, chains, edges, pipeline.max_parallelism,
                         state_backend=pipeline.checkpoint.state_backend,
                         timed=any(n.kind == "assign_timestamps" for n in nodes))

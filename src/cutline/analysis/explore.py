@@ -19,7 +19,6 @@ red, in order.
 
 from __future__ import annotations
 
-import copy
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -65,9 +64,13 @@ class _World:
     recv_white: tuple[frozenset, ...]
     recorded: tuple[tuple[tuple, ...], ...]  # per snapshot, per channel: message ids
     aborted: frozenset
+    # the handlers' state keys, computed once when a handler changes (the key of every
+    # world reached is taken, and most steps change one handler): () = not yet known
+    hkeys: tuple = ()
 
     def key(self) -> tuple:
-        return (self.pcs, self.queues, tuple(h.state_key() for h in self.handlers),
+        hkeys = self.hkeys or tuple(h.state_key() for h in self.handlers)
+        return (self.pcs, self.queues, hkeys,
                 self.triggered, self.taken, self.finished, self.sent_white, self.recv_white,
                 self.recorded, self.aborted)
 
@@ -189,13 +192,13 @@ class _Explorer:
         pcs = list(w.pcs)
         pcs[p] += 1
         return _World(tuple(pcs), tuple(queues), w.handlers, w.triggered, w.taken, w.finished,
-                      sent_white, w.recv_white, w.recorded, w.aborted)
+                      sent_white, w.recv_white, w.recorded, w.aborted, w.hkeys)
 
     def _trigger(self, w: _World, k: int, p: int) -> _World:
         triggered = list(w.triggered)
         triggered[k] += 1
         w = _World(w.pcs, w.queues, w.handlers, tuple(triggered), w.taken, w.finished,
-                   w.sent_white, w.recv_white, w.recorded, w.aborted)
+                   w.sent_white, w.recv_white, w.recorded, w.aborted, w.hkeys)
         return self._run(w, p, lambda h: h.on_trigger(k + 1))
 
     def _deliver(self, w: _World, c: int) -> _World:
@@ -203,7 +206,7 @@ class _Explorer:
         queues = list(w.queues)
         queues[c] = rest
         w = _World(w.pcs, tuple(queues), w.handlers, w.triggered, w.taken, w.finished,
-                   w.sent_white, w.recv_white, w.recorded, w.aborted)
+                   w.sent_white, w.recv_white, w.recorded, w.aborted, w.hkeys)
         dst, name = self.edges[c][1], self.chan_names[c]
         if item[0] == "m":
             return self._run(w, dst, lambda h: h.on_records(name, (item[1],)))
@@ -216,14 +219,14 @@ class _Explorer:
         queues = list(w.queues)
         queues[c] = q[pos + 1:]
         w = _World(w.pcs, tuple(queues), w.handlers, w.triggered, w.taken, w.finished,
-                   w.sent_white, w.recv_white, w.recorded, w.aborted)
+                   w.sent_white, w.recv_white, w.recorded, w.aborted, w.hkeys)
         name = self.chan_names[c]
         return self._run(w, self.edges[c][1], lambda h: h.on_barrier(name, barrier, overtaken))
 
     def _run(self, w: _World, p: int, event: Callable[[SnapshotHandler], list]) -> _World:
         """Apply ``event`` to a private copy of ``p``'s handler and perform the actions."""
         handlers = list(w.handlers)
-        h = handlers[p] = copy.deepcopy(w.handlers[p])
+        h = handlers[p] = w.handlers[p].copy()
         actions = event(h)
         queues, taken, finished = list(w.queues), list(w.taken), list(w.finished)
         recv_white, recorded = list(w.recv_white), [list(r) for r in w.recorded]
@@ -249,9 +252,11 @@ class _Explorer:
             elif t is DeclineSnapshot:
                 aborted = aborted | {a.checkpoint_id}
             # Block/Unblock live in the handler; no timers or announcements here.
+        hkeys = list(w.hkeys or (x.state_key() for x in w.handlers))
+        hkeys[p] = h.state_key()
         return _World(w.pcs, tuple(queues), tuple(handlers), w.triggered, tuple(taken),
                       tuple(finished), w.sent_white, tuple(recv_white),
-                      tuple(tuple(r) for r in recorded), aborted)
+                      tuple(tuple(r) for r in recorded), aborted, tuple(hkeys))
 
     # ------------------------------------------------------------------ verdict
 

@@ -37,7 +37,6 @@ operator reached later), ``"tracker_not_restored"`` (restore starts the watermar
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -268,7 +267,7 @@ class _Explorer:
 
     def _run(self, w: _World, event: Callable[[SnapshotHandler], list],
              close: str | None = None) -> _World:
-        h = copy.deepcopy(w.handler)
+        h = w.handler.copy()
         win = w.win.clone()
         log = w.log
         snaps, recorded = list(w.snaps), [list(r) for r in w.recorded]

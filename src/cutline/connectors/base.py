@@ -88,6 +88,20 @@ class RecordError(ValueError):
         super().__init__(f"malformed record in {file} ({where}): {reason}")
 
 
+class SchemaMismatchError(TypeError):
+    """A sink got record batches whose schema differs from the one it writes (the first
+    batch's, or the table's): it fails the job at once, naming the sink and both schemas."""
+
+    def __init__(self, sink: str, got: Any, want: Any) -> None:
+        self.sink, self.got, self.want = sink, got, want
+        super().__init__(f"sink {sink}: a record batch with schema ({_schema_text(got)}) "
+                         f"does not match the schema it writes ({_schema_text(want)})")
+
+
+def _schema_text(schema: Any) -> str:
+    return ", ".join(f"{f.name}: {f.type}" for f in schema)
+
+
 class CommitError(RuntimeError):
     """A staged transaction cannot be committed (its files are gone, or the target is taken)."""
 

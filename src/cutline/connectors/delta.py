@@ -35,7 +35,7 @@ from typing import Any
 
 from ..storage.fs import check_storage_options, scheme
 from .base import CommitError, commit_file, join
-from .parquet_sink import ParquetWriter
+from .parquet_sink import ParquetWriter, table_of
 
 __all__ = ["DeltaSink", "app_id"]
 
@@ -137,19 +137,19 @@ class DeltaWriter(ParquetWriter):
     # ------------------------------------------------------------------ staging
 
     def _write_file(self, path: str, records: list[dict]) -> None:
-        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        keys = dict.fromkeys(k for r in records for k in r)
-        try:
-            table = pa.Table.from_pydict({k: [r.get(k) for r in records] for k in keys})
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-            raise TypeError(f"cannot convert records to a table for {path}: {e}") from e
+        table = table_of(records, path)
         schema = self._table_schema()
         if schema is not None:
             table = _conform(table, schema, self._sink.path)
         with self._fs.open(path, "wb") as f:
             pq.write_table(table, f, compression=self._sink.compression)
+
+    def _expected_schema(self, first: Any) -> Any:
+        """Record batches must have the table's schema (the user's, or the table's once it
+        exists), else the first batch's."""
+        return self._table_schema() or first
 
     def _table_schema(self) -> Any:
         """The schema records are written with: the user's, else the table's once it exists."""

@@ -35,12 +35,23 @@ class FileSource:
       quoted fields may span lines. parquet: records are dicts (``Table.to_pylist``).
     - A record that does not parse raises ``RecordError`` naming file, line and byte offset;
       the position stays at the start of the bad record.
+    - ``files_at_once``: how many of its files a subtask reads at a time, a batch from each
+      in turn (default 1: one after the other).
+    - Event time: files are the source's *splits*.  ``assign_timestamps`` right after the
+      source keeps a watermark per file (a batch then comes from one file); the files read
+      now (``files_at_once``, and any begun) hold it back, each until it is finished: a file
+      that is behind holds the watermark back, a finished one stops holding it, files not
+      reached yet do not count (Flink's per-split watermarks).  Checkpointed with the
+      positions, moved with a file on a rescale.
     """
 
     def __init__(self, path: str, format: str = "jsonl", follow: bool = False,
                  poll_interval: float = 1.0, name: str | None = None, *,
                  encoding: str = "utf-8", fieldnames: list[str] | None = None,
-                 delimiter: str = ",", step: float = 0.05):
+                 delimiter: str = ",", step: float = 0.05, files_at_once: int = 1):
+        if not isinstance(files_at_once, int) or files_at_once < 1:
+            raise ValueError(f"files_at_once must be an int >= 1, got {files_at_once!r}")
+        self.files_at_once = files_at_once
         if format not in FORMATS:
             raise ValueError(f"unknown file format {format!r}; supported: {', '.join(FORMATS)}")
         if poll_interval <= 0:
@@ -78,6 +89,15 @@ class FileSource:
     def create_reader(self) -> "FileReader":
         return FileReader(self)
 
+    def batches(self, schema: Any = None, *, batch_bytes: int = 1 << 20) -> Any:
+        """The same files read as Arrow record batches of about ``batch_bytes`` (a batch
+        stream, like ``spark.read.schema(schema).json(path)``): pyarrow parses them, with
+        ``schema`` (a ``pyarrow.Schema``) or inferring the types.  Positions stay exact (a
+        restore resumes at the record).  See :mod:`cutline.connectors.arrow_files`."""
+        from .arrow_files import ColumnarFileSource
+
+        return ColumnarFileSource(self, schema, batch_bytes)
+
     def __repr__(self) -> str:
         return f"FileSource({self.path!r}, format={self.format!r}, follow={self.follow})"
 
@@ -99,7 +119,11 @@ class FileReader:
         self._done: set[str] = set()
         self._cur: str | None = None
         self._off = self._line = 0
-        self._started: dict[str, tuple[int, int]] = {}  # after a rescale: file -> position
+        # files begun, not being read now (after a rescale, or read files_at_once at a
+        # time): file -> position
+        self._started: dict[str, tuple[int, int]] = {}
+        self._last: str | None = None  # the file the last batch came from
+        self._per_split = getattr(self, "_per_split", False)
         self._handle: Any = None
         self._header: list[str] | None = None
         # jsonl: C scanner of json.loads, called directly (one per reader: not shared by threads)
@@ -114,7 +138,8 @@ class FileReader:
     def snapshot(self) -> dict:
         return {"file": self._cur, "offset": self._off, "line": self._line,
                 "done": sorted(self._done),
-                "started": {f: list(pos) for f, pos in sorted(self._started.items())}}
+                "started": {f: list(pos) for f, pos in sorted(self._started.items())},
+                "last": self._last}
 
     def rescale(self, states: list[dict]) -> None:
         """A rescaled restore: files finished by any old reader stay finished; this reader
@@ -150,6 +175,7 @@ class FileReader:
         self._line = int(state.get("line") or 0) if cur is not None else 0
         self._started = {f: (int(p[0]), int(p[1]))
                          for f, p in (state.get("started") or {}).items()}
+        self._last = state.get("last")  # (round robin goes on after it)
 
     # ------------------------------------------------------------------ listing
     def _list(self) -> None:
@@ -167,12 +193,42 @@ class FileReader:
             if owner == self._subtask:
                 self._known[n] = full
 
+    def _active(self) -> list[str]:
+        """The files read now: those begun (not finished), then the next ones by name up
+        to ``files_at_once``."""
+        begun = {n for n in self._started if n not in self._done}
+        if self._cur is not None:
+            begun.add(self._cur)
+        room = self._src.files_at_once - len(begun)
+        if room > 0:
+            pending = sorted(n for n in self._known if n not in self._done and n not in begun)
+            begun.update(pending[:room])
+        return sorted(begun)
+
     def _pick(self) -> str | None:
-        started = [n for n in self._started if n not in self._done]
+        started = sorted(n for n in self._started if n not in self._done)
+        if self._src.files_at_once > 1:  # round robin over the active files
+            active, last = self._active(), self._last
+            return next((n for n in active if last is None or n > last),
+                        active[0] if active else None)
         if started:  # files an old reader had begun (rescaled restore) go first
-            return min(started)
+            return started[0]
         pending = [n for n in self._known if n not in self._done]
         return min(pending) if pending else None
+
+    # ------------------------------------------------------------------ splits (event time)
+    def watermark_per_split(self) -> None:
+        """``assign_timestamps`` keeps a watermark per file: from now on a batch comes from
+        one file."""
+        self._per_split = True
+
+    def split_key(self) -> str | None:
+        """The file the last batch came from."""
+        return self._last
+
+    def split_keys(self) -> list[str]:
+        """The files read now, begun or next (they hold the watermark, until finished)."""
+        return self._active()
 
     # ------------------------------------------------------------------ reading
     def read_batch(self, max_records: int) -> list | None:
@@ -200,7 +256,7 @@ class FileReader:
                     time.sleep(max(0.0, min(self._src.step, self._next_poll - now)))
                     return []
                 self._off, self._line = self._started.pop(nxt, (0, 0))
-                self._cur = nxt
+                self._cur = self._last = nxt
                 self._marks.append((len(out), nxt, self._off, self._line))
             if self._handle is None:
                 self._open_current()
@@ -208,6 +264,13 @@ class FileReader:
                 self._close_handle()
                 self._done.add(self._cur)
                 self._cur, self._off, self._line = None, 0, 0
+                if out and (self._per_split or self._src.files_at_once > 1):
+                    return out  # a batch from one file
+        if self._cur is not None and self._src.files_at_once > 1:
+            # the next batch comes from the next file: park this one at its position
+            self._started[self._cur] = (self._off, self._line)
+            self._close_handle()
+            self._cur, self._off, self._line = None, 0, 0
         return out
 
     def locate(self, index: int | None = None) -> str | None:

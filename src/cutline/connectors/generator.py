@@ -21,16 +21,32 @@ class GeneratorSource:
 
     The default ``fn`` is a module-level function so the source pickles with plain ``pickle``;
     a lambda or closure needs cloudpickle (which PySpark uses).
+
+    ``batch_fn``: a *batch stream* instead (Arrow record batches): ``batch_fn(indices)``
+    gets a numpy int64 array of up to ``batch_rows`` indices (the same indices, in the same
+    order, as ``fn`` would get one by one) and returns a ``pyarrow.RecordBatch`` (or
+    ``Table``) with one row per index.
     """
 
     def __init__(self, count: int | None = None, rate: float | None = None,
                  fn: Callable[[int], Any] = _identity, name: str = "generator",
-                 step: float = 0.05):
+                 step: float = 0.05, *, batch_fn: Callable[[Any], Any] | None = None,
+                 batch_rows: int = 8192):
         if count is not None and count < 0:
             raise ValueError(f"count must be >= 0 or None, got {count}")
         if rate is not None and rate <= 0:
             raise ValueError(f"rate must be > 0 records/s or None, got {rate}")
+        if batch_fn is not None and not callable(batch_fn):
+            raise TypeError(f"batch_fn must be a function of an index array, got {batch_fn!r}")
+        if not isinstance(batch_rows, int) or isinstance(batch_rows, bool) or batch_rows < 1:
+            raise ValueError(f"batch_rows must be a whole number >= 1, got {batch_rows!r}")
         self.count, self.rate, self.fn, self.name, self.step = count, rate, fn, name, step
+        self.batch_fn, self.batch_rows = batch_fn, batch_rows
+
+    @property
+    def columnar(self) -> bool:
+        """A batch stream (``batch_fn``): every read is a list of Arrow record batches."""
+        return self.batch_fn is not None
 
     def parallelism_hint(self) -> int | None:
         return None
@@ -112,12 +128,19 @@ class GeneratorReader:
         self._k %= len(self._splits)
         split = self._splits[self._k]
         left = self._left(split)
+        if self._src.batch_fn is not None:
+            max_records = self._src.batch_rows
         want = max_records if left is None else min(max_records, left)
         n = self._allowance(max(0, want))
         i, stride = split
         self._last_split = self._key(split)
         self._last_batch = (i, stride, n)
-        out = list(map(self._src.fn, range(i, i + n * stride, stride)))
+        if self._src.batch_fn is None:
+            out = list(map(self._src.fn, range(i, i + n * stride, stride)))
+        else:
+            from .arrow_files import batch_of
+
+            out = batch_of(self._src.batch_fn, i, stride, n) if n else []
         split[0] = i + n * stride
         if len(self._splits) > 1:
             self._k += 1

@@ -6,21 +6,31 @@ import re
 from typing import Any
 
 from ..storage.fs import check_storage_options
-from .base import StagedWriter, get_fs, join
+from .base import SchemaMismatchError, StagedWriter, get_fs, join
 
 _PART = re.compile(r"^part-(\d+)-(\d+)-(\d+)\.parquet$")
 
 
-def _write_parquet(fs: Any, path: str, records: list[dict], compression: str) -> None:
+def table_of(records: list, path: str) -> Any:
+    """The Arrow table of a file's records: dicts, or a batch stream's record batches (one
+    schema, checked as they were written: no conversion)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
+
+    if records and isinstance(records[0], pa.RecordBatch):
+        return pa.Table.from_batches(records)
     # Table.from_pylist takes the columns from the first record only: build from the union of
     # keys (first-seen order) so a key missing in early records is not dropped.
     keys = dict.fromkeys(k for r in records for k in r)
     try:
-        table = pa.Table.from_pydict({k: [r.get(k) for r in records] for k in keys})
+        return pa.Table.from_pydict({k: [r.get(k) for r in records] for k in keys})
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
         raise TypeError(f"cannot convert records to a parquet table for {path}: {e}") from e
+
+
+def _write_parquet(fs: Any, path: str, records: list, compression: str) -> None:
+    import pyarrow.parquet as pq
+
+    table = table_of(records, path)
     with fs.open(path, "wb") as f:
         pq.write_table(table, f, compression=compression)
 
@@ -31,6 +41,10 @@ class ParquetSink:
     Layout: ``<path>/_staging/<job>/<subtask>/chk-<id>-<n>.parquet`` while staged,
     ``<path>/part-<subtask>-<checkpoint_id>-<n>.parquet`` once committed. Readers must only read
     ``part-*`` files (pyarrow / Spark skip ``_``-prefixed directories on their own).
+
+    A batch stream's record batches are written as they are (no conversion to dicts and
+    back); every batch must have the schema of the first one the subtask wrote, or the job
+    fails naming the sink and both schemas.
 
     Records are dicts (other values are wrapped as ``{"value": record}``); the schema is inferred
     per file by pyarrow over all of the file's records (union of keys, a missing key = null;
@@ -85,8 +99,32 @@ class ParquetSink:
 
 class ParquetWriter(StagedWriter):
     def _reset(self) -> None:
-        self._buf: list[dict] = []
+        self._buf: list = []  # dicts, or a batch stream's record batches
+        self._rows = 0  # rows of record batches in _buf
         self._rolled: list[str] = []  # staging files of the open transaction (already written)
+
+    def _write_batches(self, batch: list) -> None:
+        """A batch stream's record batches: buffered as they are, schema checked."""
+        want = getattr(self, "_batch_schema", None)
+        if want is None:
+            want = self._batch_schema = self._expected_schema(batch[0].schema)
+        for rb in batch:
+            if rb.schema is not want and not rb.schema.equals(want):
+                name = getattr(self, "operator", None)
+                raise SchemaMismatchError(
+                    f"{name!r} ({self._sink!r})" if name else repr(self._sink), rb.schema,
+                    want)
+        self._buf.extend(batch)
+        self._rows += sum(rb.num_rows for rb in batch)
+        if self._rows >= self._sink.roll_records:
+            path = join(self._dir, f"open-{len(self._rolled)}.parquet")
+            self._write_file(path, self._buf)
+            self._rolled.append(path)
+            self._buf, self._rows = [], 0
+
+    def _expected_schema(self, first: Any) -> Any:
+        """The schema every record batch must have: the first one's."""
+        return first
 
     def _write_file(self, path: str, records: list[dict]) -> None:
         _write_parquet(self._fs, path, records, self._sink.compression)
@@ -94,6 +132,8 @@ class ParquetWriter(StagedWriter):
     def write(self, batch: list) -> None:
         if self._dir is None:
             raise RuntimeError(f"{type(self).__name__}.write() before open()")
+        if batch and type(batch[0]).__module__ == "pyarrow.lib":
+            return self._write_batches(batch)
         buf = self._buf
         for r in batch:
             buf.append(r if isinstance(r, dict) else {"value": r})
@@ -114,7 +154,7 @@ class ParquetWriter(StagedWriter):
             dest = join(self._open_dir, f"chk-{cid}-{len(files)}.parquet")
             self._write_file(dest, self._buf)
             files.append(self._rel(dest))
-        self._buf, self._rolled = [], []
+        self._buf, self._rolled, self._rows = [], [], 0
         return {"files": files, "checkpoint_id": cid, "subtask": self._subtask,
                 "job": self._job}
 

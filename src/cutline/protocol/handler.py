@@ -135,6 +135,18 @@ class SnapshotHandler:
         """The checkpoint whose barriers are being aligned, if any."""
         return getattr(self._policy, "aligning", None)
 
+    def copy(self) -> SnapshotHandler:
+        """An independent copy, much cheaper than ``copy.deepcopy`` (model checking)."""
+        c = object.__new__(SnapshotHandler)
+        c.__dict__.update(self.__dict__)
+        c._open, c._blocked = dict(self._open), dict(self._blocked)
+        c._recordings = {n: _OpenSnapshot(r.checkpoint_id, dict(r.pending))
+                         for n, r in self._recordings.items()}
+        c._recording_on = {ch: list(ns) for ch, ns in self._recording_on.items()}
+        c._seen = set(self._seen)
+        c._policy = self._policy.copy(c)
+        return c
+
     def state_key(self) -> tuple:
         """A hashable, order-independent fingerprint of the protocol state (model checking)."""
 

@@ -30,6 +30,18 @@ class _Policy:
     def __init__(self, h: SnapshotHandler) -> None:
         self.h = h
 
+    def copy(self, h: SnapshotHandler) -> _Policy:
+        """An independent copy serving handler ``h`` (the explorers copy a state per step).
+
+        A policy's state is ids and dicts of channels (one level of nesting at most)."""
+        c = object.__new__(type(self))
+        for name, v in vars(self).items():
+            if isinstance(v, dict):
+                v = {k: dict(x) if isinstance(x, dict) else x for k, x in v.items()}
+            setattr(c, name, v)
+        c.h = h
+        return c
+
     def idle(self) -> bool:
         return True
 

@@ -234,14 +234,18 @@ class WatermarkTracker:
         c.current = self.current
         return c
 
-    def restore_rescaled(self, floor: float) -> None:
-        """After a rescale: every channel (and the combined watermark) starts at ``floor``,
-        the minimum of the old subtasks' output watermarks, so nothing fires early."""
-        self.current = floor
+    def restore_rescaled(self, floor: float | Mapping[Any, float]) -> None:
+        """After a rescale: every channel starts at ``floor`` (or ``floor[ch]``; a channel
+        it does not name at the lowest of them), at most what its old receivers had, so
+        nothing fires early; the combined watermark is their minimum."""
+        per: Mapping[Any, float] = floor if isinstance(floor, Mapping) else {}
+        low = min(per.values(), default=NO_WATERMARK) if isinstance(floor, Mapping) \
+            else floor
         self._idle.clear()
         self._closed.clear()
         for ch in self._wm:
-            self._wm[ch] = floor
+            self._wm[ch] = per.get(ch, low)
+        self.current = min(self._wm.values(), default=low)
 
 
 def encode_ts(ts: float) -> float | str | None:

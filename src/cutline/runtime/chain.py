@@ -243,12 +243,12 @@ class EventTime:
                 "output": encode_ts(self.output)}
 
     def restore(self, own: Mapping[str, Any] | None, old: list[Mapping[str, Any]],
-                upstream_floor: float | None) -> None:
+                upstream_floor: float | Mapping[str, float] | None) -> None:
         """``own``: this subtask's state, when its chain kept its parallelism (exact); else
         ``old``, every old subtask's of this chain (each watermark the lowest of theirs).
         ``upstream_floor``: when the input channels changed (this chain or an upstream one
-        rescaled), the lowest output watermark of the old upstream subtasks: every input
-        channel starts there (never early)."""
+        rescaled), where each input channel starts (by name; never early: see
+        :meth:`RestoreView.input_floors <cutline.runtime.restore.RestoreView.input_floors>`)."""
         segs = len(self.wm)
         if own is not None:
             self.tracker.restore(own.get("input") or {})
@@ -274,5 +274,5 @@ class EventTime:
         if upstream_floor is not None:
             current = self.tracker.current
             self.tracker.restore_rescaled(upstream_floor)
-            self.tracker.current = min(current, upstream_floor) if (
-                own is not None or old) else upstream_floor
+            if own is not None or old:
+                self.tracker.current = min(current, self.tracker.current)

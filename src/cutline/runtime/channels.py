@@ -60,6 +60,7 @@ __all__ = ["BARRIER", "CREDIT", "EOF", "HELLO", "RECORDS", "REJECT", "WELCOME", 
            "InputGate", "LocalChannel", "OutputChannel", "channel_mac", "channel_purpose"]
 
 RECORDS, BARRIER, EOF, CREDIT = range(net.FIRST_KIND, net.FIRST_KIND + 4)
+ARROW = net.FIRST_KIND + 4  # a batch stream's record batches: one Arrow IPC stream
 _COUNT = struct.Struct("!I")
 _UNBOUNDED = 2**31  # credits of a feedback channel: never runs out
 
@@ -77,6 +78,19 @@ def encode_records(batch: list) -> bytes:
 
 
 decode_records = pickle.loads
+
+
+def encode_frame(batch: list) -> tuple[int, bytes]:
+    """``(frame kind, payload)`` of a batch: a batch stream's record batches as Arrow IPC
+    (:mod:`.batches`), anything else pickled (:func:`encode_records`)."""
+    if batch and type(batch[0]).__module__ == "pyarrow.lib":
+        from .batches import encode_batches, is_batch_list
+
+        if is_batch_list(batch):
+            payload = encode_batches(batch)
+            if payload is not None:
+                return ARROW, payload
+    return RECORDS, encode_records(batch)
 
 
 def _wait(cond: threading.Condition, deadline: float | None) -> bool:
@@ -380,6 +394,10 @@ class InputGate(_Closing):
                 kind, payload = read_frame(sock)
                 if kind == RECORDS:
                     item = ("records", decode_records(payload), 1)
+                elif kind == ARROW:
+                    from .batches import decode_batches
+
+                    item = ("records", decode_batches(payload), 1)
                 elif kind == BARRIER:
                     n, unaligned = msgpack.unpackb(payload)
                     item = ("barrier", Barrier(int(n), bool(unaligned)), 0)
@@ -490,10 +508,10 @@ class OutputChannel(_Closing):
         # backpressure lasts.
         retry = self._encoded
         if retry is not None and retry[0] is batch and retry[1] == len(batch):
-            payload = retry[2]
+            kind, payload = retry[2]
         else:
             try:
-                payload = encode_records(batch)
+                kind, payload = encode_frame(batch)
             except PICKLING_ERRORS as exc:  # the same record fails every retry: fatal
                 raise unpicklable(batch, exc, f"channel {self.channel_id!r}") from None
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -501,13 +519,13 @@ class OutputChannel(_Closing):
             self._check()
             while self._credits == 0:
                 if not _wait(self._cond, deadline):
-                    self._encoded = (batch, len(batch), payload)
+                    self._encoded = (batch, len(batch), (kind, payload))
                     raise TimeoutError(f"channel {self.channel_id!r}: no credit from the "
                                        f"receiver for {timeout}s (backpressure)")
                 self._check()  # woken by a broken connection or close()?
             self._credits -= 1
             self._encoded = None
-        self._send(RECORDS, payload)
+        self._send(kind, payload)
 
     def send_barrier(self, barrier: Barrier) -> None:
         with self._cond:

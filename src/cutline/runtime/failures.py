@@ -15,7 +15,12 @@ import logging
 import os
 import traceback
 
-from ..connectors.base import CommitError, RecordError, UnpicklableRecordError
+from ..connectors.base import (
+    CommitError,
+    RecordError,
+    SchemaMismatchError,
+    UnpicklableRecordError,
+)
 from ..protocol import messages as m
 from .channels import ChannelError
 from .control import connect
@@ -34,7 +39,7 @@ class SetupError(RuntimeError):
 def repeats(exc: BaseException) -> bool:
     """Will ``exc`` happen again when the stage is retried?"""
     return isinstance(exc, (UserFunctionError, RecordError, CommitError,
-                            UnpicklableRecordError, SetupError))
+                            UnpicklableRecordError, SetupError, SchemaMismatchError))
 
 
 def setup_error(what: str, exc: BaseException) -> BaseException:

@@ -19,6 +19,10 @@ from ..state.keygroups import key_group_range
 
 __all__ = ["AssignTimestamps", "UserFunctionError", "build_operator", "Operator"]
 
+# operators of batch streams (:mod:`.batches`, which imports pyarrow: only when used)
+BATCH_KINDS = ("map_batches", "filter_batches", "select", "where", "with_column", "to_rows",
+               "to_batches", "aggregate")
+
 
 def _raised_at(error: BaseException) -> str:
     """`` (raised in fn at file:line)``: the innermost frame of the user's code that ``error``
@@ -181,6 +185,9 @@ class AssignTimestamps(Operator):
         if callable(getattr(reader, "split_key", None)) and callable(
                 getattr(reader, "split_keys", None)):
             self.reader, self.splits = reader, {}
+            per_split = getattr(reader, "watermark_per_split", None)
+            if callable(per_split):  # (a reader whose batches may span splits)
+                per_split()
 
     def _generator(self) -> Any:
         if self.splits is None:
@@ -393,6 +400,11 @@ def build_operator(node: Node, subtask: int, parallelism: int, max_parallelism: 
         return Process(node, subtask, parallelism, max_parallelism, state_backend, storage)
     if node.kind == "count":
         return Count(node, subtask, parallelism, max_parallelism, state_backend, storage)
+    if node.kind in BATCH_KINDS:  # a batch stream's operators
+        from .batches import build_batch_operator  # (pyarrow: only for batch streams)
+
+        return build_batch_operator(node, subtask, parallelism, max_parallelism,
+                                    state_backend, storage)
     if node.kind in ("window", "window_results", "window_late"):
         from . import windows  # (it builds on this module)
 

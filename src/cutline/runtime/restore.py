@@ -9,7 +9,11 @@ State is matched to operators by ``uid``, never by position:
 - **sink transactions** pre-committed by old subtask ``i`` are recovered by new subtask
   ``i % parallelism``, so a scale-down commits or aborts them too;
 - **in-flight records** (unaligned checkpoints) of a rescaled exchange are re-routed by key
-  (hash edges) or by their old receiver (other edges) to the new subtasks.
+  (hash edges) or by their old receiver (other edges) to the new subtasks; when the senders
+  kept their parallelism, the **watermarks** in flight go with them, each after the records
+  its sender sent before it (:func:`merge_in_flight`), and each new input channel starts at
+  the lowest watermark the old receivers had from its sender: a rescaled job fires every
+  window and timer at the same point of its input as a job that never stopped.
 
 :func:`check_compatible` is the up-front check a run makes before it restores: an operator
 whose state the pipeline no longer has, an operator whose kind (or, for windows, whose
@@ -26,7 +30,7 @@ from collections.abc import Mapping
 
 from ..logical import Node
 from ..plan import HASH, Chain, ChannelId, PhysicalPlan
-from ..protocol.watermarks import NO_WATERMARK, decode_ts, is_time_item
+from ..protocol.watermarks import NO_WATERMARK, Watermark, decode_ts, is_time_item
 from ..state.keygroups import key_group, subtask_for_key_group
 from ..storage.schema import TaskState, read_task_states
 
@@ -205,6 +209,28 @@ class RestoreView:
                 else NO_WATERMARK for st in self.states.values() if st.chain in ups]
         return min(lows, default=NO_WATERMARK)
 
+    def input_floors(self, chain: Chain, inputs: list[ChannelId]) -> dict[str, float]:
+        """Where each input channel's watermark starts after a rescale (never early): the
+        lowest the old receivers had from the channel's sender, when the senders kept their
+        parallelism (the watermarks in flight then follow, :meth:`channel_records`); else
+        :meth:`upstream_output_floor`."""
+        floor, out = self.upstream_output_floor(chain), {}
+        olds = [st for st in self.states.values() if st.chain == chain.uid]
+        for c in inputs:
+            if self.rescaled(self._chain(c.src_chain)):
+                out[str(c)] = floor
+                continue
+            lows = []
+            for st in olds:
+                seen = ((st.watermarks or {}).get("input") or {}).get("channels") or {}
+                old = ChannelId(c.src_chain, c.src_index, chain.uid, st.index)
+                lows.append(decode_ts((seen.get(str(old)) or [None])[0]))
+            out[str(c)] = min(lows, default=floor)
+        return out
+
+    def _chain(self, uid: str) -> Chain:
+        return next(c for c in self.plan.chains if c.uid == uid)
+
     def channel_records(self, chain: Chain, index: int,
                         inputs: list[ChannelId]) -> list[tuple[ChannelId, list]]:
         """``[(input channel, records)]`` to inject, in order, for this subtask."""
@@ -235,7 +261,7 @@ class RestoreView:
             for ch, blobs in part.items():
                 if ch.dst_chain == chain.uid:
                     per_channel[ch].extend(r for b in blobs for r in pickle.loads(b))
-        out: dict[ChannelId, list] = defaultdict(list)
+        out: dict[ChannelId, dict[ChannelId, list]] = defaultdict(dict)
         p, maxp = chain.parallelism, plan.max_parallelism
         for ch in sorted(per_channel, key=str):
             edge = edges.get(ch.src_chain) or (next(iter(edges.values())) if len(edges) == 1
@@ -248,15 +274,53 @@ class RestoreView:
             mine = [c for c in inputs if c.src_chain == src_chain.uid]
             if not mine:
                 continue
-            # Watermarks in flight stay behind: each new channel starts at the old senders'
-            # lowest output watermark (upstream_output_floor), which covers them.
-            records = [r for r in per_channel[ch] if not is_time_item(r)]
-            if edge.partitioning == HASH:
+            # From a sender that kept its parallelism, in-flight watermarks go to the new
+            # channel from the same sender (merge_in_flight); from a rescaled one they stay
+            # behind: the new channels start at the old senders' lowest output watermark
+            # (upstream_output_floor), which covers them.
+            same = [] if self.rescaled(src_chain) else [
+                c for c in mine if c.src_index == ch.src_index]
+            items = [r for r in per_channel[ch]
+                     if type(r) is Watermark or not is_time_item(r)] if same else [
+                r for r in per_channel[ch] if not is_time_item(r)]
+            if edge.partitioning == HASH and getattr(edge, "columnar", False):
+                from .batches import rows_for_subtask  # record batches: split by key
+
+                # (batch streams carry no event time yet: no watermarks among them)
+                keep = rows_for_subtask([r for r in items if type(r) is not Watermark],
+                                        edge.key_fn.columns, index, p, maxp)
+            elif edge.partitioning == HASH:
                 kf = edge.key_fn
-                keep = [r for r in records
-                        if subtask_for_key_group(key_group(kf(r), maxp), p, maxp) == index]
+                keep = [r for r in items if type(r) is Watermark or
+                        subtask_for_key_group(key_group(kf(r), maxp), p, maxp) == index]
             else:
-                keep = records if ch.dst_index % p == index else []
+                keep = items if ch.dst_index % p == index else [
+                    r for r in items if type(r) is Watermark]
             if keep:
-                out[mine[0]].extend(keep)
-        return list(out.items())
+                out[(same or mine)[0]][ch] = keep
+        return [(c, merge_in_flight(list(olds.values()))) for c, olds in out.items()]
+
+
+def merge_in_flight(channels: list[list]) -> list:
+    """The items in flight on several old channels of one sender, as one channel's: each
+    record goes after the watermarks its sender sent before it.  A sender broadcasts every
+    watermark on all its channels in order with its records, so a record belongs just
+    before the first watermark after it on its own channel; records before the same
+    watermark keep their channel's order (one channel's before the next one's), and each
+    watermark follows once."""
+    groups: dict[float, list] = defaultdict(list)
+    for items in channels:
+        part: list = []
+        for r in items:
+            if type(r) is Watermark:
+                groups[r.ts].extend(part)
+                part = []
+            else:
+                part.append(r)
+        groups[float("inf")].extend(part)
+    out: list = []
+    for ts in sorted(groups):
+        out.extend(groups[ts])
+        if ts != float("inf"):
+            out.append(Watermark(ts))
+    return out

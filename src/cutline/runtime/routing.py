@@ -39,8 +39,16 @@ class Router:
             task_id, max_parallelism, writer, where)
         self.batch_size, self.while_blocked = batch_size, while_blocked
         self.edges: list[tuple[Any, list[str], int, str, dict]] = [
-            (edge, chans, dst_p, dst_uid, {}) for edge, chans, dst_p, dst_uid in outputs]
+            (edge, chans, dst_p, dst_uid, {}) for edge, chans, dst_p, dst_uid in outputs
+            if not getattr(edge, "columnar", False)]
         self.buffers: dict[str, list] = {ch: [] for _, chans, _, _ in outputs for ch in chans}
+        # a batch stream's edges (Arrow record batches): routed by .batches, sized by bytes
+        columnar = [o for o in outputs if getattr(o[0], "columnar", False)]
+        self.columnar: Any = None
+        if columnar:
+            from .batches import BatchRouting
+
+            self.columnar = BatchRouting(columnar, max_parallelism, self.buffers)
         self.channels: dict[str, Any] = {}  # channel -> its OutputChannel / LocalChannel
         self.rr = 0
         self.closed = False  # the task's outputs ended (EOF sent)
@@ -58,6 +66,8 @@ class Router:
         if self.writer is not None:
             self.writer.write(batch)
             return
+        if self.columnar is not None:
+            self.columnar.emit(batch)
         buffers = self.buffers
         for edge, chans, dst_p, dst_uid, cache in self.edges:
             if edge.partitioning == HASH:
@@ -122,12 +132,16 @@ class Router:
                     out.send_records(buf)
                     if not self._in_wait:  # else the interruptible send counts it
                         self.backpressured += time.monotonic() - waited
+                if self.columnar is not None:
+                    self.columnar.sent(ch)
             return
         try:
             while self.buffers[ch]:
                 try:
                     out.send_records(self.buffers[ch], timeout=0.01)
                     self.buffers[ch] = []
+                    if self.columnar is not None:
+                        self.columnar.sent(ch)
                 except TimeoutError:
                     if self._waiting_since is None:
                         self._waiting_since = time.monotonic() - 0.01
@@ -156,6 +170,9 @@ class Router:
         size = self.batch_size
         for ch, buf in self.buffers.items():
             if len(buf) >= size:
+                self._flush(ch, interruptible=True)
+        if self.columnar is not None:
+            for ch in self.columnar.full():
                 self._flush(ch, interruptible=True)
 
     def send_barrier(self, barrier: Any) -> None:

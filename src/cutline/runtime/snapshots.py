@@ -218,16 +218,16 @@ class Snapshots:
                 rescale(view.source_states(chain.head.uid))
         if self.writer is not None:
             self.writer.recover(view.sink_handles(chain, index, chain.nodes[-1].uid))
+        ids = [self.channel_ids[ch] for ch in inputs]
         if self.event_time is not None:
             changed = view.inputs_changed(chain)
             self.event_time.restore(
                 own.watermarks if own is not None else None,
                 [] if own is not None else view.watermark_states(chain),
-                view.upstream_output_floor(chain) if changed and inputs else None)
+                view.input_floors(chain, ids) if changed and inputs else None)
         if gate is None:
             return
         # inject() puts a batch at the front of its channel: one batch per channel.
-        ids = [self.channel_ids[ch] for ch in inputs]
         for ch, records in view.channel_records(chain, index, ids):
             gate.inject(str(ch), records)
 

@@ -26,6 +26,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ..plan import Chain, ChannelId, PhysicalPlan
 from ..protocol import (
@@ -90,6 +91,13 @@ class _Abandon:
     quietly (the sibling's failure is the news)."""
 
 
+def _count(batch: Any) -> int:
+    """Records in a batch: the rows of a batch stream's record batches."""
+    if batch and type(batch[0]).__module__ == "pyarrow.lib":
+        return sum(getattr(b, "num_rows", 1) for b in batch)
+    return len(batch)
+
+
 def _address_towards(peer: tuple[str, int]) -> str:
     """This host's address on the interface that routes to ``peer`` (no packet is sent)."""
     import socket
@@ -126,6 +134,7 @@ class Subtask:
             nodes = nodes[1:]
         if nodes and nodes[-1].kind == "sink":
             self.writer = nodes[-1].fn.create_writer()
+            self.writer.operator = nodes[-1].uid  # named in its errors
             nodes = nodes[:-1]
         ops = [build_operator(n, index, chain.parallelism, plan.max_parallelism,
                               state_backend=plan.state_backend, storage=slot.storage)
@@ -213,7 +222,7 @@ class Subtask:
         for a in actions:
             t = type(a)
             if t is Deliver:
-                self.records_in += len(a.records)
+                self.records_in += _count(a.records)
                 self.operators.origin = a.channel
                 if self.event_time is None:
                     self._emit(self._process(list(a.records)))
@@ -394,7 +403,7 @@ class Subtask:
             if batch is None:
                 self._end_output()
             elif batch:
-                self.records_in += len(batch)
+                self.records_in += _count(batch)
                 if self.event_time is None:
                     self._emit(self._process(batch))
                 else:

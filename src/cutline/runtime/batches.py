@@ -1,0 +1,430 @@
+"""The columnar path: operators on batch streams, their routing by key, their wire format.
+
+A *batch stream*'s items are Arrow record batches (a task's batch is a list of them), so
+channels, credits, barriers, unaligned overtaking and channel state carry them exactly as
+they carry records.  What differs:
+
+* operators work a record batch at a time with pyarrow (``map_batches`` and
+  ``filter_batches`` call the user's function once per record batch, in Arrow, pandas or
+  polars; ``select`` / ``where`` / ``with_column`` evaluate column expressions; keyed
+  aggregations group a batch with ``Table.group_by`` and merge one partial aggregate per
+  key into keyed state);
+* ``key_by("col")`` splits a record batch by key group, with the hashes of
+  :mod:`cutline.state.arrow_keys` (the key groups of the per-record path);
+* over TCP a list of record batches travels as one Arrow IPC stream
+  (:func:`encode_batches`), not pickled; buffers are flushed by bytes.
+
+Nothing here runs for a per-record stream: the per-record path pays nothing for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..logical import AggSpec, BatchFunction, Node
+from ..state.arrow_keys import key_groups
+from ..state.keygroups import subtask_for_key_group
+from .operators import BATCH_KINDS, Keyed, Operator, UserFunctionError
+
+__all__ = ["AggSpec", "BATCH_KINDS", "BatchAggregate", "BatchFunction", "build_batch_operator",
+           "decode_batches", "encode_batches", "is_batch_list", "split_by_key"]
+
+FORMATS = ("arrow", "pandas", "polars")
+
+
+class Described:
+    """A record batch as an error message shows it: its rows and schema, not its data."""
+
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch
+
+    def __repr__(self) -> str:
+        b = self.batch
+        if isinstance(b, (pa.RecordBatch, pa.Table)):
+            cols = ", ".join(f"{f.name}: {f.type}" for f in b.schema)
+            return f"<record batch of {b.num_rows} rows: {cols}>"
+        return f"<{type(b).__name__}>"
+
+
+def describe_type(obj: Any) -> str:
+    t = type(obj)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def is_batch_list(batch: list) -> bool:
+    """A task batch of record batches (a batch stream's), checked on its first item."""
+    return bool(batch) and type(batch[0]) is pa.RecordBatch
+
+
+def row_count(batch: list) -> int:
+    """Records in a task batch: rows for a batch stream's."""
+    if batch and type(batch[0]) is pa.RecordBatch:
+        return sum(b.num_rows for b in batch)
+    return len(batch)
+
+
+# --------------------------------------------------------------------------- formats
+
+def _from_arrow(rb: pa.RecordBatch, fmt: str) -> Any:
+    if fmt == "arrow":
+        return rb
+    if fmt == "pandas":
+        return rb.to_pandas()
+    import polars as pl  # type: ignore[import-not-found]  # checked for when built
+
+    return pl.from_arrow(rb)
+
+
+def _to_arrow(obj: Any, fmt: str, uid: str, kind: str, given: pa.RecordBatch) -> list:
+    """What a batch function returned, as record batches; any other type fails the job
+    naming the operator and the type."""
+    if isinstance(obj, pa.RecordBatch):
+        return [obj] if obj.num_rows else []
+    if isinstance(obj, pa.Table):
+        return [b for b in obj.to_batches() if b.num_rows]
+    mod = type(obj).__module__.split(".", 1)[0]
+    if mod == "pandas" and type(obj).__name__ == "DataFrame":
+        return [b for b in pa.Table.from_pandas(obj, preserve_index=False).to_batches()
+                if b.num_rows]
+    if mod == "polars" and type(obj).__name__ == "DataFrame":
+        return [b for b in obj.to_arrow().to_batches() if b.num_rows]
+    want = {"arrow": "a pyarrow.RecordBatch or Table", "pandas": "a pandas.DataFrame",
+            "polars": "a polars.DataFrame"}[fmt]
+    raise UserFunctionError(uid, kind, Described(given), TypeError(
+        f"the function returned a {describe_type(obj)}; with batch_format={fmt!r} it must "
+        f"return {want}"))
+
+
+def _to_mask(obj: Any, n: int, uid: str, given: pa.RecordBatch) -> Any:
+    """A ``filter_batches`` function's result as a boolean Arrow array of ``n`` values."""
+    try:
+        if isinstance(obj, (pa.Array, pa.ChunkedArray)):
+            mask = obj
+        else:
+            mod = type(obj).__module__.split(".", 1)[0]
+            if mod not in ("numpy", "pandas", "polars"):
+                raise TypeError
+            mask = pa.array(obj.to_numpy() if mod != "numpy" else obj)
+        if not pa.types.is_boolean(mask.type) or len(mask) != n:
+            raise TypeError
+        return mask
+    except (TypeError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise UserFunctionError(uid, "filter_batches", Described(given), TypeError(
+            f"the function returned a {describe_type(obj)}; it must return {n} booleans (a "
+            "pyarrow boolean Array, or a numpy / pandas / polars boolean vector), one per "
+            "row")) from exc
+
+
+# --------------------------------------------------------------------------- operators
+
+class _PerBatch(Operator):
+    """Runs :meth:`one` on every record batch of a task batch; a user error names the
+    operator and the batch (its rows and schema)."""
+
+    def process(self, batch: list) -> list:
+        out: list = []
+        one = self.one
+        for rb in batch:
+            try:
+                out.extend(one(rb))
+            except UserFunctionError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - reported with the batch
+                raise UserFunctionError(self.uid, self.node.kind, Described(rb),
+                                        exc) from exc
+        return out
+
+    def one(self, rb: pa.RecordBatch) -> list:
+        raise NotImplementedError
+
+
+class MapBatches(_PerBatch):
+    def __init__(self, node: Node) -> None:
+        super().__init__(node)
+        self.fn, self.fmt = node.fn.fn, node.fn.batch_format
+
+    def one(self, rb: pa.RecordBatch) -> list:
+        return _to_arrow(self.fn(_from_arrow(rb, self.fmt)), self.fmt, self.uid,
+                         "map_batches", rb)
+
+
+class FilterBatches(MapBatches):
+    def one(self, rb: pa.RecordBatch) -> list:
+        mask = _to_mask(self.fn(_from_arrow(rb, self.fmt)), rb.num_rows, self.uid, rb)
+        out = rb.filter(mask)
+        return [out] if out.num_rows else []
+
+
+class Select(_PerBatch):
+    """``select(*columns)``: those columns, in that order."""
+
+    def one(self, rb: pa.RecordBatch) -> list:
+        return [rb.select(self.node.fn)]
+
+
+class Where(_PerBatch):
+    """``where(expr)``: the rows where the boolean expression (``pyarrow.compute``) holds."""
+
+    def one(self, rb: pa.RecordBatch) -> list:
+        out = rb.filter(self.node.fn)
+        return [out] if out.num_rows else []
+
+
+def evaluate(expr: Any, rb: pa.RecordBatch) -> Any:
+    """A column expression on a record batch: a ``pyarrow.compute.Expression`` (evaluated
+    by Acero, no Python per row), or a function of the batch returning an array."""
+    if isinstance(expr, pc.Expression):
+        import pyarrow.acero as ac
+
+        decl = ac.Declaration.from_sequence([
+            ac.Declaration("table_source", ac.TableSourceNodeOptions(
+                pa.Table.from_batches([rb]))),
+            ac.Declaration("project", ac.ProjectNodeOptions([expr], ["v"]))])
+        return decl.to_table(use_threads=False).column(0).combine_chunks()
+    return expr(rb)
+
+
+class WithColumn(_PerBatch):
+    """``with_column(name, expr)``: the column ``name`` added (or replaced) with ``expr``."""
+
+    def one(self, rb: pa.RecordBatch) -> list:
+        name, expr = self.node.fn
+        value = evaluate(expr, rb)
+        if isinstance(value, pa.ChunkedArray):
+            value = value.combine_chunks()
+        if not isinstance(value, pa.Array) or len(value) != rb.num_rows:
+            size = f" of length {len(value)}" if hasattr(value, "__len__") else ""
+            raise TypeError(f"the column expression gave a {describe_type(value)}{size}: "
+                            f"it must give a pyarrow Array of {rb.num_rows} values")
+        i = rb.schema.get_field_index(name)
+        if i >= 0:
+            return [rb.set_column(i, name, value)]
+        return [rb.append_column(name, value)]
+
+
+class ToRows(Operator):
+    """``rows()``: every row as a dict (``RecordBatch.to_pylist``)."""
+
+    def process(self, batch: list) -> list:
+        return [r for rb in batch for r in rb.to_pylist()]
+
+
+class ToBatches(Operator):
+    """``batches(schema)``: a task batch of dict records as one record batch."""
+
+    def process(self, batch: list) -> list:
+        schema = self.node.fn
+        try:
+            rb = pa.RecordBatch.from_pylist(batch, schema=schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, AttributeError) as exc:
+            bad = next((r for r in batch if not isinstance(r, dict)), batch[0])
+            raise UserFunctionError(self.uid, "batches", bad, TypeError(
+                f"records do not convert to {'schema ' + str(schema) if schema else 'Arrow'}"
+                f": {exc} (batches() takes dict records)")) from exc
+        return [rb]
+
+
+# --------------------------------------------------------------------------- aggregation
+
+def _merge(fn: str, cur: Any, part: Any) -> Any:
+    if cur is None:
+        return part
+    if part is None:
+        return cur
+    if fn in ("count", "sum"):
+        return cur + part
+    if fn == "min":
+        return part if part < cur else cur
+    if fn == "max":
+        return part if part > cur else cur
+    return (cur[0] + part[0], cur[1] + part[1])  # mean: (sum, count)
+
+
+class BatchAggregate(Keyed):
+    """``key_by(cols).agg(...)`` on a batch stream: per record batch, ``Table.group_by``
+    computes one partial aggregate per key (vectorised); each is merged into the key's
+    state (one tuple of accumulators, on either backend), and the batch's keys are emitted
+    with their aggregates so far: one row per key and batch, the latest row of a key holds
+    its total (an update stream, like Spark's update output mode)."""
+
+    def __init__(self, node: Node, subtask: int, parallelism: int, max_parallelism: int,
+                 state_backend: str = "memory", storage: Any = None) -> None:
+        super().__init__(node, subtask, parallelism, max_parallelism, state_backend, storage)
+        spec: AggSpec = node.fn
+        self.spec = spec
+        parts: list[tuple[str, str]] = []  # the partial aggregates group_by computes
+        self.reads: list[tuple[str, list[int]]] = []  # per output: fn, partial columns
+        for _, column, fn in spec.aggs:
+            col = column or ""
+            if fn == "count":
+                idx = [self._part(parts, ("", "count_all"))]
+            elif fn == "mean":
+                idx = [self._part(parts, (col, "sum")), self._part(parts, (col, "count"))]
+            else:
+                idx = [self._part(parts, (col, fn))]
+            self.reads.append((fn, idx))
+        self.parts = parts
+
+    @staticmethod
+    def _part(parts: list, p: tuple[str, str]) -> int:
+        if p not in parts:
+            parts.append(p)
+        return parts.index(p)
+
+    def process(self, batch: list) -> list:
+        if not batch:
+            return batch
+        try:
+            table = pa.Table.from_batches(batch)
+            grouped = table.group_by(list(self.spec.keys), use_threads=False).aggregate(
+                [([] if c == "" else c, f) for c, f in self.parts])
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
+                KeyError) as exc:
+            raise UserFunctionError(self.uid, "aggregate", Described(batch[0]),
+                                    exc) from exc
+        names = grouped.column_names
+        part_names = [f if c == "" else f"{c}_{f}" for c, f in self.parts]
+        part_arrays = [grouped.column(names.index(n)) for n in part_names]
+        part_cols = [a.to_pylist() for a in part_arrays]
+        key_cols = [grouped.column(names.index(k)) for k in self.spec.keys]
+        key_lists = [c.to_pylist() for c in key_cols]
+        keys = key_lists[0] if len(key_lists) == 1 else list(zip(*key_lists))
+        table_state = self.state.table("aggregate")
+        fast, read = table_state.fast, table_state.read
+        reads = self.reads
+        outs: list[list] = [[] for _ in reads]
+        for i, k in enumerate(keys):
+            cur = fast.get(k)
+            if cur is None:
+                cur = read(k, None)
+            new = []
+            for j, (fn, idx) in enumerate(reads):
+                part = (part_cols[idx[0]][i], part_cols[idx[1]][i]) if fn == "mean" \
+                    else part_cols[idx[0]][i]
+                acc = _merge(fn, cur[j] if cur is not None else None, part)
+                new.append(acc)
+                outs[j].append(acc if fn != "mean" else (
+                    acc[0] / acc[1] if acc[1] else None))
+            fast[k] = new
+        self.state.after_batch()
+        arrays = list(key_cols)
+        for (fn, idx), values in zip(reads, outs):
+            t = pa.float64() if fn == "mean" else part_arrays[idx[0]].type
+            arrays.append(pa.array(values, type=t))
+        return [pa.RecordBatch.from_arrays(
+            [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays],
+            names=[*self.spec.keys, *(name for name, _, _ in self.spec.aggs)])]
+
+
+def build_batch_operator(node: Node, subtask: int, parallelism: int, max_parallelism: int,
+                         state_backend: str, storage: Any) -> Operator:
+    kind = node.kind
+    if kind == "aggregate":
+        return BatchAggregate(node, subtask, parallelism, max_parallelism, state_backend,
+                              storage)
+    return {"map_batches": MapBatches, "filter_batches": FilterBatches, "select": Select,
+            "where": Where, "with_column": WithColumn, "to_rows": ToRows,
+            "to_batches": ToBatches}[kind](node)
+
+
+# --------------------------------------------------------------------------- routing
+
+BATCH_BYTES = 1 << 20  # a channel's buffer of record batches is sent once it holds this
+
+
+class BatchRouting:
+    """The output edges of a batch stream's task (the :class:`~.routing.Router` hands them
+    here): ``key_by`` edges split each record batch by key group, forward / rebalance send
+    whole batches round robin, broadcast to all; buffers count bytes, and :meth:`full`
+    names those past :data:`BATCH_BYTES`."""
+
+    def __init__(self, outputs: list[tuple[Any, list[str], int, str]], max_parallelism: int,
+                 buffers: dict[str, list]) -> None:
+        self.edges = [(e, chans, dst_p, dst_uid, getattr(e.key_fn, "columns", None))
+                      for e, chans, dst_p, dst_uid in outputs]
+        self.max_parallelism, self.buffers = max_parallelism, buffers
+        self.bytes = {ch: 0 for _, chans, _, _, _ in self.edges for ch in chans}
+        self.rr = 0
+
+    def _add(self, ch: str, part: list) -> None:
+        self.buffers[ch].extend(part)
+        self.bytes[ch] += sum(b.nbytes for b in part)
+
+    def emit(self, batch: list) -> None:
+        for edge, chans, dst_p, dst_uid, cols in self.edges:
+            if cols is not None:
+                try:
+                    parts = split_by_key(batch, cols, self.max_parallelism, dst_p)
+                except KeyError as exc:
+                    raise UserFunctionError(dst_uid, "key_by", Described(batch[0]), KeyError(
+                        f"no column {exc.args[0]!r} to key by")) from None
+                for s, part in enumerate(parts):
+                    if part:
+                        self._add(chans[s], part)
+            elif edge.partitioning == "broadcast":
+                for ch in chans:
+                    self._add(ch, batch)
+            else:
+                self._add(chans[self.rr % len(chans)], batch)
+                self.rr += 1
+
+    def sent(self, ch: str) -> None:
+        self.bytes[ch] = 0
+
+    def full(self) -> list[str]:
+        return [ch for ch, n in self.bytes.items() if n >= BATCH_BYTES]
+
+
+def split_by_key(batch: list, columns: tuple[str, ...], max_parallelism: int,
+                 parallelism: int) -> list[list[pa.RecordBatch]]:
+    """Per downstream subtask, the rows of ``batch`` (record batches) whose key (the
+    ``columns``) is in its key groups: one ``take`` per batch and subtask."""
+    out: list[list[pa.RecordBatch]] = [[] for _ in range(parallelism)]
+    # key group -> subtask, the per-record formula for every group at once
+    owner = np.arange(max_parallelism, dtype=np.int64) * parallelism // max_parallelism
+    for rb in batch:
+        if not rb.num_rows:
+            continue
+        dst = owner[key_groups(rb, columns, max_parallelism)]
+        if parallelism == 1:
+            out[0].append(rb)
+            continue
+        order = np.argsort(dst, kind="stable")
+        bounds = np.searchsorted(dst[order], np.arange(parallelism + 1))
+        for s in range(parallelism):
+            lo, hi = int(bounds[s]), int(bounds[s + 1])
+            if hi == lo:
+                continue
+            out[s].append(rb if hi - lo == rb.num_rows else rb.take(pa.array(order[lo:hi])))
+    return out
+
+
+def rows_for_subtask(records: list, columns: tuple[str, ...], index: int, parallelism: int,
+                     max_parallelism: int) -> list:
+    """In-flight record batches re-routed on a rescaled restore: the rows subtask
+    ``index`` of ``parallelism`` owns."""
+    assert subtask_for_key_group(0, parallelism, max_parallelism) == 0
+    return split_by_key(records, columns, max_parallelism, parallelism)[index]
+
+
+# --------------------------------------------------------------------------- wire format
+
+def encode_batches(batch: list) -> Any:
+    """A list of record batches as one Arrow IPC stream (one schema), or ``None`` when they
+    differ in schema (then they are pickled)."""
+    schema = batch[0].schema
+    if any(b.schema is not schema and not b.schema.equals(schema) for b in batch[1:]):
+        return None
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as w:
+        for b in batch:
+            w.write_batch(b)
+    return memoryview(sink.getvalue())
+
+
+def decode_batches(payload: Any) -> list:
+    return list(pa.ipc.open_stream(pa.py_buffer(payload)))
