@@ -38,6 +38,8 @@ class TimeRun:
     restored: int | None = None  # the checkpoint restored (0: none)
     steps: int = 0
     problems: list[str] = field(default_factory=list)
+    title: str | None = None  # what the run is, before the verdict
+    watermarks: list[tuple[float, float]] = field(default_factory=list)  # (step, W's new)
 
 
 def sample_run(scenario: str = "late", mode: str = "aligned", *, seed: int = 0,
@@ -107,6 +109,8 @@ def _walk(ex: _Explorer, rng: random.Random, scenario: str, mode: str) -> TimeRu
                 run.checkpoints.append((step, "W", n))
         for n in w.done - before.done:
             run.checkpoints.append((step, "done", n))
+        if w.win.tracker.current != before.win.tracker.current:
+            run.watermarks.append((step, w.win.tracker.current))
     run.steps = step
     run.problems = ex.problems(w)
     return run
@@ -124,7 +128,8 @@ def draw_time_run(run: TimeRun, path: str | Path) -> Path:
     y = {name: len(run.lines) - 1 - i for i, name in enumerate(run.lines)}
     wy = y["W"]
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "cutline"}):
-        fig = Figure(figsize=(max(10.0, run.steps * 0.42), 4.6))
+        width = max(10.0, run.steps * 0.42)
+        fig = Figure(figsize=(width, 4.6))
         FigureCanvasAgg(fig)
         ax = fig.add_subplot()
         for name, yy in y.items():
@@ -132,7 +137,8 @@ def draw_time_run(run: TimeRun, path: str | Path) -> Path:
             ax.text(-0.4, yy, name, ha="right", va="center", fontsize=11, weight="bold")
         if run.crash is not None:
             ax.axvspan(run.crash - 0.35, run.crash + 0.35, color="0.8", zorder=0)
-            ax.text(run.crash, wy + 0.35, f"crash: restore checkpoint {run.restored}",
+            ax.text(run.crash, wy + 0.35, f"crash: restore checkpoint {run.restored}"
+                    if run.restored else "crash: no checkpoint yet, start over",
                     ha="center", va="bottom", fontsize=8, color="0.3")
         style = {"r": ("0.45", "-"), "w": ("tab:blue", "--"), "b": ("tab:red", "-"),
                  "eof": ("0.7", ":")}
@@ -145,12 +151,18 @@ def draw_time_run(run: TimeRun, path: str | Path) -> Path:
             label = _show(item, short=True)
             ax.text(x0, y[f"S{c + 1}"] + 0.08, label, fontsize=7, color=color, ha="center",
                     va="bottom", rotation=35)
+        for step, ts in run.watermarks:  # W's combined watermark, where it rises
+            ax.text(step, wy + 0.04, f"{'W wm ' if step == run.watermarks[0][0] else ''}"
+                    f"{'∞' if ts == float('inf') else format(ts, 'g')}", fontsize=7,
+                    color="tab:blue", ha="left", va="bottom", weight="bold")
         for step, who, n in run.checkpoints:
             if who == "W":
                 ax.plot([step, step], [wy - 0.18, wy + 0.18], color="tab:red", lw=3)
                 ax.text(step, wy - 0.22, f"chk {n}", color="tab:red", fontsize=7,
                         ha="center", va="top")
-        below = 0
+        # output labels below W, each in the first row where it overlaps no other
+        per_char = 0.075 * (run.steps + 2.7) / width  # x units per character (8 pt)
+        rows: list[float] = []  # each row's right end
         for step, out in run.outputs:
             if out[0] == "window":
                 _, key, start, end, count = out
@@ -159,16 +171,19 @@ def draw_time_run(run: TimeRun, path: str | Path) -> Path:
             else:
                 ax.plot(step, wy, marker="X", color="tab:orange", ms=10, zorder=5)
                 text, color = f"late {out[1]}@{out[2]:g}", "tab:orange"
-            below += 1
-            ax.text(step, wy - 0.45 - 0.17 * (below % 3), text, fontsize=8, color=color,
+            half = len(text) * per_char / 2
+            row = next((i for i, end in enumerate(rows) if end < step - half), len(rows))
+            rows[row:row + 1] = [step + half]
+            ax.text(step, wy - 0.45 - 0.17 * row, text, fontsize=8, color=color,
                     ha="center", va="top")
         ax.set_xlim(-1.2, run.steps + 1.5)
-        ax.set_ylim(wy - 1.2, len(run.lines) - 0.3)
+        ax.set_ylim(min(wy - 1.2, wy - 0.65 - 0.17 * len(rows)), len(run.lines) - 0.3)
         ax.axis("off")
         verdict = "output = failure-free operator's on the same items" if not run.problems \
             else "; ".join(run.problems)
-        ax.set_title(f"event time across a crash: {run.mode}, scenario {run.scenario!r} "
-                     f"(tumbling 10 s, max_delay 2 s) - {verdict}", fontsize=10)
+        head = run.title or (f"event time across a crash: {run.mode}, scenario "
+                             f"{run.scenario!r} (tumbling 10 s, max_delay 2 s)")
+        ax.set_title(f"{head} - {verdict}", fontsize=10)
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=130, metadata={"Date": None} if path.suffix == ".svg" else None)
