@@ -43,12 +43,14 @@ Record = tuple[str, int, str]  # (key, event time, id)
 
 @dataclass(frozen=True)
 class Workload:
-    """What the sources send: ``records`` each, one per ``interval`` of simulated time, at
+    """What the sources send: ``records`` each (``shorter`` fewer for each next source),
+    one per ``interval`` of simulated time, at
     ``spacing`` seconds of event time apart, up to ``spread`` seconds out of order; every
     ``straggle_every``-th record ``straggle`` seconds behind (late, mostly); watermarks
     ``max_delay`` behind the largest timestamp seen."""
 
     records: int = 6
+    shorter: int = 0
     keys: str = "ab"
     spacing: int = 2
     spread: int = 3
@@ -71,7 +73,7 @@ def source_items(source: int, w: Workload) -> list[tuple[Record, float | None]]:
     """Per record: the record, and the watermark sent after it (None: it did not rise)."""
     gen, last = BoundedOutOfOrderness(w.max_delay), None
     out: list[tuple[Record, float | None]] = []
-    for offset in range(w.records):
+    for offset in range(max(w.records - source * w.shorter, 0)):
         rec = timed_record(source, offset, w)
         gen.on_event(rec[1])
         wm = gen.current()
@@ -242,7 +244,7 @@ def check(sim: Simulation, workload: Workload) -> list[str]:
             found.append(f"{wn}: window(s) fired twice: {twice}")
         if task.model.windows:
             found.append(f"{wn}: window(s) never fired: {sorted(task.model.windows)}")
-    n = workload.records * len(srcs)
+    n = sum(len(sim.procs[s].logic.items) for s in srcs)
     if all(type(t.assigner) is Tumbling and not t.lateness
            for t in (sim.procs[wn].logic for wn in wins)):  # each record counts once
         counted = sum(o[4] for _, o in sink if o[0] == "window")

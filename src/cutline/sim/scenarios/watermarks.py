@@ -78,10 +78,10 @@ class WatermarksResult:
 
 
 def _world(mode: str, seed: int, workload: Workload, windows: int,
-           assigner: WindowAssigner | None, lateness: float) -> Simulation:
+           assigner: WindowAssigner | None, lateness: float, service: float) -> Simulation:
     m, timeout = MODES[mode]
     sim = Simulation(m, seed=seed, delay=(0.3, 1.8), aligned_timeout=timeout,
-                     service_time={w: 0.3 for w in window_names(windows)})
+                     service_time={w: service for w in window_names(windows)})
     build_timed(sim, windows=windows, workload=workload, assigner=assigner,
                 lateness=lateness)
     return sim
@@ -89,21 +89,22 @@ def _world(mode: str, seed: int, workload: Workload, windows: int,
 
 def run(seed: int = 0, mode: str = "aligned", *, crash_at: float | None = 7.0,
         interval: float = 2.0, workload: Workload = Workload(), windows: int = 1,
-        assigner: WindowAssigner | None = None, lateness: float = 0.0,
+        assigner: WindowAssigner | None = None, lateness: float = 0.0, service: float = 0.3,
         fault: str | None = None) -> WatermarksResult:
-    """One run, checkpointing every ``interval``, dying at ``crash_at`` (None: never)."""
+    """One run, checkpointing every ``interval``, dying at ``crash_at`` (None: never);
+    a window task takes ``service`` seconds per item (backpressure)."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
     if fault is not None and fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; expected one of {', '.join(FAULTS)}")
     horizon = workload.records * workload.interval + 20.0
-    sim = _world(mode, seed, workload, windows, assigner, lateness)
+    sim = _world(mode, seed, workload, windows, assigner, lateness, service)
     sim.snapshot_every(interval, start=interval + 0.75, until=horizon)  # between sends
     result = WatermarksResult(mode, seed, crash_at, fault, [sim])
     if crash_at is not None:
         sim.run(until=crash_at)  # ... and the job dies here
         last = sim.latest_completed()
-        sim = _world(mode, seed + 1000, workload, windows, assigner, lateness)
+        sim = _world(mode, seed + 1000, workload, windows, assigner, lateness, service)
         if last is not None:
             if fault == "watermarks_not_in_channel_state":
                 last = dataclasses.replace(last, channels={
