@@ -27,19 +27,23 @@ __all__ = ["TimeRun", "draw_time_run", "sample_run"]
 
 @dataclass
 class TimeRun:
+    """What :func:`draw_time_run` draws.  ``x`` is where on the time axis: a step of the
+    explorer's interleaving, or (:func:`cutline.sim.scenarios.watermarks.time_run`)
+    scaled simulated time."""
+
     scenario: str
     mode: str
-    lines: list[str]
-    #: (channel index, item, send step or None for re-delivered channel state, take step)
-    arrows: list[tuple[int, tuple, float, int]] = field(default_factory=list)
-    outputs: list[tuple[int, tuple]] = field(default_factory=list)  # (step, output)
-    checkpoints: list[tuple[int, str, int]] = field(default_factory=list)  # (step, who, id)
-    crash: int | None = None
+    lines: list[str]  # the sources' lines (S1, S2, ...) and "W"
+    #: (channel index, item, send x (re-delivered channel state: at the crash), take x)
+    arrows: list[tuple[int, tuple, float, float]] = field(default_factory=list)
+    outputs: list[tuple[float, tuple]] = field(default_factory=list)  # (x, output)
+    checkpoints: list[tuple[float, str, int]] = field(default_factory=list)  # (x, who, id)
+    crash: float | None = None
     restored: int | None = None  # the checkpoint restored (0: none)
-    steps: int = 0
+    steps: float = 0  # the last x
     problems: list[str] = field(default_factory=list)
     title: str | None = None  # what the run is, before the verdict
-    watermarks: list[tuple[float, float]] = field(default_factory=list)  # (step, W's new)
+    watermarks: list[tuple[float, float]] = field(default_factory=list)  # (x, W's new)
 
 
 def sample_run(scenario: str = "late", mode: str = "aligned", *, seed: int = 0,

@@ -28,7 +28,7 @@ import zlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..analysis.explore_time import WindowModel, _shows, replay
 from ..protocol.watermarks import BoundedOutOfOrderness, Watermark
@@ -36,7 +36,8 @@ from ..protocol.windows import Tumbling, WindowAssigner, tumbling
 from .dataflow import Sink, route
 from .world import SimContext, SimProcess, Simulation
 
-__all__ = ["TimedSource", "WindowTask", "Workload", "build_timed", "check", "source_items"]
+__all__ = ["TimedSource", "WindowTask", "Workload", "build_timed", "check", "logic",
+           "source_items"]
 
 Record = tuple[str, int, str]  # (key, event time, id)
 
@@ -85,8 +86,8 @@ def source_items(source: int, w: Workload) -> list[tuple[Record, float | None]]:
 
 class TimedSource(SimProcess):
     """Sends a record, half an interval later the watermark if it rose, and so on, then ends
-    its outputs; its position is its state.  ``sent`` (not state) keeps ``(time, channel, item)`` for the
-    diagram."""
+    its outputs; its position is its state.  ``sent`` (not state) keeps ``(time, channel,
+    item)`` for the diagram."""
 
     def __init__(self, index: int, workload: Workload) -> None:
         self.index, self.w = index, workload
@@ -207,7 +208,18 @@ def build_timed(sim: Simulation, *, sources: int = 2, windows: int = 1,
         sim.connect(wn, "sink")
 
 
-def check(sim: Simulation, workload: Workload) -> list[str]:
+L = TypeVar("L", bound=SimProcess)
+
+
+def logic(sim: Simulation, name: str, kind: type[L]) -> L:
+    """Process ``name``'s logic, which is a ``kind``."""
+    found = sim.procs[name].logic
+    if not isinstance(found, kind):
+        raise TypeError(f"{name} runs a {type(found).__name__}, not a {kind.__name__}")
+    return found
+
+
+def check(sim: Simulation) -> list[str]:
     """What is wrong with the finished run ``sim`` (see the module docstring); [] if
     nothing.  With tumbling windows and no lateness, the window counts and the late records
     also add up to the records sent."""
@@ -219,14 +231,14 @@ def check(sim: Simulation, workload: Workload) -> list[str]:
     wins = [n for n, p in sim.procs.items() if isinstance(p.logic, WindowTask)]
     want: dict[str, list[tuple]] = {f"{s}->{wn}": [] for s in srcs for wn in wins}
     for s in srcs:
-        for rec, wm in sim.procs[s].logic.items:
+        for rec, wm in logic(sim, s, TimedSource).items:
             want[f"{s}->{route(rec[0], wins)}"].append(("r", rec))
             if wm is not None:
                 for wn in wins:
                     want[f"{s}->{wn}"].append(("w", wm))
-    sink = sim.procs["sink"].logic.state
+    sink = logic(sim, "sink", Sink).state
     for wn in wins:
-        task: WindowTask = sim.procs[wn].logic
+        task = logic(sim, wn, WindowTask)
         log = task.state["log"]
         for ch in task.channels:
             took = [it for c, it in log if c == ch and it[0] in ("r", "w")]
@@ -244,11 +256,11 @@ def check(sim: Simulation, workload: Workload) -> list[str]:
             found.append(f"{wn}: window(s) fired twice: {twice}")
         if task.model.windows:
             found.append(f"{wn}: window(s) never fired: {sorted(task.model.windows)}")
-    n = sum(len(sim.procs[s].logic.items) for s in srcs)
+    n = sum(len(logic(sim, s, TimedSource).items) for s in srcs)
     if all(type(t.assigner) is Tumbling and not t.lateness
-           for t in (sim.procs[wn].logic for wn in wins)):  # each record counts once
+           for t in (logic(sim, wn, WindowTask) for wn in wins)):  # each record counts once
         counted = sum(o[4] for _, o in sink if o[0] == "window")
-        late = sum(o[0] == "late" for _, o in sink)
+        late = sum(1 for _, o in sink if o[0] == "late")
         if counted + late != n:
             found.append(f"{counted} record(s) in windows and {late} late, of {n} sent")
     return found

@@ -22,13 +22,22 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ...analysis.time_diagram import TimeRun
 from ...protocol import Barrier
 from ...protocol.watermarks import Watermark, WatermarkTracker
 from ...protocol.windows import WindowAssigner
-from ..eventtime import TimedSource, WindowTask, Workload, build_timed, check, window_names
+from ..dataflow import Sink
+from ..eventtime import (
+    TimedSource,
+    WindowTask,
+    Workload,
+    build_timed,
+    check,
+    logic,
+    window_names,
+)
 from ..world import Simulation, Snapshot
 
 MODES: dict[str, tuple[str, float | None]] = {
@@ -58,7 +67,7 @@ class WatermarksResult:
     @property
     def output(self) -> list[tuple[str, tuple]]:
         """The sink's committed output: ``(window task, output)``."""
-        return list(self.worlds[-1].procs["sink"].logic.state)
+        return list(logic(self.worlds[-1], "sink", Sink).state)
 
     def as_dict(self) -> dict[str, Any]:
         out = [o for _, o in self.output]
@@ -88,11 +97,12 @@ def _world(mode: str, seed: int, workload: Workload, windows: int,
 
 
 def run(seed: int = 0, mode: str = "aligned", *, crash_at: float | None = 7.0,
-        interval: float = 2.0, workload: Workload = Workload(), windows: int = 1,
+        interval: float = 2.0, workload: Workload | None = None, windows: int = 1,
         assigner: WindowAssigner | None = None, lateness: float = 0.0, service: float = 0.3,
         fault: str | None = None) -> WatermarksResult:
     """One run, checkpointing every ``interval``, dying at ``crash_at`` (None: never);
     a window task takes ``service`` seconds per item (backpressure)."""
+    workload = workload or Workload()
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
     if fault is not None and fault not in FAULTS:
@@ -113,69 +123,73 @@ def run(seed: int = 0, mode: str = "aligned", *, crash_at: float | None = 7.0,
             sim.restore(last)
         if fault == "tracker_not_restored":
             for wn in window_names(windows):
-                task: WindowTask = sim.procs[wn].logic  # type: ignore[assignment]
+                task = logic(sim, wn, WindowTask)
                 task.model.tracker = WatermarkTracker(task.channels)
         sim.snapshot_every(interval, start=interval + 0.75, until=horizon,
                            first_id=(last.id if last else 0) + 1)
         result.restored = last
         result.worlds.append(sim)
     sim.run()
-    result.problems = check(sim, workload)
+    result.problems = check(sim)
     return result
 
 
 def time_run(result: WatermarksResult) -> TimeRun:
     """``result`` (one window task) as the event-time diagram draws it: x is simulated
-    time (the restored world after the crash); outputs the sink kept."""
+    time, the restored world's after the crash; the outputs are those the sink kept."""
     first = result.worlds[0]
     srcs = [n for n, p in first.procs.items() if isinstance(p.logic, TimedSource)]
     if "W" not in first.procs:
         raise ValueError("the diagram draws one window task; this run has "
                          f"{len(first.procs) - len(srcs) - 1}")
-    chans = [f"{s}->W" for s in srcs]
     run = TimeRun(f"seed {result.seed}", result.mode, [*srcs, "W"],
                   title=f"event time in the simulator, across a crash: {result.mode}, "
                         f"seed {result.seed} (tumbling 10 s, max_delay 2 s)")
-    crash = None if result.crash_at is None else result.crash_at * SCALE
-    if crash is not None:
-        run.crash = crash
+    if result.crash_at is not None:
+        run.crash = result.crash_at * SCALE
         run.restored = result.restored.id if result.restored else 0
     for k, sim in enumerate(result.worlds):
-        off = 0.0 if k == 0 else crash + 1.0  # type: ignore[operator]
         restored = result.restored if k == 1 else None
-        task: WindowTask = sim.procs["W"].logic  # type: ignore[assignment]
-        for c, ch in enumerate(chans):
-            sent = [(t * SCALE + off, it) for t, cc, it in
-                    sim.procs[srcs[c]].logic.sent if cc == ch]  # type: ignore[attr-defined]
-            replayed = len(restored.channels.get(ch, ())) if restored else 0
-            took = [t * SCALE + off for t, cc, _ in task.took if cc == ch]
-            for i, t in enumerate(took):
-                if i < replayed:  # recorded channel state, delivered first, from the band
-                    item = _item(restored.channels[ch][i].payload)  # type: ignore[union-attr]
-                    run.arrows.append((c, item, crash + 0.7 * i, t))  # type: ignore[operator]
-                else:
-                    x0, item = sent[i - replayed]
-                    run.arrows.append((c, item, x0, t))
-        marks = {(e.channel, e.checkpoint): e.time for e in sim.trace
-                 if e.kind == "marker_send"}
-        for e in sim.trace:
-            if e.kind == "marker_recv" and e.process == "W":
-                t0 = marks.get((e.channel, e.checkpoint))
-                if t0 is not None:
-                    run.arrows.append((chans.index(e.channel), ("b", Barrier(e.checkpoint)),
-                                       t0 * SCALE + off, e.time * SCALE + off))
-            elif e.kind == "snapshot" and e.process == "W" and e.time <= task.ended_at and \
-                    sim.snapshots[e.checkpoint].complete:  # (not its final state)
-                run.checkpoints.append((e.time * SCALE + off, "W", e.checkpoint))
-        kept = task.emitted
-        if k == 0 and len(result.worlds) > 1:  # what the restored checkpoint had emitted
-            kept = kept[:result.restored.states["W"]["emitted"] if result.restored else 0]
-        run.outputs += [(t * SCALE + off, o) for t, o in kept]
-        run.watermarks += [(t * SCALE + off, wm) for t, wm in task.watermarks]
-    last = max([x for _, _, _, x in run.arrows] + [x for x, _ in run.outputs], default=0.0)
+        _draw_world(run, sim, srcs, 0.0 if k == 0 else (run.crash or 0.0) + 1.0, restored)
+        if k == 0 and len(result.worlds) > 1:  # only what the restored checkpoint emitted
+            kept = result.restored.states["W"]["emitted"] if result.restored else 0
+            run.outputs = run.outputs[:kept]
+    last = max([a[3] for a in run.arrows] + [x for x, _ in run.outputs], default=0.0)
     run.steps = int(last) + 1
     run.problems = result.problems
     return run
+
+
+def _draw_world(run: TimeRun, sim: Simulation, srcs: list[str], off: float,
+                restored: Snapshot | None) -> None:
+    """Add one world's arrows, checkpoints, outputs and watermarks to ``run``, ``off`` to
+    the right; ``restored``: the channel state it started with (arrows from the crash)."""
+    task = logic(sim, "W", WindowTask)
+    chans = [f"{s}->W" for s in srcs]
+    for c, ch in enumerate(chans):
+        sent = [(t * SCALE + off, it) for t, cc, it in logic(sim, srcs[c], TimedSource).sent
+                if cc == ch]
+        replayed = restored.channels.get(ch, []) if restored else []
+        took = [t * SCALE + off for t, cc, _ in task.took if cc == ch]
+        for i, x in enumerate(took):  # FIFO: the channel state first, then what was sent
+            if i < len(replayed):
+                run.arrows.append((c, _item(replayed[i].payload), off - 1.0 + 0.7 * i, x))
+            else:
+                x0, item = sent[i - len(replayed)]
+                run.arrows.append((c, item, x0, x))
+    marks = {(e.channel, e.checkpoint): e.time for e in sim.trace if e.kind == "marker_send"}
+    for e in sim.trace:
+        if e.process != "W" or e.checkpoint is None:
+            continue
+        if e.kind == "marker_recv" and (e.channel, e.checkpoint) in marks:
+            run.arrows.append((chans.index(cast(str, e.channel)), ("b", Barrier(e.checkpoint)),
+                               marks[(e.channel, e.checkpoint)] * SCALE + off,
+                               e.time * SCALE + off))
+        elif e.kind == "snapshot" and e.time <= task.ended_at and \
+                sim.snapshots[e.checkpoint].complete:  # (not its final state's)
+            run.checkpoints.append((e.time * SCALE + off, "W", e.checkpoint))
+    run.outputs += [(t * SCALE + off, o) for t, o in task.emitted]
+    run.watermarks += [(t * SCALE + off, wm) for t, wm in task.watermarks]
 
 
 def _item(payload: Any) -> tuple:
