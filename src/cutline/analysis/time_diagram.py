@@ -1,16 +1,19 @@
 """A space-time diagram of event time across a failure: one interleaving of the event-time
-explorer (:mod:`cutline.analysis.explore_time`), drawn.
+explorer (:mod:`cutline.analysis.explore_time`), or one simulator run
+(:func:`cutline.sim.scenarios.watermarks.time_run`), drawn.
 
 Sources S1, S2 and the window operator W are horizontal lines; steps of the interleaving
-run left to right.  Arrows are items on the FIFO channels: records (grey, ``a@8``),
-watermarks (blue, ``wm 10``), barriers (red).  On W: its checkpoint (a red bar), each
-window firing (a green star, ``a [0,10) = 2``), each late record (an orange cross); the
-crash (a grey band), after which W restores the checkpoint and the sources resend from
-their checkpointed positions, and the recorded channel state is delivered first (arrows
-that start at the band).  Every run drawn passes the explorer's verdict: the output
-equals a failure-free operator's on the same items.
+(or simulated time) run left to right.  Arrows are items on the FIFO channels: records
+(grey, ``a@8``), watermarks (blue, ``wm 10``), barriers (red).  On W: its combined
+watermark where it rises (blue, ``W wm 7``, then the new values), its checkpoint (a red
+bar), each window firing (a green star, ``a [0,10) = 2``), each late record (an orange
+cross); the crash (a grey band), after which W restores the checkpoint and the sources
+resend from their checkpointed positions, and the recorded channel state is delivered
+first (arrows that start at the band).  The title gives the verdict: the output equals a
+failure-free operator's on the same items, or what is wrong.
 
-``cutline explore --event-time SCENARIO --diagram FILE.png`` draws one such run.
+``cutline explore --event-time SCENARIO --diagram FILE.png`` and ``cutline simulate
+watermarks --diagram FILE.png`` draw one such run.
 """
 
 from __future__ import annotations
@@ -156,7 +159,7 @@ def draw_time_run(run: TimeRun, path: str | Path) -> Path:
             ax.text(x0, y[f"S{c + 1}"] + 0.08, label, fontsize=7, color=color, ha="center",
                     va="bottom", rotation=35)
         for step, ts in run.watermarks:  # W's combined watermark, where it rises
-            ax.text(step, wy + 0.04, f"{'W wm ' if step == run.watermarks[0][0] else ''}"
+            ax.text(step + 0.2, wy + 0.04, f"{'W wm ' if step == run.watermarks[0][0] else ''}"
                     f"{'∞' if ts == float('inf') else format(ts, 'g')}", fontsize=7,
                     color="tab:blue", ha="left", va="bottom", weight="bold")
         for step, who, n in run.checkpoints:
