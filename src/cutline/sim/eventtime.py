@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from ..analysis.explore_time import WindowModel, _shows, replay
 from ..protocol.watermarks import BoundedOutOfOrderness, Watermark
 from ..protocol.windows import Tumbling, WindowAssigner, tumbling
-from .dataflow import Sink, route
+from .dataflow import Sink, build_stages, route
 from .world import SimContext, SimProcess, Simulation
 
 __all__ = ["TimedSource", "WindowTask", "Workload", "build_timed", "check", "logic",
@@ -194,18 +194,9 @@ def build_timed(sim: Simulation, *, sources: int = 2, windows: int = 1,
                 lateness: float = 0.0) -> None:
     """``S1..Sn --hash(key)--> W (or W1..Wk) --> sink``; watermarks go to every W."""
     srcs = [f"S{i + 1}" for i in range(sources)]
-    wins = window_names(windows)
-    for i, s in enumerate(srcs):
-        sim.add_process(s, TimedSource(i, workload))
-    for wn in wins:
-        sim.add_process(wn, WindowTask([f"{s}->{wn}" for s in srcs],
-                                       assigner or tumbling(10), lateness))
-    sim.add_process("sink", Sink())
-    for s in srcs:
-        for wn in wins:
-            sim.connect(s, wn)
-    for wn in wins:
-        sim.connect(wn, "sink")
+    build_stages(sim, {s: TimedSource(i, workload) for i, s in enumerate(srcs)},
+                 {wn: WindowTask([f"{s}->{wn}" for s in srcs], assigner or tumbling(10),
+                                 lateness) for wn in window_names(windows)})
 
 
 L = TypeVar("L", bound=SimProcess)
