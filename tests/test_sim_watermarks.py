@@ -22,8 +22,8 @@ from cutline.sim.eventtime import Workload
 from cutline.sim.scenarios import watermarks
 
 
-_BACKLOG = {"crash_at": 7.0, "interval": 2.0, "records": 10, "shorter": 0, "windows": 1,
-            "assigner": tumbling(10), "lateness": 0, "service": 0.6}
+_BACKLOG = {"crash_at": 7.0, "interval": 2.0, "records": 10, "shorter": 0, "pause_at": None,
+            "windows": 1, "assigner": tumbling(10), "lateness": 0, "service": 0.6}
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -33,17 +33,21 @@ _BACKLOG = {"crash_at": 7.0, "interval": 2.0, "records": 10, "shorter": 0, "wind
 @example(seed=2, mode="aligned_timeout", **_BACKLOG)
 # a straggler soon after the restore, for a window that fired before the checkpoint
 @example(seed=2, mode="unaligned", **{**_BACKLOG, "crash_at": 9.0, "service": 0.3})
+# S2 is idle at the checkpoint: the restore keeps it idle
+@example(seed=8, mode="aligned", **{**_BACKLOG, "pause_at": 1, "service": 0.3})
 @given(seed=st.integers(0, 2**31), mode=st.sampled_from(list(watermarks.MODES)),
        crash_at=st.floats(0.5, 15.0).map(lambda t: None if t > 14 else t),  # None: no crash
        interval=st.floats(1.0, 4.0),
-       records=st.integers(1, 10), shorter=st.integers(0, 6), windows=st.integers(1, 2),
+       records=st.integers(1, 10), shorter=st.integers(0, 6),
+       pause_at=st.none() | st.integers(1, 8), windows=st.integers(1, 2),
        assigner=st.sampled_from([tumbling(10), sliding(10, 5), session(4)]),
        lateness=st.sampled_from([0, 5]), service=st.sampled_from([0.1, 0.3, 0.6]))
 def test_windows_fire_exactly_once_across_a_crash_in_every_mode(
-        seed, mode, crash_at, interval, records, shorter, windows, assigner, lateness,
+        seed, mode, crash_at, interval, records, shorter, pause_at, windows, assigner, lateness,
         service):
     r = watermarks.run(seed, mode, crash_at=crash_at, interval=interval,
-                       workload=Workload(records=records, shorter=shorter), windows=windows,
+                       workload=Workload(records=records, shorter=shorter, pause_at=pause_at),
+                       windows=windows,
                        assigner=assigner, lateness=lateness, service=service)
     assert r.ok, r.problems
 

@@ -52,7 +52,7 @@ from ..protocol import (
     SnapshotHandler,
     TakeSnapshot,
 )
-from ..protocol.watermarks import BoundedOutOfOrderness, WatermarkTracker
+from ..protocol.watermarks import NO_WATERMARK, BoundedOutOfOrderness, WatermarkTracker
 from ..protocol.windows import Tumbling, WindowAssigner, merge_into
 from .explore import search
 
@@ -106,17 +106,26 @@ class WindowModel:
         self.output: list[tuple] = []
 
     def apply(self, ch: str | None, item: tuple) -> None:
-        """One log item: ``("r", record)``, ``("w", ts)``, ``("eof",)`` on ``ch``, or
-        ``("restored",)`` (a restore: every channel is open again)."""
+        """One log item: ``("r", record)``, ``("w", ts)``, ``("idle",)``, ``("eof",)`` on
+        ``ch``, or ``("restored",)`` (a restore: every channel is open again)."""
         kind = item[0]
         if kind == "r":
             self.record(cast(str, ch), item[1])
         elif kind == "w":
             self.watermark(cast(str, ch), item[1])
+        elif kind == "idle":
+            self._advance(self.tracker.current, self.tracker.on_idle(cast(str, ch)))
         elif kind == "eof":
             self.close(cast(str, ch))
-        else:
-            self.tracker.restore(self.tracker.snapshot())
+        else:  # what a restore keeps, read without the tracker's own snapshot/restore
+            old = self.tracker
+            self.tracker = WatermarkTracker(old.channels)
+            for c in old.channels:
+                if old.watermark_of(c) != NO_WATERMARK:
+                    self.tracker.on_watermark(c, old.watermark_of(c))
+                if old.is_idle(c):
+                    self.tracker.on_idle(c)
+            self.tracker.current = old.current
 
     def record(self, ch: str, rec: tuple) -> None:
         key, ts = rec[0], rec[1]
@@ -435,6 +444,8 @@ def _show(item: tuple, short: bool = False) -> str:
         return f"{'wm' if short else 'watermark'} {item[1]:g}"
     if item[0] == "b":
         return f"barrier {item[1].checkpoint_id}"
+    if item[0] == "idle":
+        return "idle"
     return "end" if short else "end of input"
 
 

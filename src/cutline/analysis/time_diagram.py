@@ -148,7 +148,7 @@ def draw_time_run(run: TimeRun, path: str | Path) -> Path:
                     if run.restored else "crash: no checkpoint yet, start over",
                     ha="center", va="bottom", fontsize=8, color="0.3")
         style = {"r": ("0.45", "-"), "w": ("tab:blue", "--"), "b": ("tab:red", "-"),
-                 "eof": ("0.7", ":")}
+                 "idle": ("tab:purple", ":"), "eof": ("0.7", ":")}
         for c, item, sent, took in run.arrows:
             color, ls = style[item[0]]
             x0 = sent

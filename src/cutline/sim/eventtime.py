@@ -1,7 +1,8 @@
 """Event time in the simulator: sources that send watermarks in band, and window tasks.
 
 * :class:`TimedSource` sends records ``(key, ts, id)`` with out-of-order timestamps (and a
-  straggler now and then, far behind), and after each batch the watermark of a
+  straggler now and then, far behind; optionally :data:`~cutline.protocol.watermarks.IDLE`
+  before a pause), and after each batch the watermark of a
   :class:`~cutline.protocol.watermarks.BoundedOutOfOrderness` generator as a
   :class:`~cutline.protocol.watermarks.Watermark` *message*: FIFO with the records, on every
   output channel.  To the snapshot handlers it is a record, so an aligned checkpoint blocks
@@ -31,13 +32,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..analysis.explore_time import WindowModel, _shows, replay
-from ..protocol.watermarks import BoundedOutOfOrderness, Watermark
+from ..protocol.watermarks import IDLE, BoundedOutOfOrderness, Watermark
 from ..protocol.windows import Tumbling, WindowAssigner, tumbling
 from .dataflow import Sink, build_stages, route
 from .world import SimContext, SimProcess, Simulation
 
-__all__ = ["TimedSource", "WindowTask", "Workload", "build_timed", "check", "logic",
-           "source_items"]
+__all__ = ["TimedSource", "WindowTask", "Workload", "build_timed", "check", "item_of",
+           "logic", "source_items"]
 
 Record = tuple[str, int, str]  # (key, event time, id)
 
@@ -45,13 +46,16 @@ Record = tuple[str, int, str]  # (key, event time, id)
 @dataclass(frozen=True)
 class Workload:
     """What the sources send: ``records`` each (``shorter`` fewer for each next source),
-    one per ``interval`` of simulated time, at
+    one per ``interval`` of simulated time (every source but the first pauses for ``pause``
+    seconds after record ``pause_at``, saying it is idle), at
     ``spacing`` seconds of event time apart, up to ``spread`` seconds out of order; every
     ``straggle_every``-th record ``straggle`` seconds behind (late, mostly); watermarks
     ``max_delay`` behind the largest timestamp seen."""
 
     records: int = 6
     shorter: int = 0
+    pause_at: int | None = None
+    pause: float = 4.0
     keys: str = "ab"
     spacing: int = 2
     spread: int = 3
@@ -92,6 +96,7 @@ class TimedSource(SimProcess):
     def __init__(self, index: int, workload: Workload) -> None:
         self.index, self.w = index, workload
         self.items = source_items(index, workload)
+        self.pauses_at = workload.pause_at if index else None
         self.state = {"offset": 0, "watermark_due": False}
         self.sent: list[tuple[float, str, tuple]] = []
 
@@ -119,6 +124,11 @@ class TimedSource(SimProcess):
             if wm is not None:
                 for ch in ctx.outputs:  # not key-routed: every output channel
                     self._send(ctx, ch, Watermark(wm), ("w", wm))
+            if self.pauses_at == st["offset"]:  # quiet for a while: say so downstream
+                for ch in ctx.outputs:
+                    self._send(ctx, ch, IDLE, ("idle",))
+                ctx.schedule(self.w.pause)
+                return
         else:
             rec = self.items[st["offset"]][0]
             self._send(ctx, route(rec[0], ctx.outputs), rec, ("r", rec))
@@ -148,7 +158,7 @@ class WindowTask(SimProcess):
         self.ended_at = math.inf
 
     def on_receive(self, ctx: SimContext, channel: str, payload: Any) -> None:
-        item = ("w", payload.ts) if type(payload) is Watermark else ("r", payload)
+        item = item_of(payload)
         self.took.append((ctx.now, channel, item))
         self._apply(ctx, channel, item)
 
@@ -222,17 +232,18 @@ def check(sim: Simulation) -> list[str]:
     wins = [n for n, p in sim.procs.items() if isinstance(p.logic, WindowTask)]
     want: dict[str, list[tuple]] = {f"{s}->{wn}": [] for s in srcs for wn in wins}
     for s in srcs:
-        for rec, wm in logic(sim, s, TimedSource).items:
+        src = logic(sim, s, TimedSource)
+        for offset, (rec, wm) in enumerate(src.items):
             want[f"{s}->{route(rec[0], wins)}"].append(("r", rec))
-            if wm is not None:
-                for wn in wins:
-                    want[f"{s}->{wn}"].append(("w", wm))
+            for wn in wins:
+                want[f"{s}->{wn}"] += [("w", wm)] if wm is not None else []
+                want[f"{s}->{wn}"] += [("idle",)] if src.pauses_at == offset + 1 else []
     sink = logic(sim, "sink", Sink).state
     for wn in wins:
         task = logic(sim, wn, WindowTask)
         log = task.state["log"]
         for ch in task.channels:
-            took = [it for c, it in log if c == ch and it[0] in ("r", "w")]
+            took = [it for c, it in log if c == ch and it[0] in ("r", "w", "idle")]
             if took != want[ch]:
                 found.append(f"{ch}: {wn} applied {_shows(took)}, the channel carried "
                              f"{_shows(want[ch])}")
@@ -257,3 +268,8 @@ def check(sim: Simulation) -> list[str]:
     return found
 
 
+def item_of(payload: Any) -> tuple:
+    """A message payload as a log item: ``("w", ts)``, ``("idle",)`` or ``("r", record)``."""
+    if type(payload) is Watermark:
+        return ("w", payload.ts)
+    return ("idle",) if payload is IDLE else ("r", payload)

@@ -35,6 +35,7 @@ from ..eventtime import (
     Workload,
     build_timed,
     check,
+    item_of,
     logic,
     window_names,
 )
@@ -173,7 +174,7 @@ def _draw_world(run: TimeRun, sim: Simulation, srcs: list[str], off: float,
         took = [t * SCALE + off for t, cc, _ in task.took if cc == ch]
         for i, x in enumerate(took):  # FIFO: the channel state first, then what was sent
             if i < len(replayed):
-                run.arrows.append((c, _item(replayed[i].payload), off - 1.0 + 0.7 * i, x))
+                run.arrows.append((c, item_of(replayed[i].payload), off - 1.0 + 0.7 * i, x))
             else:
                 x0, item = sent[i - len(replayed)]
                 run.arrows.append((c, item, x0, x))
@@ -192,5 +193,3 @@ def _draw_world(run: TimeRun, sim: Simulation, srcs: list[str], off: float,
     run.watermarks += [(t * SCALE + off, wm) for t, wm in task.watermarks]
 
 
-def _item(payload: Any) -> tuple:
-    return ("w", payload.ts) if type(payload) is Watermark else ("r", payload)
