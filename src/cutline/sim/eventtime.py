@@ -45,12 +45,12 @@ Record = tuple[str, int, str]  # (key, event time, id)
 
 @dataclass(frozen=True)
 class Workload:
-    """What the sources send: ``records`` each (``shorter`` fewer for each next source),
-    one per ``interval`` of simulated time (every source but the first pauses for ``pause``
-    seconds after record ``pause_at``, saying it is idle), at
-    ``spacing`` seconds of event time apart, up to ``spread`` seconds out of order; every
-    ``straggle_every``-th record ``straggle`` seconds behind (late, mostly); watermarks
-    ``max_delay`` behind the largest timestamp seen."""
+    """What the sources send: ``records`` each (``shorter`` fewer for each next source), one
+    per ``interval`` of simulated time, ``spacing`` seconds of event time apart and up to
+    ``spread`` seconds out of order; every ``straggle_every``-th record ``straggle`` seconds
+    behind (late, mostly); watermarks ``max_delay`` behind the largest timestamp seen.
+    With ``pause_at``, every source but the first says it is idle after that many records
+    and pauses for ``pause`` seconds."""
 
     records: int = 6
     shorter: int = 0

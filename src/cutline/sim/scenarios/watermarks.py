@@ -78,8 +78,8 @@ class WatermarksResult:
             "mode": self.mode, "seed": self.seed, "crash_at": self.crash_at,
             "fault": self.fault,
             "restored_checkpoint": self.restored.id if self.restored else None,
-            "channel_state": {"records": sum(type(p) is not Watermark for p in recorded),
-                              "watermarks": sum(type(p) is Watermark for p in recorded)},
+            "channel_state": {"records": sum(item_of(p)[0] == "r" for p in recorded),
+                              "watermarks": sum(item_of(p)[0] == "w" for p in recorded)},
             "windows": [{"key": k, "start": s, "end": e, "count": n}
                         for kind, k, s, e, n in (o for o in out if o[0] == "window")],
             "late": [{"key": o[1], "ts": o[2]} for o in out if o[0] == "late"],
