@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from ..protocol import (
     Barrier,
@@ -52,10 +52,11 @@ from ..protocol import (
     SnapshotHandler,
     TakeSnapshot,
 )
-from ..protocol.watermarks import BoundedOutOfOrderness, WatermarkTracker
+from ..protocol.watermarks import NO_WATERMARK, BoundedOutOfOrderness, WatermarkTracker
+from ..protocol.windows import Tumbling, WindowAssigner, merge_into
 from .explore import search
 
-__all__ = ["FAULTS", "TimeExploreResult", "explore_time", "SCENARIOS"]
+__all__ = ["FAULTS", "SCENARIOS", "TimeExploreResult", "WindowModel", "explore_time", "replay"]
 
 FAULTS = ("watermarks_not_in_channel_state", "tracker_ahead", "tracker_not_restored")
 
@@ -86,50 +87,105 @@ def _items(records: Sequence[Record], max_delay: float) -> tuple:
     return tuple(out)
 
 
-class _Windows:
-    """The window operator's logic (tumbling count per key), failure-free: the oracle
-    replays an item sequence through it, the explorer runs one per world."""
+class WindowModel:
+    """A window operator's logic, failure-free: counts per key and window with the real
+    :class:`~cutline.protocol.watermarks.WatermarkTracker` and a real window assigner
+    (tumbling, sliding, or merging sessions), Spark's firing rule and Flink's
+    ``allowed_lateness``.  The explorer runs one per world and the simulator one per window
+    task; the oracle replays an item log through a fresh one (:func:`replay`).
 
-    def __init__(self, channels: list[str], size: float) -> None:
-        self.size = size
+    Output: ``("window", key, start, end, count)`` when the watermark passes ``end`` (and
+    again for a record within the lateness), ``("late", key, ts)`` for a record later than
+    that for all its windows.  Records are ``(key, ts, ...)`` tuples."""
+
+    def __init__(self, channels: Sequence[str], assigner: WindowAssigner,
+                 lateness: float = 0.0) -> None:
+        self.assigner, self.lateness = assigner, lateness
         self.tracker = WatermarkTracker(channels)
-        self.counts: dict[tuple[str, float], int] = {}
+        self.windows: dict[tuple, int] = {}  # (key, start, end) -> count
         self.output: list[tuple] = []
 
-    def record(self, ch: str, rec: Record) -> None:
-        key, ts = rec
-        start = ts - ts % self.size
-        self._fire(self.tracker.on_active(ch))
-        if start + self.size <= self.tracker.current:
+    def apply(self, ch: str | None, item: tuple) -> None:
+        """One log item: ``("r", record)``, ``("w", ts)``, ``("idle",)``, ``("eof",)`` on
+        ``ch``, or ``("restored",)`` (a restore: every channel is open again)."""
+        kind = item[0]
+        if kind == "r":
+            self.record(cast(str, ch), item[1])
+        elif kind == "w":
+            self.watermark(cast(str, ch), item[1])
+        elif kind == "idle":
+            self._advance(self.tracker.current, self.tracker.on_idle(cast(str, ch)))
+        elif kind == "eof":
+            self.close(cast(str, ch))
+        else:  # what a restore keeps, read without the tracker's own snapshot/restore
+            old = self.tracker
+            self.tracker = WatermarkTracker(old.channels)
+            for c in old.channels:
+                if old.watermark_of(c) != NO_WATERMARK:
+                    self.tracker.on_watermark(c, old.watermark_of(c))
+                if old.is_idle(c):
+                    self.tracker.on_idle(c)
+            self.tracker.current = old.current
+
+    def record(self, ch: str, rec: tuple) -> None:
+        key, ts = rec[0], rec[1]
+        self._advance(self.tracker.current, self.tracker.on_active(ch))
+        cur, lateness, windows = self.tracker.current, self.lateness, self.windows
+        late = True
+        for w in self.assigner.bounds(ts):
+            if self.assigner.merging:
+                result, merged = merge_into([(s, e) for k, s, e in windows if k == key], w)
+                w = (result.start, result.end)
+                if w[1] + lateness <= cur:
+                    continue
+                n = sum(windows.pop((key, s, e)) for s, e in merged) + 1
+            elif w[1] + lateness <= cur:
+                continue
+            else:
+                n = windows.get((key, *w), 0) + 1
+            late = False
+            windows[(key, *w)] = n
+            if w[1] <= cur:  # a fired window, within the lateness: emit it again
+                self.output.append(("window", key, w[0], w[1], n))
+        if late:
             self.output.append(("late", key, ts))
-        else:
-            self.counts[(key, start)] = self.counts.get((key, start), 0) + 1
 
     def watermark(self, ch: str, ts: float) -> None:
-        self._fire(self.tracker.on_watermark(ch, ts))
+        self._advance(self.tracker.current, self.tracker.on_watermark(ch, ts))
 
     def close(self, ch: str) -> None:
-        self._fire(self.tracker.on_close(ch))
+        self._advance(self.tracker.current, self.tracker.on_close(ch))
 
-    def _fire(self, wm: float | None) -> None:
+    def _advance(self, prev: float, wm: float | None) -> None:
         if wm is None:
             return
-        due = sorted((start + self.size, key, start) for (key, start) in self.counts
-                     if start + self.size <= wm)
-        for end, key, start in due:
-            self.output.append(("window", key, start, end, self.counts.pop((key, start))))
+        for key, start, end in sorted(self.windows, key=lambda w: (w[2], w[1], w[0])):
+            if prev < end <= wm:
+                self.output.append(("window", key, start, end, self.windows[(key, start, end)]))
+            if end + self.lateness <= wm:
+                del self.windows[(key, start, end)]
 
-    def clone(self) -> "_Windows":
-        c = _Windows.__new__(_Windows)
-        c.size, c.tracker = self.size, self.tracker.copy()
-        c.counts, c.output = dict(self.counts), list(self.output)
+    def clone(self) -> "WindowModel":
+        c = WindowModel.__new__(WindowModel)
+        c.assigner, c.lateness, c.tracker = self.assigner, self.lateness, self.tracker.copy()
+        c.windows, c.output = dict(self.windows), list(self.output)
         return c
 
     def key(self) -> tuple:
         t = self.tracker
-        return (tuple(sorted(self.counts.items())), t.current,
+        return (tuple(sorted(self.windows.items())), t.current,
                 tuple((t.watermark_of(c), t.is_closed(c)) for c in t.channels),
                 tuple(self.output))
+
+
+def replay(channels: Sequence[str], assigner: WindowAssigner, lateness: float,
+           log: Sequence[tuple[str | None, tuple]]) -> WindowModel:
+    """A fresh :class:`WindowModel` fed ``log`` (``(channel, item)`` pairs, as
+    :meth:`WindowModel.apply` takes them): what a failure-free operator makes of them."""
+    model = WindowModel(channels, assigner, lateness)
+    for ch, item in log:
+        model.apply(ch, item)
+    return model
 
 
 @dataclass(frozen=True)
@@ -137,7 +193,7 @@ class _World:
     pcs: tuple[int, ...]                 # per source: items sent
     queues: tuple[tuple, ...]            # per channel: ("r", rec) | ("w", ts) | ("b", B) | ("eof",)
     handler: SnapshotHandler
-    win: _Windows
+    win: WindowModel
     log: tuple                           # (channel, item) the operator took, in order
     triggered: tuple[int, ...]           # per source: checkpoints triggered at it
     snaps: tuple                         # per checkpoint: None | (pcs, win, log, recorded)
@@ -193,10 +249,13 @@ class _Explorer:
             all(ts - ts % size + size > max((t for _, t in recs[:j]), default=-1e18)
                 - max_delay for j, (_, ts) in enumerate(recs)) for recs in sources)
 
+    def _model(self) -> WindowModel:
+        return WindowModel(self.chans, Tumbling(self.size))
+
     def initial(self) -> _World:
         n = len(self.chans)
         return _World(tuple(0 for _ in range(n)), tuple(() for _ in range(n)),
-                      SnapshotHandler(self.chans, self.mode), _Windows(self.chans, self.size),
+                      SnapshotHandler(self.chans, self.mode), self._model(),
                       (), tuple(0 for _ in range(n)), tuple(None for _ in range(self.k)),
                       tuple(tuple(() for _ in range(n)) for _ in range(self.k)), frozenset(),
                       False)
@@ -280,10 +339,7 @@ class _Explorer:
             if t is Deliver:
                 for item in a.records:
                     log = log + ((a.channel, item),)
-                    if item[0] == "r":
-                        win.record(a.channel, item[1])
-                    else:
-                        win.watermark(a.channel, item[1])
+                    win.apply(a.channel, item)
             elif t is TakeSnapshot:
                 n = a.checkpoint_id
                 part = snaps[n - 1]
@@ -356,17 +412,10 @@ class _Explorer:
             if took != want:
                 found.append(f"{ch}: the operator took {_shows(took)}, the channel carried "
                              f"{_shows(want)}")
-        replay = _Windows(self.chans, self.size)
-        for ch, item in w.log:
-            if item[0] == "r":
-                replay.record(ch, item[1])
-            elif item[0] == "w":
-                replay.watermark(ch, item[1])
-            else:
-                replay.close(ch)
-        if w.win.output != replay.output:
+        again = replay(self.chans, Tumbling(self.size), 0, w.log)
+        if w.win.output != again.output:
             found.append(f"output {w.win.output} differs from the failure-free operator's "
-                         f"on the same items {replay.output}")
+                         f"on the same items {again.output}")
         if self.in_order:
             expected = self.failure_free()
             if sorted(w.win.output) != sorted(expected):
@@ -378,16 +427,9 @@ class _Explorer:
         return found
 
     def failure_free(self) -> list[tuple]:
-        win = _Windows(self.chans, self.size)
-        for c, items in enumerate(self.items):
-            for item in items:
-                if item[0] == "r":
-                    win.record(self.chans[c], item[1])
-                else:
-                    win.watermark(self.chans[c], item[1])
-        for ch in self.chans:
-            win.close(ch)
-        return win.output
+        return replay(self.chans, Tumbling(self.size), 0,
+                      [(self.chans[c], item) for c, items in enumerate(self.items)
+                       for item in items + (("eof",),)]).output
 
 
 def _set(t: tuple, i: int, v: Any) -> tuple:
@@ -402,6 +444,8 @@ def _show(item: tuple, short: bool = False) -> str:
         return f"{'wm' if short else 'watermark'} {item[1]:g}"
     if item[0] == "b":
         return f"barrier {item[1].checkpoint_id}"
+    if item[0] == "idle":
+        return "idle"
     return "end" if short else "end of input"
 
 

@@ -82,18 +82,21 @@ def build_pipeline(
     keys: int = 10, interval: float = 0.05,
 ) -> None:
     """sources --hash(key)--> counters --> sink."""
-    srcs = [f"src{i}" for i in range(sources)]
-    cnts = [f"count{i}" for i in range(counters)]
-    for i, s in enumerate(srcs):
-        sim.add_process(s, Source(i, records, keys, interval))
-    for c in cnts:
-        sim.add_process(c, KeyedCount())
+    build_stages(sim, {f"src{i}": Source(i, records, keys, interval) for i in range(sources)},
+                 {f"count{i}": KeyedCount() for i in range(counters)})
+
+
+def build_stages(sim: Simulation, sources: dict[str, SimProcess],
+                 middle: dict[str, SimProcess]) -> None:
+    """``sources`` --> every one of ``middle`` --> a :class:`Sink` named ``"sink"``."""
+    for name, logic in {**sources, **middle}.items():
+        sim.add_process(name, logic)
     sim.add_process("sink", Sink())
-    for s in srcs:
-        for c in cnts:
-            sim.connect(s, c)
-    for c in cnts:
-        sim.connect(c, "sink")
+    for s in sources:
+        for m in middle:
+            sim.connect(s, m)
+    for m in middle:
+        sim.connect(m, "sink")
 
 
 class OutputComparison(TypedDict):

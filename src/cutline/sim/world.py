@@ -80,6 +80,9 @@ class SimProcess:
     def on_timer(self, ctx: SimContext, tag: Any) -> None:
         """A timer set with :meth:`SimContext.schedule` fired."""
 
+    def on_input_closed(self, ctx: SimContext, channel: str) -> None:
+        """Input ``channel`` ended (its sender closed it)."""
+
     def on_end_of_input(self, ctx: SimContext) -> None:
         """Every input ended; outputs are closed right after this returns."""
 
@@ -417,6 +420,7 @@ class Simulation:
         if head is _EOF:
             inbox.popleft()
             self._perform(p, h.on_close(c))
+            p.logic.on_input_closed(SimContext(self, p), c)
             if not h.open_inputs and p.inputs:
                 p.logic.on_end_of_input(SimContext(self, p))
                 self._close_outputs(p)
