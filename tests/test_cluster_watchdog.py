@@ -128,9 +128,9 @@ def test_the_job_never_waits_for_an_attempt_longer_than_its_deadlines(events):
         elif kind == "checkpoint" and running and c.coordinator is not None:
             now += 1.0
             cmds = c.tick(now)
+            conns = dict(c.attempt.conns)
             for n in list(c.coordinator.pending):
-                conn_of = {s: conn for s, conn in c.attempt.conns.items()}
-                cmds += ack_all(c, n, now, conn_of=lambda t: conn_of[SHAPE.slot_of[t]])
+                cmds += ack_all(c, n, now, conn_of=lambda t, conns=conns: conns[SHAPE.slot_of[t]])
         for cmd in cmds:
             if type(cmd) is Resubmit:
                 assert not running, "resubmitted a running attempt"
