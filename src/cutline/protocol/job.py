@@ -202,6 +202,7 @@ class JobController:
         self.shape, self.policy, self.job = shape, policy, job
         self.restart_timeout, self.max_resubmits = restart_timeout, resubmits
         self.resubmits = 0  # in a row, since the last completed checkpoint
+        self.resubmitted = 0  # in all
         self.waiting_since: float | None = None  # no attempt running since then
         self.waiting_for = ""  # why: "the stage was submitted", "attempt 0 lost slot 1"
         self.restore = restore
@@ -464,6 +465,7 @@ class JobController:
                          "holding one?)", cmds)
             return
         self.resubmits += 1
+        self.resubmitted += 1
         # whatever registered of the attempt it waited for is over: stop it
         a.lost = True
         cmds.extend(Send(c, m.Stop()) for _, c in sorted(a.conns.items()))

@@ -83,7 +83,9 @@ class KillDaemon:
             time.sleep(0.02)
         time.sleep(self.delay)
         pids = driver.task_pids
-        daemon = next((d for d in map(pyspark_daemon, pids.values()) if d), None)
+        # the daemon of a slot that survives the kill: Spark must end that slot's task
+        daemon = next((d for slot, pid in sorted(pids.items()) if slot != self.kill
+                       for d in [pyspark_daemon(pid)] if d), None)
         if driver.done.is_set() or daemon is None:
             return
         os.kill(daemon, signal.SIGKILL)
