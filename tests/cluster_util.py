@@ -24,10 +24,7 @@ SPARK_HOME = Path(pyspark.__file__).parent
 
 def cluster_env() -> dict[str, str]:
     return dict(os.environ, SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP="127.0.0.1",
-                PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-                # a lost worker is noticed within seconds, not the default minute
-                SPARK_MASTER_OPTS="-Dspark.worker.timeout=4",
-                SPARK_WORKER_OPTS="-Dspark.worker.cleanup.enabled=false")
+                PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
 
 
 def free_port() -> int:
