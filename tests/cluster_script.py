@@ -100,7 +100,8 @@ def main() -> None:
     wait_for_executors(spark, 2)
     from cutline.spark.faults import KillDaemon
 
-    for case in sys.argv[4:]:
+    cases = sys.argv[4:]
+    for i, case in enumerate(cases):
         work = tmp / case
         events = write_events(work / "in", files=2, per_file=1500)
         p, sink = per_user(work, "aligned", parallelism=2, name=case)
@@ -110,7 +111,7 @@ def main() -> None:
         elif case == "daemon":
             fault = KillDaemon(delay=1.0, kill=1)
         elif case == "worker_gone":  # capacity below the parallelism for good
-            fault, restart_timeout = Kill(1.0, worker(1)), 8.0
+            fault, restart_timeout = Kill(1.0, worker(1)), 5.0
         elif case == "worker_back":  # ... and back in time
             fault = Kill(1.0, worker(1), then=lambda: cluster.start_worker(9))
         else:
@@ -127,7 +128,7 @@ def main() -> None:
             out.update(error=f"{type(exc).__name__}: {exc}")
         out.update(fired=[w for w, _ in fault.fired], seconds=round(time.monotonic() - t0, 1))
         print("RESULT", case, json.dumps(out), flush=True)
-        if case == "worker_gone":  # capacity back for the next case
+        if case == "worker_gone" and i + 1 < len(cases):  # capacity back for the next
             cluster.start_worker(8)
             wait_for_executors(spark, 2)
     spark.stop()
