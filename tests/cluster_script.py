@@ -117,13 +117,15 @@ def main() -> None:
         else:
             raise SystemExit(f"unknown case {case}")
         out: dict = {}
+        drivers: list = []
         t0 = time.monotonic()
         try:
-            result = p.run(spark=spark, on_start=fault, timeout=240,
-                           restart_timeout=restart_timeout, progress=False)
+            result = p.run(spark=spark, on_start=lambda d: (drivers.append(d), fault(d)),
+                           timeout=240, restart_timeout=restart_timeout, progress=False)
             got = collections.Counter(sink.results())
             out.update(attempts=result.attempts, exact=got == per_user_expected(events),
-                       rows=sum(got.values()))
+                       rows=sum(got.values()),
+                       resubmitted=drivers[0].controller.resubmitted)
         except Exception as exc:  # noqa: BLE001 - what the user sees is the result
             out.update(error=f"{type(exc).__name__}: {exc}")
         out.update(fired=[w for w, _ in fault.fired], seconds=round(time.monotonic() - t0, 1))
