@@ -56,13 +56,14 @@ def test_no_new_attempt_in_time_resubmits_twice_then_fails_with_the_reason():
     c.on_closed("a0s0", 2.0)
     assert c.tick(2.0 + LIMIT - 0.1) == []
     cmds = c.tick(2.0 + LIMIT)
-    assert [type(x) for x in cmds] == [Send, Send, Resubmit]  # Stop to what registered
+    # attempt 0's survivor was told to stop when it was lost: no second Stop
+    assert [type(x) for x in cmds] == [Resubmit]
     assert "resubmitting it (1 of 2)" in cmds[-1].reason
     # the resubmitted stage registers only one slot: still no attempt
     c.on_message("b1s0", m.Register(0, 9, {"src.0": None, "sink.0": None}), 13.0)
-    (resubmit,) = [x for x in c.tick(2.0 + 2 * LIMIT) if type(x) is Resubmit]
-    assert "(2 of 2)" in resubmit.reason
-    assert c.attempt.lost  # the half-registered attempt is over: its task gets Stop
+    cmds = c.tick(2.0 + 2 * LIMIT)
+    assert cmds[0] == Send("b1s0", m.Stop()) and "(2 of 2)" in cmds[1].reason
+    assert c.attempt.lost  # the half-registered attempt is over
     cmds = c.tick(2.0 + 3 * LIMIT)
     assert cmds == [Done(
         "no attempt of the stage started within 10 s after attempt 0 lost slot 0, nor "
@@ -85,6 +86,20 @@ def test_the_first_attempt_is_watched_too_and_progress_resets_the_count():
     assert type(c.tick(20.0 + LIMIT)[-1]) is Resubmit  # one more try after progress
     cmds = register(c, 2, 31.0)
     assert {msg.restore for _, msg in sent(cmds, m.Start)} == {"/s/chk-5"}
+
+
+def test_a_stage_that_ends_after_a_loss_is_resubmitted_not_failed():
+    c = controller()
+    register(c, 0)
+    c.on_closed("a0s1", 1.0)
+    (x,) = c.on_stage_ended(2.0)
+    assert x == Resubmit("the Spark stage ended after attempt 0 lost slot 1: resubmitting "
+                         "it (1 of 2)")
+    assert not c.done and c.resubmitted == 1
+    register(c, 1, 3.0)
+    assert c.attempt.started and c.waiting_since is None
+    # without a loss, a stage that ended early fails the job as before
+    assert type(c.on_stage_ended(4.0)[0]) is Done
 
 
 def test_without_a_deadline_it_waits_for_spark():

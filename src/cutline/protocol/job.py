@@ -334,7 +334,14 @@ class JobController:
         """Spark's stage call returned: every task is gone, finished or not.  (The end of a
         stage the driver cancelled to resubmit it is not reported.)"""
         cmds: list[JobCommand] = []
-        if not self.done:
+        if self.done:
+            return cmds
+        if (self.attempt.lost and self.restart_timeout is not None
+                and self.resubmits < self.max_resubmits):
+            # its tasks ended without a failure Spark would retry (told to stop, say,
+            # when a control connection broke but no process died): run it again
+            self._resubmit(now, f"the Spark stage ended after {self.waiting_for}", cmds)
+        else:
             self._finish("the Spark stage ended before every task finished "
                          f"(finished: {sorted(self.finished)})", cmds)
         return cmds
@@ -454,7 +461,6 @@ class JobController:
         limit, since = self.restart_timeout, self.waiting_since
         if limit is None or since is None or self.done or now - since < limit:
             return
-        a = self.attempt
         waited = (f"no attempt of the stage started within {limit:g} s after "
                   f"{self.waiting_for}")
         if self.resubmits >= self.max_resubmits:
@@ -464,12 +470,17 @@ class JobController:
                          "slots at once: is capacity missing, or a task Spark cannot end "
                          "holding one?)", cmds)
             return
+        self._resubmit(now, waited, cmds)
+
+    def _resubmit(self, now: float, why: str, cmds: list[JobCommand]) -> None:
         self.resubmits += 1
         self.resubmitted += 1
         # whatever registered of the attempt it waited for is over: stop it
-        a.lost = True
-        cmds.extend(Send(c, m.Stop()) for _, c in sorted(a.conns.items()))
-        reason = f"{waited}: resubmitting it ({self.resubmits} of {self.max_resubmits})"
+        a = self.attempt
+        if not a.lost:
+            a.lost = True
+            cmds.extend(Send(c, m.Stop()) for _, c in sorted(a.conns.items()))
+        reason = f"{why}: resubmitting it ({self.resubmits} of {self.max_resubmits})"
         log.warning("%s", reason)
         self.waiting_since = now
         cmds.append(Resubmit(reason))
