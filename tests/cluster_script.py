@@ -120,8 +120,9 @@ def main() -> None:
         drivers: list = []
         t0 = time.monotonic()
         try:
-            result = p.run(spark=spark, on_start=lambda d, ds=drivers, f=fault: (ds.append(d), f(d)),
-                           timeout=240, restart_timeout=restart_timeout, progress=False)
+            result = p.run(spark=spark, timeout=240, restart_timeout=restart_timeout,
+                           on_start=lambda d, ds=drivers, f=fault: (ds.append(d), f(d)),
+                           progress=False)
             got = collections.Counter(sink.results())
             out.update(attempts=result.attempts, exact=got == per_user_expected(events),
                        rows=sum(got.values()),
