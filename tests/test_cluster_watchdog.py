@@ -28,7 +28,7 @@ def test_a_lost_task_stops_the_rest_of_its_attempt_once():
     assert sent(c.tick(1.0), m.Trigger)
     cmds = c.on_closed("a0s1", 1.5)
     # the survivor is told to stop now: Spark may not be able to (its daemon is gone)
-    assert cmds == [Send("a0s0", m.Stop())]
+    assert cmds == [Send("a0s0", m.Stop(abandoned="attempt 0 lost slot 1"))]
     assert c.attempt.lost and c.waiting_for == "attempt 0 lost slot 1"
     assert c.on_closed("a0s0", 1.6) == []  # the survivor ending is no news
     # what the lost attempt still says is stale; no checkpoint is triggered into it
@@ -62,7 +62,8 @@ def test_no_new_attempt_in_time_resubmits_twice_then_fails_with_the_reason():
     # the resubmitted stage registers only one slot: still no attempt
     c.on_message("b1s0", m.Register(0, 9, {"src.0": None, "sink.0": None}), 13.0)
     cmds = c.tick(2.0 + 2 * LIMIT)
-    assert cmds[0] == Send("b1s0", m.Stop()) and "(2 of 2)" in cmds[1].reason
+    assert type(cmds[0].msg) is m.Stop and cmds[0].msg.abandoned
+    assert cmds[0].conn == "b1s0" and "(2 of 2)" in cmds[1].reason
     assert c.attempt.lost  # the half-registered attempt is over
     cmds = c.tick(2.0 + 3 * LIMIT)
     assert cmds == [Done(

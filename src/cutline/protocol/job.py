@@ -326,8 +326,10 @@ class JobController:
         cmds: list[JobCommand] = []
         if a.started and not a.lost and not self.done:
             a.lost = True
-            cmds.extend(Send(c, m.Stop()) for s, c in sorted(a.conns.items()) if s != slot)
-            self._wait_for_attempt(now, f"attempt {a.number} lost slot {slot}")
+            why = f"attempt {a.number} lost slot {slot}"
+            cmds.extend(Send(c, m.Stop(abandoned=why)) for s, c in sorted(a.conns.items())
+                        if s != slot)
+            self._wait_for_attempt(now, why)
         return cmds
 
     def on_stage_ended(self, now: float) -> list[JobCommand]:
@@ -479,7 +481,7 @@ class JobController:
         a = self.attempt
         if not a.lost:
             a.lost = True
-            cmds.extend(Send(c, m.Stop()) for _, c in sorted(a.conns.items()))
+            cmds.extend(Send(c, m.Stop(abandoned=why)) for _, c in sorted(a.conns.items()))
         reason = f"{why}: resubmitting it ({self.resubmits} of {self.max_resubmits})"
         log.warning("%s", reason)
         self.waiting_since = now
