@@ -111,7 +111,8 @@ def main() -> None:
         elif case == "daemon":
             fault = KillDaemon(delay=1.0, kill=1)
         elif case == "worker_gone":  # capacity below the parallelism for good
-            fault, restart_timeout = Kill(1.0, worker(1)), 5.0
+            # (the deadline holds for the first attempt too: not too short on a busy machine)
+            fault, restart_timeout = Kill(1.0, worker(1)), 20.0
         elif case == "worker_back":  # ... and back in time
             fault = Kill(1.0, worker(1), then=lambda: cluster.start_worker(9))
         else:
