@@ -28,6 +28,7 @@ from ..protocol.job import (
     Done,
     JobController,
     JobShape,
+    Resubmit,
     SavepointFailed,
     SavepointReady,
     Send,
@@ -69,7 +70,8 @@ class _SavepointWanted:
 
 class JobDriver:
     def __init__(self, plan: PhysicalPlan, config: CheckpointConfig, job: str,
-                 restore_from: str | None = None, host: str = "127.0.0.1") -> None:
+                 restore_from: str | None = None, host: str = "127.0.0.1",
+                 restart_timeout: float | None = None) -> None:
         self.plan, self.config, self.job = plan, config, job
         self.storage = CheckpointStorage(config.storage, job, config.storage_options)
         self.secret = secrets.token_bytes(32)
@@ -91,7 +93,10 @@ class JobDriver:
             tolerable_failures=config.tolerable_failures)
         self.controller = JobController(shape, policy, job=job, restore=restore_from,
                                          first_id=max(first_id, self.storage.next_id()),
-                                         metadata=self._metadata)
+                                         metadata=self._metadata,
+                                         restart_timeout=restart_timeout)
+        # the engine's resubmit (cancel the stage, submit it again): the watchdog's remedy
+        self.on_resubmit: Any = None
         self._restore_checked = restore_from is not None
         self._restore_from = restore_from
         self.events: queue.Queue = queue.Queue()
@@ -157,6 +162,7 @@ class JobDriver:
         self.admin = AdminServer(self, self.address[0])  # cutline savepoint from outside
         self.admin.start()
         self._control.start()
+        self._perform(self.controller.on_submitted(time.monotonic()))
         self._thread = threading.Thread(target=self._main_loop, name="cutline-driver",
                                         daemon=True)
         self._thread.start()
@@ -212,6 +218,9 @@ class JobDriver:
             elif t is Done:
                 self.error = cmd.error
                 self.done.set()
+            elif t is Resubmit:
+                if self.on_resubmit is not None:
+                    self.on_resubmit()
 
     def _commit(self, cmd: CommitCheckpoint) -> list:
         n = cmd.checkpoint_id

@@ -22,6 +22,7 @@ class ThreadsEngine:
     driver_host = "127.0.0.1"
     task_host = "127.0.0.1"
     local = True
+    restarts = False  # a failed slot fails the run: no stage to resubmit
 
     def __init__(self, slots: int) -> None:
         self.slots = slots

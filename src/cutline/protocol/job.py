@@ -37,7 +37,7 @@ log = logging.getLogger("cutline.driver")
 __all__ = [
     "Attempt", "AttemptStarted", "AttemptTracker", "CheckpointRecord", "CommitCheckpoint",
     "Conn", "Done", "FailedCheckpoint", "JobCommand", "JobController", "JobShape",
-    "SavepointFailed", "SavepointReady", "Send",
+    "Resubmit", "SavepointFailed", "SavepointReady", "Send",
 ]
 
 Conn: TypeAlias = Hashable
@@ -82,7 +82,15 @@ class Done:
     error: str | None = None
 
 
-JobCommand: TypeAlias = Send | CommitCheckpoint | SavepointReady | SavepointFailed | Done
+@dataclass(frozen=True, slots=True)
+class Resubmit:
+    """Cancel the stage (Spark's job group: whatever tasks of it still run) and submit it
+    again: no attempt started within the restart deadline, Spark will not restart it."""
+    reason: str
+
+
+JobCommand: TypeAlias = (Send | CommitCheckpoint | SavepointReady | SavepointFailed | Done
+                         | Resubmit)
 
 
 # ---------------------------------------------------------------- attempts
@@ -97,6 +105,9 @@ class Attempt:
     slot_tasks: dict[int, set[str]] = field(default_factory=dict)
     cpu: dict[int, float] = field(default_factory=dict)
     started: bool = False
+    # over: a task of it was lost (or the driver gave up waiting for it); its tasks were
+    # told to stop and what its connections still say is stale
+    lost: bool = False
 
     def slot_of(self, conn: Conn) -> int | None:
         return next((s for s, c in self.conns.items() if c == conn), None)
@@ -106,10 +117,10 @@ class AttemptTracker:
     """Which connections form the current attempt.
 
     Spark restarts a failed barrier stage as a whole: its tasks register again.  A
-    registration after the attempt started, or a second one for a slot, opens the next
-    attempt; the connections of the old one are returned so the driver can stop them.  An
-    attempt starts when all ``slots`` registered.  Messages from connections that are not
-    the current attempt's are stale (:meth:`current`)."""
+    registration after the attempt started (or was lost), or a second one for a slot, opens
+    the next attempt; the connections of the old one are returned so the driver can stop
+    them.  An attempt starts when all ``slots`` registered.  Messages from connections that
+    are not the current attempt's, or from a lost attempt, are stale (:meth:`current`)."""
 
     def __init__(self, slots: int, first: int = 0) -> None:
         self.slots = slots
@@ -123,7 +134,7 @@ class AttemptTracker:
         """Returns (connections of an attempt this registration replaced, all registered)."""
         stale: list[Conn] = []
         a = self.attempt
-        if a.started or msg.slot in a.conns:
+        if a.started or a.lost or msg.slot in a.conns:
             stale = list(a.conns.values())
             a = self.attempt = Attempt(a.number + 1)
         a.conns[msg.slot] = conn
@@ -133,7 +144,7 @@ class AttemptTracker:
         return stale, len(a.conns) == self.slots
 
     def current(self, conn: Conn) -> bool:
-        return conn in self.attempt.conns.values()
+        return not self.attempt.lost and conn in self.attempt.conns.values()
 
 
 # ---------------------------------------------------------------- the dataflow job
@@ -211,12 +222,26 @@ class JobController:
     this run completed, else from ``restore``.  ``first_id``: the first checkpoint id
     (above every id in storage).  ``metadata``: called with ``(checkpoint id, attempt,
     stats by task)`` to build a checkpoint's ``_metadata`` body (the plan summary lives in
-    the driver)."""
+    the driver).
+
+    ``restart_timeout``: the recovery watchdog.  Once the stage is submitted, and again
+    whenever an attempt loses a task, a new attempt must start within this many seconds;
+    else the controller asks the driver to :class:`Resubmit` the stage (Spark may never
+    restart it: a task it cannot kill holds its slot, capacity is gone), at most
+    ``resubmits`` times in a row (reset by a completed checkpoint), then fails the job with
+    the reason.  None: wait for Spark as long as it takes (an engine that cannot resubmit).
+    """
 
     def __init__(self, shape: JobShape, policy: CheckpointPolicy, *, job: str,
                  restore: str | None, first_id: int,
-                 metadata: Any = None) -> None:
+                 metadata: Any = None, restart_timeout: float | None = None,
+                 resubmits: int = 2) -> None:
         self.shape, self.policy, self.job = shape, policy, job
+        self.restart_timeout, self.max_resubmits = restart_timeout, resubmits
+        self.resubmits = 0  # in a row, since the last completed checkpoint
+        self.resubmitted = 0  # in all
+        self.waiting_since: float | None = None  # no attempt running since then
+        self.waiting_for = ""  # why: "the stage was submitted", "attempt 0 lost slot 1"
         self.restore = restore
         self.next_id = first_id
         self.metadata = metadata or (lambda n, attempt, stats: {"checkpoint": n})
@@ -322,8 +347,17 @@ class JobController:
             log.error("job %s: unexpected %r from a task dropped", self.job, msg)
         return cmds
 
+    def on_submitted(self, now: float) -> list[JobCommand]:
+        """The driver submitted the stage: its first attempt must start in time."""
+        self._wait_for_attempt(now, "the stage was submitted")
+        return []
+
     def on_closed(self, conn: Conn, now: float) -> list[JobCommand]:
-        """A task connection closed."""
+        """A task connection closed.  During a running attempt its task is lost: the
+        attempt is over.  Its other tasks are told to stop now rather than left to Spark:
+        Spark kills them through the PySpark daemon, and with the daemon gone (``kill -9``,
+        the OOM killer) they would run on, holding the task slots the stage's next attempt
+        needs, while they wait for a driver that waits for Spark."""
         a = self.attempt
         slot = a.slot_of(conn)
         if slot is None:
@@ -331,15 +365,27 @@ class JobController:
         done_tasks = a.slot_tasks.get(slot)
         if done_tasks and done_tasks <= self.finished:
             return []  # a slot whose tasks all finished closes its connection
-        if a.started and not self.done:
-            log.warning("attempt %d lost a task; waiting for Spark to restart the stage",
-                        a.number)
-        return []
+        cmds: list[JobCommand] = []
+        if a.started and not a.lost and not self.done:
+            a.lost = True
+            why = f"attempt {a.number} lost slot {slot}"
+            cmds.extend(Send(c, m.Stop(abandoned=why)) for s, c in sorted(a.conns.items())
+                        if s != slot)
+            self._wait_for_attempt(now, why)
+        return cmds
 
     def on_stage_ended(self, now: float) -> list[JobCommand]:
-        """Spark's stage call returned: every task is gone, finished or not."""
+        """Spark's stage call returned: every task is gone, finished or not.  (The end of a
+        stage the driver cancelled to resubmit it is not reported.)"""
         cmds: list[JobCommand] = []
-        if not self.done:
+        if self.done:
+            return cmds
+        if (self.attempt.lost and self.restart_timeout is not None
+                and self.resubmits < self.max_resubmits):
+            # its tasks ended without a failure Spark would retry (told to stop, say,
+            # when a control connection broke but no process died): run it again
+            self._resubmit(now, f"the Spark stage ended after {self.waiting_for}", cmds)
+        else:
             self._finish("the Spark stage ended before every task finished "
                          f"(finished: {sorted(self.finished)})", cmds)
         return cmds
@@ -368,9 +414,11 @@ class JobController:
 
     def tick(self, now: float) -> list[JobCommand]:
         cmds: list[JobCommand] = []
-        if self.coordinator is not None and self.attempt.started and not self.done:
+        a = self.attempt
+        if self.coordinator is not None and a.started and not a.lost and not self.done:
             self._run(self.coordinator.tick(now), now, cmds)
             self._maybe_probe(now, cmds)
+        self._watch(now, cmds)
         return cmds
 
     def committed(self, checkpoint_id: int, path: str, now: float) -> list[JobCommand]:
@@ -384,6 +432,7 @@ class JobController:
         started = self.triggered.get(n, cmd.triggered_at)
         acked = self._acked.pop(n, {})
         tasks = {str(t): _task_stats(s, acked.get(str(t)), started) for t, s in stats.items()}
+        self.resubmits = 0  # the job makes progress
         self.checkpoints.append(CheckpointRecord(
             n, started, now,
             sum(int(s.get("bytes") or 0) for s in stats.values()),
@@ -443,12 +492,49 @@ class JobController:
         self.coordinator = CheckpointCoordinator(self.policy, set(self.shape.tasks),
                                                  first_id=self.next_id, started_at=now)
         a.started = True
+        self.waiting_since = None
         self.started_attempts = a.number + 1
         self.attempt_log.append(AttemptStarted(a.number, now, path,
                                                self.last_failure if a.number else None))
         for conn in a.conns.values():
             cmds.append(Send(conn, m.Start(a.number, dict(a.addresses), path)))
         log.info("attempt %d started%s", a.number, f" from {path}" if path else "")
+
+    def _wait_for_attempt(self, now: float, why: str) -> None:
+        self.waiting_since, self.waiting_for = now, why
+        limit = self.restart_timeout
+        if why != "the stage was submitted":
+            log.warning("%s; waiting %sfor Spark to restart the stage", why,
+                        f"up to {limit:g} s " if limit is not None else "")
+
+    def _watch(self, now: float, cmds: list[JobCommand]) -> None:
+        """The recovery watchdog: no attempt started within ``restart_timeout``."""
+        limit, since = self.restart_timeout, self.waiting_since
+        if limit is None or since is None or self.done or now - since < limit:
+            return
+        waited = (f"no attempt of the stage started within {limit:g} s after "
+                  f"{self.waiting_for}")
+        if self.resubmits >= self.max_resubmits:
+            tries = (f", nor after the driver resubmitted it {self.resubmits} time"
+                     f"{'s' if self.resubmits != 1 else ''}" if self.resubmits else "")
+            self._finish(f"{waited}{tries} (the stage needs {self.shape.slots} free task "
+                         "slots at once: is capacity missing, or a task Spark cannot end "
+                         "holding one?)", cmds)
+            return
+        self._resubmit(now, waited, cmds)
+
+    def _resubmit(self, now: float, why: str, cmds: list[JobCommand]) -> None:
+        self.resubmits += 1
+        self.resubmitted += 1
+        # whatever registered of the attempt it waited for is over: stop it
+        a = self.attempt
+        if not a.lost:
+            a.lost = True
+            cmds.extend(Send(c, m.Stop(abandoned=why)) for _, c in sorted(a.conns.items()))
+        reason = f"{why}: resubmitting it ({self.resubmits} of {self.max_resubmits})"
+        log.warning("%s", reason)
+        self.waiting_since = now
+        cmds.append(Resubmit(reason))
 
     def _note_cpu(self, conn: Conn, cpu: float) -> None:
         slot = self.attempt.slot_of(conn)

@@ -239,8 +239,12 @@ class CloseLoop:
 @dataclass(frozen=True, slots=True)
 class Stop:
     """End now (the run ended, was stopped with a savepoint, or this attempt is stale).
-    ``lost``: not sent by the driver; a task's own note that its driver is gone."""
+    ``lost``: not sent by the driver; a task's own note that its driver is gone.
+    ``abandoned``: why the driver gave up this attempt (a task of it was lost): the Spark
+    task ends with that error, never a success Spark would keep (it would then rerun only
+    the other partitions, and the next attempt would miss this slot)."""
     lost: bool = False
+    abandoned: str = ""
     TAG: ClassVar[str]
 
 

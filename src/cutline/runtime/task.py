@@ -86,6 +86,11 @@ class _Stop(Exception):
     pass
 
 
+class AttemptAbandoned(RuntimeError):
+    """The driver gave up this attempt (another task of it was lost): the Spark task fails
+    with it, so Spark reruns the whole barrier stage."""
+
+
 class _Abandon:
     """Put on a subtask's control queue by its slot when a sibling subtask failed: end now,
     quietly (the sibling's failure is the news)."""
@@ -488,6 +493,7 @@ class Slot:
         self.ending = threading.Event()  # a subtask failed or the job stops: end quietly
         self.failing = False  # a subtask failed
         self.fatal = False  # a subtask failed in a way a retry repeats
+        self.abandoned = ""  # the driver gave up this attempt: why
         self._lost = threading.Event()  # the control connection closed
         self.subtasks: list[Subtask] = []
         try:
@@ -574,6 +580,8 @@ class Slot:
             # a subtask failed: the others were told to end; a stuck one is left behind
             t.join(5.0 if self.failing else None)
         failed = [s.error for s in self.subtasks if s.error is not None]
+        if self.abandoned and not self.fatal:
+            raise AttemptAbandoned(f"slot {self.slot}: {self.abandoned}")
         if self.fatal:
             # The driver fails the job with the cause: no Spark retry, no second report.
             self._wait_for_driver()
@@ -603,7 +611,10 @@ class Slot:
                     continue
                 target = getattr(msg, "task", None)
                 if type(msg) is m.Stop:
-                    self.stopping = True
+                    if msg.abandoned:
+                        self.abandoned = msg.abandoned
+                    else:
+                        self.stopping = True
                     self.ending.set()
                 for s in self.subtasks:
                     if target is None or target == s.task_id:

@@ -1,4 +1,5 @@
-"""Fault injection for demos and tests: ``kill -9`` of a Spark Python worker mid-run."""
+"""Fault injection for demos and tests: ``kill -9`` of a Spark Python worker mid-run, or of
+the PySpark daemon that forks them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..driver.dataflow import JobDriver
 
@@ -41,3 +43,59 @@ class Kill:
         except ProcessLookupError:
             return
         self.killed.append((slot, pid, time.time()))
+
+
+def pyspark_daemon(worker_pid: int) -> int | None:
+    """The PySpark daemon that forked the Python worker ``worker_pid`` (its parent running
+    ``pyspark.daemon``), or None (no daemon: gone, or workers not forked by one)."""
+    try:
+        stat = Path(f"/proc/{worker_pid}/stat").read_text()
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        cmdline = Path(f"/proc/{parent}/cmdline").read_bytes().replace(b"\0", b" ")
+    except (OSError, ValueError, IndexError):
+        return None
+    return parent if b"pyspark.daemon" in cmdline else None
+
+
+@dataclass
+class KillDaemon:
+    """``delay`` seconds into the first attempt, ``kill -9`` of the PySpark daemon (the
+    parent of Spark's Python workers: the OOM killer picks it as readily as a worker);
+    ``then`` seconds later, optionally freeze slot ``freeze`` (SIGSTOP: a task Spark cannot
+    end) and ``kill -9`` the worker of slot ``kill``.  ``fired``: what it did, in order, as
+    ``(what, pid)``; ``frozen``: pids to SIGKILL when the test is over."""
+
+    delay: float
+    kill: int | None = None
+    freeze: int | None = None
+    then: float = 0.5
+    fired: list[tuple[str, int]] = field(default_factory=list)
+
+    def __call__(self, driver: JobDriver) -> None:
+        threading.Thread(target=self._run, args=(driver,), daemon=True).start()
+
+    @property
+    def frozen(self) -> list[int]:
+        return [pid for what, pid in self.fired if what == "froze"]
+
+    def _run(self, driver: JobDriver) -> None:
+        while not driver.attempt.started and not driver.done.is_set():
+            time.sleep(0.02)
+        time.sleep(self.delay)
+        pids = driver.task_pids
+        # the daemon of a slot that survives the kill: Spark must end that slot's task
+        daemon = next((d for slot, pid in sorted(pids.items()) if slot != self.kill
+                       for d in [pyspark_daemon(pid)] if d), None)
+        if driver.done.is_set() or daemon is None:
+            return
+        os.kill(daemon, signal.SIGKILL)
+        self.fired.append(("daemon", daemon))
+        time.sleep(self.then)
+        for what, slot, sig in (("froze", self.freeze, signal.SIGSTOP),
+                                ("killed", self.kill, signal.SIGKILL)):
+            if slot is not None and slot in pids and not driver.done.is_set():
+                try:
+                    os.kill(pids[slot], sig)
+                except ProcessLookupError:
+                    continue
+                self.fired.append((what, pids[slot]))

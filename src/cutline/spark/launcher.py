@@ -8,6 +8,7 @@ is :mod:`cutline.driver`.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import threading
@@ -31,6 +32,9 @@ __all__ = ["run_pipeline", "run_threads", "JobResult", "JobCancelled", "JobFaile
 USER_ERRORS = (JobFailed, IncompatibleCheckpointError, KeyboardInterrupt)
 """Errors whose message says it all: ``Pipeline.run`` raises them with a traceback that
 ends at the user's call (the task's traceback is in the log file the message names)."""
+
+RESTART_TIMEOUT = 180.0
+"""Seconds a job waits for a new attempt of its stage before resubmitting it."""
 
 _SESSION = None
 SPARK_LOG: Path | None = None
@@ -104,7 +108,8 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
                  timeout: float | None = None, on_start: Any = None,
                  engine: str = "spark", progress: Any = None,
                  faults: tuple[tuple[str, int, int], ...] = (),
-                 allow_non_restored_state: bool = False, dashboard: Any = None) -> JobResult:
+                 allow_non_restored_state: bool = False, dashboard: Any = None,
+                 restart_timeout: float = RESTART_TIMEOUT) -> JobResult:
     """Run ``pipeline`` to the end (bounded sources) and return what happened.
 
     ``restore_from`` starts from a checkpoint or savepoint path; otherwise the job resumes
@@ -124,7 +129,17 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
     (its URL, with the job's token, is printed at start).  By default (None) on where the
     progress line shows, or as ``$CUTLINE_DASHBOARD`` says (1, 0 or a port); True / False
     force it; a number is the port (default: any free one).
+
+    ``restart_timeout``: after a task is lost (and once the stage is submitted) a new
+    attempt must start within this many seconds; else the driver cancels the stage and
+    submits it again, twice at most, then fails the job saying why.  Spark may never
+    restart a stage: a task it cannot end holds a slot (its PySpark daemon was killed),
+    or the cluster lost the capacity the barrier stage needs.
     """
+    if not (isinstance(restart_timeout, (int, float)) and not isinstance(restart_timeout, bool)
+            and math.isfinite(restart_timeout) and restart_timeout > 0):
+        raise ValueError("restart_timeout must be a positive, finite number of seconds, got "
+                         f"{restart_timeout!r}")
     if engine == "threads":
         return run_threads(pipeline, restore_from=restore_from, timeout=timeout,
                            allow_non_restored_state=allow_non_restored_state,
@@ -140,7 +155,8 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
     ship_user_code(n for node in pipeline.nodes for n in (node.fn, node.key_fn, node.on_timer))
     return run_job(pipeline, plan, stage, restore_from=restore_from, timeout=timeout,
                    on_start=on_start, progress=progress, faults=faults,
-                   allow_non_restored_state=allow_non_restored_state, dashboard=dashboard)
+                   allow_non_restored_state=allow_non_restored_state, dashboard=dashboard,
+                   restart_timeout=restart_timeout)
 
 
 class RunningJob:

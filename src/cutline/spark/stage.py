@@ -115,25 +115,45 @@ class SparkStage:
         self.driver_host = "127.0.0.1" if self.local else spark.conf.get("spark.driver.host")
         # where tasks listen: loopback, or "" (each finds its address towards the driver)
         self.task_host = "127.0.0.1" if self.local else ""
-        self.group = f"{group}-{os.getpid()}"  # Spark job group: cancel() ends its tasks
+        self._group = f"{group}-{os.getpid()}"
+        self.group = self._group  # Spark job group: cancel() ends its tasks
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._submission = 0
+        self._submit_args: tuple | None = None
+
+    restarts = True  # resubmit() can run the stage again (the recovery watchdog's remedy)
 
     def submit(self, task_main: Callable[[Any, int], Any], spec: Any, description: str,
                on_end: Callable[[], None]) -> None:
+        self._submit_args = (task_main, spec, description, on_end)
+        n = self._submission
+        # each submission its own job group: cancelling a stuck one leaves the next alone
+        group = self.group = self._group if n == 0 else f"{self._group}-{n}"
+
         def stage() -> None:
             try:
-                self.sc.setJobGroup(self.group, description)
+                self.sc.setJobGroup(group, description)
                 (self.sc.parallelize(range(self.slots), self.slots).barrier()
                  .mapPartitions(_partition_main(task_main, spec))
                  .map(lambda r: (0, r)).partitionBy(1).collect())
             except BaseException as exc:  # noqa: BLE001 - the driver decides what happened
-                self.error = exc
+                if n == self._submission:
+                    self.error = exc
             finally:
-                on_end()
+                if n == self._submission:  # a stage cancelled to resubmit it is no news
+                    on_end()
 
         self._thread = threading.Thread(target=stage, name="cutline-stage", daemon=True)
         self._thread.start()
+
+    def resubmit(self) -> None:
+        """Cancel the stage (its job group) and submit it again, as :meth:`submit` did."""
+        assert self._submit_args is not None, "resubmit() before submit()"
+        old = self.group
+        self._submission += 1
+        self.sc.cancelJobGroup(old)
+        self.submit(*self._submit_args)
 
     def failure(self) -> str | None:
         """Spark's reason for giving up on the stage, in one line (no Java frames)."""

@@ -1,0 +1,142 @@
+"""A user's script on the test cluster: ``python cluster_script.py URL ROOT TMP CASE...``.
+
+Runs each case's job with ``p.run(spark=session)`` against the standalone master at URL, in
+this one driver process (one SparkContext per process), and prints one line per case:
+``RESULT <case> <json>`` with what was injected, the attempts, whether the output was
+exact, or the error the user saw.  ROOT is the cluster's directory (a worker started here,
+capacity coming back, has its pid recorded there for the fixture to stop).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from cluster_jobs import per_user, per_user_expected
+from cluster_util import Cluster, cmdline, executor_of, parent
+from pipelines import write_events
+
+
+def session(url: str):
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master(url).appName("cutline-cluster-test")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.executor.cores", "1").config("spark.cores.max", "2")
+             .config("spark.executor.memory", "512m")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.pyspark.python", sys.executable)
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def executors(spark) -> int:
+    return spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
+
+
+def wait_for_executors(spark, n: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while executors(spark) < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{executors(spark)} of {n} executors after {timeout}s")
+        time.sleep(0.2)
+
+
+class Kill:
+    """``delay`` s into the first attempt, ``kill -9`` what ``target(driver)`` names:
+    ``[(what, pid)]``; ``then(driver)`` runs after it (capacity coming back)."""
+
+    def __init__(self, delay: float, target, then=None) -> None:
+        self.delay, self.target, self.then = delay, target, then
+        self.fired: list[tuple[str, int]] = []
+
+    def __call__(self, driver) -> None:
+        def run() -> None:
+            while not driver.attempt.started and not driver.done.is_set():
+                time.sleep(0.02)
+            time.sleep(self.delay)
+            if driver.done.is_set():
+                return
+            for what, pid in self.target(driver):
+                os.kill(pid, signal.SIGKILL)
+                self.fired.append((what, pid))
+            if self.then is not None:
+                self.then()
+
+        threading.Thread(target=run, daemon=True).start()
+
+
+def executor(slot: int):
+    def target(driver):
+        pid = executor_of(driver.task_pids[slot])
+        return [("executor", pid)] if pid else []
+    return target
+
+
+def worker(slot: int):
+    """The Worker daemon hosting ``slot``'s executor, and the executor: capacity gone."""
+    def target(driver):
+        ex = executor_of(driver.task_pids[slot])
+        w = parent(ex) if ex else None
+        if not w or "deploy.worker.Worker" not in cmdline(w):
+            return []
+        return [("worker", w), ("executor", ex)]
+    return target
+
+
+def main() -> None:
+    url, root, tmp = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    cluster = Cluster(root, int(url.rsplit(":", 1)[1]))
+    spark = session(url)
+    wait_for_executors(spark, 2)
+    from cutline.spark.faults import KillDaemon
+
+    cases = sys.argv[4:]
+    for i, case in enumerate(cases):
+        work = tmp / case
+        events = write_events(work / "in", files=2, per_file=1500)
+        p, sink = per_user(work, "aligned", parallelism=2, name=case)
+        restart_timeout = 90.0
+        if case == "executor":
+            fault = Kill(1.0, executor(1))
+        elif case == "daemon":
+            fault = KillDaemon(delay=1.0, kill=1)
+        elif case == "worker_gone":  # capacity below the parallelism for good
+            # (the deadline holds for the first attempt too: not too short on a busy machine)
+            fault, restart_timeout = Kill(1.0, worker(1)), 20.0
+        elif case == "worker_back":  # ... and back in time
+            fault = Kill(1.0, worker(1), then=lambda: cluster.start_worker(9))
+        else:
+            raise SystemExit(f"unknown case {case}")
+        out: dict = {}
+        drivers: list = []
+        t0 = time.monotonic()
+        try:
+            result = p.run(spark=spark, timeout=240, restart_timeout=restart_timeout,
+                           on_start=lambda d, ds=drivers, f=fault: (ds.append(d), f(d)),
+                           progress=False)
+            got = collections.Counter(sink.results())
+            out.update(attempts=result.attempts, exact=got == per_user_expected(events),
+                       rows=sum(got.values()),
+                       resubmitted=drivers[0].controller.resubmitted)
+        except Exception as exc:  # noqa: BLE001 - what the user sees is the result
+            out.update(error=f"{type(exc).__name__}: {exc}")
+        out.update(fired=[w for w, _ in fault.fired], seconds=round(time.monotonic() - t0, 1))
+        print("RESULT", case, json.dumps(out), flush=True)
+        if case == "worker_gone" and i + 1 < len(cases):  # capacity back for the next
+            cluster.start_worker(8)
+            wait_for_executors(spark, 2)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Faults on a real Spark standalone cluster: a master and two one-core workers on 127.0.0.1,
+started from the installed ``pyspark`` once per test session and stopped by pid.
+
+A process holds one SparkContext (the suite's embedded one), so each job runs as a user's
+script in a subprocess (tests/cluster_script.py) with ``p.run(spark=session)`` against the
+cluster; one script runs several cases in turn (one driver start).  Every case asserts that
+its fault fired and compares the exact output with the failure-free output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster_util import Cluster, cluster_env, free_port
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("cluster"), free_port())
+    try:
+        c.start_master()
+        c.start_worker(0)
+        c.start_worker(1)
+        c.wait_for_workers(2)
+        yield c
+    finally:
+        c.stop()
+
+
+def run_cases(cluster: Cluster, tmp: Path, *cases: str) -> dict[str, dict]:
+    env = dict(cluster_env(), PYTHONPATH=str(HERE), CUTLINE_LOG_DIR=str(tmp / "logs"))
+    env.pop("PYTEST_CURRENT_TEST", None)
+    proc = subprocess.run([sys.executable, str(HERE / "cluster_script.py"), cluster.url,
+                           str(cluster.root), str(tmp), *cases], capture_output=True,
+                          text=True, env=env, timeout=900, cwd=tmp)
+    (tmp / "script.log").write_text(proc.stdout + proc.stderr)  # for a failure's story
+    results = {ln.split()[1]: json.loads(ln.split(" ", 2)[2])
+               for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")}
+    assert proc.returncode == 0 and set(results) == set(cases), \
+        (proc.returncode, proc.stdout[-3000:], proc.stderr[-5000:])
+    return results
+
+
+@pytest.mark.slow
+def test_executor_daemon_and_worker_faults_on_a_cluster(cluster, tmp_path):
+    # the worker lost for good last: the cluster is left with one worker
+    r = run_cases(cluster, tmp_path, "executor", "daemon", "worker_back", "worker_gone")
+    print(json.dumps(r, indent=1))  # -s shows what happened in each case
+    # kill -9 of one executor JVM: the worker starts another, Spark restarts the stage
+    assert r["executor"]["resubmitted"] == 0  # Spark restarted the stage itself
+    assert r["executor"]["fired"] == ["executor"] and r["executor"]["exact"], r["executor"]
+    assert r["executor"]["attempts"] >= 2
+    # kill -9 of the PySpark daemon of a surviving executor, then a Python worker
+    assert r["daemon"]["resubmitted"] == 0  # Spark restarted the stage itself
+    assert r["daemon"]["fired"] == ["daemon", "killed"] and r["daemon"]["exact"], r["daemon"]
+    # a worker gone for good: one slot left for a stage of two; the job waits, the driver
+    # resubmits the stage twice, then fails saying why
+    gone = r["worker_gone"]
+    assert gone["fired"] == ["worker", "executor"], gone
+    assert gone["error"] == (
+        "JobFailed: job 'worker_gone' failed: no attempt of the stage started within 20 s "
+        "after attempt 0 lost slot 1, nor after the driver resubmitted it 2 times (the "
+        "stage needs 2 free task slots at once: is capacity missing, or a task Spark "
+        "cannot end holding one?)")
+    # ... and when a worker comes back in time, the job resumes exactly
+    back = r["worker_back"]
+    assert back["fired"] == ["worker", "executor"] and back["exact"], back
+    assert back["attempts"] >= 2 and back["resubmitted"] == 0
+    # the workers the script started (capacity coming back) are the fixture's to stop
+    assert len(cluster.pid_file.read_text().split()) == 4
