@@ -453,7 +453,7 @@ class Nexmark:
         n = len(cols["kind"])
         arrays = [pa.array(cols["kind"], pa.int32())]
         sch = schema()
-        for k, name in enumerate(KINDS):
+        for name in KINDS:
             c = cols[name]
             rows = c["rows"]
             # where each event's row of this kind is: a null (index len(rows)) elsewhere
