@@ -64,3 +64,7 @@ def test_cutline_and_spark_structured_streaming_agree(nexmark, query, tmp_path):
         assert got["rows"] == EVENTS * 46 // 50
     if query == "q18":  # an update per newer bid: more rows than keys
         assert len(mine) > got["keys"]
+    if query in Q.COLUMNAR:  # the batch-stream form too
+        batches = R.run_cutline(query, str(tmp / "in"), str(tmp_path / "columnar"),
+                                cfg.max_delay, engine="threads", columnar=True)
+        assert R.compare(query, batches, spark_rows[query])["equal"]

@@ -325,6 +325,54 @@ def build(query: str, events: Any, max_delay: float) -> Any:
     raise ValueError(f"unknown Nexmark query {query!r}; one of {', '.join(QUERIES)}")
 
 
+# Columnar (q0-q2): the same queries on a batch stream of Arrow record batches
+# (``FileSource(path, "parquet").batches()``), vectorised with pyarrow.compute.
+COLUMNAR = ("q0", "q1", "q2")
+
+
+def bid_columns(batch: Any) -> Any:
+    """A batch of events (all bids) as the flat bid columns."""
+    import pyarrow as pa
+
+    bid = batch.column("bid")
+    return pa.RecordBatch.from_arrays(bid.flatten(), names=[f.name for f in bid.type])
+
+
+def euro_columns(batch: Any) -> Any:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    bid = bid_columns(batch)
+    price = pc.divide(pc.multiply(bid.column("price"), EURO), 1000)  # whole cents, >= 0
+    return pa.RecordBatch.from_arrays(
+        [price if f == "price" else bid.column(f) for f in bid.schema.names],
+        names=bid.schema.names)
+
+
+def q2_multiple(batch: Any) -> Any:
+    import pyarrow.compute as pc
+
+    a = batch.column("auction")  # no modulo in pyarrow.compute: a - (a / k) * k
+    return pc.equal(pc.subtract(a, pc.multiply(pc.divide(a, SKIP), SKIP)), 0)
+
+
+def build_columnar(query: str, events: Any) -> Any:
+    """Query ``query`` (q0, q1, q2) on a batch stream of events: a batch stream of rows."""
+    import pyarrow.compute as pc
+
+    bids = events.where(pc.field("event_type") == BID, uid="bids")
+    if query == "q0":
+        return bids.map_batches(bid_columns, uid="q0")
+    if query == "q1":
+        return bids.map_batches(euro_columns, uid="q1")
+    if query == "q2":
+        return (bids.map_batches(bid_columns, uid="bid-columns")
+                .filter_batches(q2_multiple, uid="q2-filter").select("auction", "price",
+                                                                     uid="q2"))
+    raise ValueError(f"query {query!r} has no columnar form; those that do: "
+                     f"{', '.join(COLUMNAR)}")
+
+
 # --------------------------------------------------------------------------- Spark
 
 

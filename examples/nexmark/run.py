@@ -37,28 +37,40 @@ def _queries() -> Any:
 Q = _queries()
 
 
-def cutline_pipeline(query: str, source: Any, sink: Any, storage: str, max_delay: float,
-                     parallelism: int = 2, interval: float = 1.0) -> Any:
+def cutline_pipeline(query: str, input_dir: str, sink: Any, storage: str, max_delay: float,
+                     parallelism: int = 2, interval: float = 1.0,
+                     columnar: bool = False) -> Any:
+    """Query ``query`` over the Parquet event files in ``input_dir`` (``columnar``: the
+    batch-stream form, q0-q2) into ``sink``."""
     from cutline import CheckpointConfig, Pipeline
+    from cutline.connectors import FileSource
 
-    p = Pipeline(f"nexmark-{query}", parallelism=parallelism,
+    p = Pipeline(f"nexmark-{query}{'-columnar' if columnar else ''}", parallelism=parallelism,
                  checkpoint=CheckpointConfig(interval=interval, storage=storage))
-    Q.build(query, p.source(source, uid="events"), max_delay).sink(sink, uid="out")
+    files = FileSource(input_dir, format="parquet")
+    if columnar:
+        out = Q.build_columnar(query, p.source(files.batches(), uid="events"))
+    else:
+        out = Q.build(query, p.source(files, uid="events"), max_delay)
+    out.sink(sink, uid="out")
     return p
 
 
 def run_cutline(query: str, input_dir: str, work: str, max_delay: float, *, spark: Any = None,
-                engine: str | None = None, parallelism: int = 2) -> list[tuple]:
+                engine: str | None = None, parallelism: int = 2,
+                columnar: bool = False) -> list[tuple]:
     """Query ``query`` on cutline over the Parquet files in ``input_dir``: its rows."""
-    from cutline.connectors import CollectSink, FileSource
+    from cutline.connectors import CollectSink
 
     sink = CollectSink(os.path.join(work, "out"))
-    p = cutline_pipeline(query, FileSource(input_dir, format="parquet"), sink,
-                         f"file://{work}/ck", max_delay, parallelism)
+    p = cutline_pipeline(query, input_dir, sink, f"file://{work}/ck", max_delay, parallelism,
+                         columnar=columnar)
     kw = {"engine": engine} if engine else {"spark": spark}
     if not engine:
         Q.ship_by_value()
     p.run(timeout=300, **kw)
+    if columnar:
+        return [tuple(r.values()) for b in sink.results() for r in b.to_pylist()]
     return [tuple(r) for r in sink.results()]
 
 
