@@ -16,8 +16,9 @@ systems' results are equal) runs:
   whole backlog in one micro-batch: Spark's best case), into the ``noop`` sink.  Processing
   time: the first micro-batch's trigger -> the end of the last micro-batch.
 
-Records/s = events in the backlog / processing time.  Rounds rotate the order of the cases;
-one unmeasured warm-up run of each system goes first; medians are reported, with the noise (half the spread of the per-round ratios).  The ratio
+Records/s = events in the backlog / processing time.  One unmeasured warm-up run of each
+system goes first; rounds rotate the order of the cases; medians are reported, with the
+noise (half the spread of the per-round ratios).  The ratio
 is cutline / Spark (cutline's better form for q0-q2).  Results: ``bench/results/
 nexmark.json``.
 """
