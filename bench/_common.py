@@ -350,6 +350,30 @@ def spark_session(slots: int, shuffle_partitions: int | None = None) -> Any:
     return spark
 
 
+def _epoch(timestamp: str) -> float:
+    return datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+        tzinfo=timezone.utc).timestamp()
+
+
+def spark_batches(progress: list[dict], with_empty: bool = False) -> list[dict]:
+    """A streaming query's micro-batches with input (``with_empty``: all of them) from its
+    ``recentProgress``: batch id, start (epoch s), input rows, ``durationMs``."""
+    return [{"batch": p["batchId"], "start": _epoch(p["timestamp"]),
+             "rows": p["numInputRows"], "ms": dict(p["durationMs"])}
+            for p in progress if with_empty or p["numInputRows"] > 0]
+
+
+def spark_processing(progress: list[dict]) -> float:
+    """Seconds from the first micro-batch with input's trigger to the end of the last
+    micro-batch (with or without input: a stateful query with a watermark emits what the
+    last input's watermark closed in a batch without input)."""
+    batches, every = spark_batches(progress), spark_batches(progress, with_empty=True)
+    if not batches:
+        raise RuntimeError("Spark reported no micro-batch with input")
+    return max(b["start"] + b["ms"].get("triggerExecution", 0) / 1000 for b in every
+               if b["batch"] >= batches[0]["batch"]) - batches[0]["start"]
+
+
 def stop_quietly(spark: Any) -> None:
     try:
         spark.stop()

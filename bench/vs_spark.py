@@ -135,14 +135,14 @@ import threading
 import time
 import traceback
 import urllib.parse
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from _common import (
     RESULTS, AttemptWatcher, Runner, Workdir, bench_parser, cutline_in_spark_task, fmt,
     git_state, median, ms, noise_of, non_negative_float, parse_bench_args, percentile,
-    positive_float, positive_int, pyplot, rotated, spark_session, stamp, stop_quietly, styled,
+    positive_float, positive_int, pyplot, rotated, spark_batches, spark_session, stamp,
+    stop_quietly, styled,
     table, verdict, write_results,
 )
 from _common import console as make_console
@@ -690,18 +690,6 @@ def cutline_throughput(ctx: dict, workload: str) -> dict:
             "output": check}
 
 
-def _epoch(timestamp: str) -> float:
-    return datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
-        tzinfo=timezone.utc).timestamp()
-
-
-def _batches(progress: list[dict], with_empty: bool = False) -> list[dict]:
-    """The micro-batches with input (``with_empty``: all of them)."""
-    return [{"batch": p["batchId"], "start": _epoch(p["timestamp"]),
-             "rows": p["numInputRows"], "ms": dict(p["durationMs"])}
-            for p in progress if with_empty or p["numInputRows"] > 0]
-
-
 def spark_throughput(ctx: dict, workload: str, engine: str, max_files: int | None = None
                      ) -> dict:
     spark = ctx["spark"]
@@ -720,8 +708,8 @@ def spark_throughput(ctx: dict, workload: str, engine: str, max_files: int | Non
             if q.isActive:
                 q.stop()
         t_end = time.monotonic()
-        batches = _batches(q.recentProgress)
-        every = _batches(q.recentProgress, with_empty=True)
+        batches = spark_batches(q.recentProgress)
+        every = spark_batches(q.recentProgress, with_empty=True)
         check = check_output(workload, _parquet_files(d / "out"), ctx["expected"])
     if not batches:
         raise RuntimeError("Spark reported no micro-batch with input")
@@ -952,7 +940,7 @@ def spark_latency(ctx: dict, workload: str, engine: str, config: str) -> dict:
         finally:
             watcher.stop()
             q.stop()
-        batches = _batches(q.recentProgress)
+        batches = spark_batches(q.recentProgress)
         lat: list[float] = []
         t0, warm = writer.t0, ctx["warmup"]
         closes = writer.window_closes() if windowed else {}
@@ -980,7 +968,7 @@ def spark_latency(ctx: dict, workload: str, engine: str, config: str) -> dict:
     if windowed:  # the windows the input closed (Spark keeps the others open)
         out_summary.update(_windows_measured(closes, writer, warm))
         out_summary["batches_without_input"] = len(
-            {b["batch"] for b in _batches(q.recentProgress, with_empty=True)}
+            {b["batch"] for b in spark_batches(q.recentProgress, with_empty=True)}
             - {b["batch"] for b in batches})
         want = {k: v for k, v in writer.window_counts.items() if k[1] + WINDOW in closes}
         out_summary["output"] = check_windows(

@@ -299,6 +299,18 @@ def _explore(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _nexmark(args: argparse.Namespace) -> int:
+    from .connectors.nexmark import NexmarkConfig, write_events
+
+    cfg = NexmarkConfig(seed=args.seed, events_per_second=args.events_per_second,
+                        out_of_order=args.out_of_order)
+    paths = write_events(args.out, args.events, format=args.format, files=args.files,
+                         config=cfg, sentinel=args.sentinel)
+    print(f"{args.events:,} Nexmark events (seed {args.seed}) in {len(paths)} "
+          f"{args.format} file(s) under {args.out}")
+    return 0
+
+
 # ---------------------------------------------------------------------------- main
 
 
@@ -366,6 +378,27 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("args", nargs=argparse.REMAINDER, metavar="...",
                      help="options of the run and of the program")
 
+    nx = sub.add_parser(
+        "nexmark", help="the Nexmark benchmark's events, for cutline and other systems",
+        description="generate: write Nexmark events (persons, auctions, bids) to JSON-lines "
+                    "or Parquet files, the same events NexmarkSource emits (deterministic "
+                    "from --seed), for Spark and other systems to read.")
+    nx.add_argument("action", choices=["generate"])
+    nx.add_argument("out", metavar="OUT", help="output directory")
+    nx.add_argument("--events", type=_positive("--events"), required=True)
+    nx.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
+    nx.add_argument("--files", type=_positive("--files"), default=1,
+                    help="split the events over this many files, in event order")
+    nx.add_argument("--seed", type=int, default=0)
+    nx.add_argument("--events-per-second", type=float, default=10_000.0,
+                    help="events per second of event time (default 10,000)")
+    nx.add_argument("--out-of-order", type=_positive("--out-of-order"), default=1,
+                    help="shuffle events within groups of this many (event times out of "
+                         "order by less than group size / events-per-second)")
+    nx.add_argument("--sentinel", action="store_true",
+                    help="add a file with one bid a year later (closes every window in "
+                         "Spark, whose watermark only moves with the input)")
+
     snaps = sub.add_parser(
         "snapshots", help="list or show the stored snapshots of process-graph runs",
         description="list PATH: the completed snapshots under a job directory "
@@ -400,6 +433,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             build = load_program(args.program)
             return run_main(build, args.args, prog=f"cutline run {args.program}")
+        if args.command == "nexmark":
+            return _nexmark(args)
         if args.command == "snapshots":
             from .graph.cli import snapshots_main
 

@@ -51,6 +51,11 @@ class GeneratorSource:
     def parallelism_hint(self) -> int | None:
         return None
 
+    def records(self, start: int, stride: int, n: int) -> list:
+        """Records ``fn(start)``, ``fn(start + stride)``, ... (``n`` of them); a subclass
+        may generate them in one go (``NexmarkSource``: vectorised)."""
+        return list(map(self.fn, range(start, start + n * stride, stride)))
+
     def create_reader(self) -> "GeneratorReader":
         return GeneratorReader(self)
 
@@ -136,7 +141,7 @@ class GeneratorReader:
         self._last_split = self._key(split)
         self._last_batch = (i, stride, n)
         if self._src.batch_fn is None:
-            out = list(map(self._src.fn, range(i, i + n * stride, stride)))
+            out = self._src.records(i, stride, n)
         else:
             from .arrow_files import batch_of
 
