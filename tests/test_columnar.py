@@ -127,6 +127,50 @@ def test_malformed_json_line_names_file_and_line(tmp_path):
         reader.read_batch(1000)
 
 
+_SMALL = pa.schema([("user", pa.string()), ("value", pa.int64())])
+
+
+def _small_files(d, files=12, per=40, bad=None):
+    """``files`` jsonl files of ``per`` rows (a few hundred bytes each); ``bad``: (file,
+    line) made malformed."""
+    d.mkdir()
+    rows = []
+    for k in range(files):
+        part = [{"user": f"u{i % 5}", "value": i} for i in range(k * per, (k + 1) * per)]
+        lines = [json.dumps(r) for r in part]
+        if bad is not None and bad[0] == k:
+            lines[bad[1] - 1] = '{"user": "u1", "value": '
+        (d / f"f{k:02d}.jsonl").write_text("\n".join(lines) + ("\n" if k % 2 else ""))
+        rows += part
+    return rows
+
+
+def test_small_jsonl_files_parse_as_one_batch_and_restore_at_the_record(tmp_path):
+    rows = _small_files(tmp_path / "in")  # every other file lacks its last newline
+    src = FileSource(str(tmp_path / "in")).batches(_SMALL, batch_bytes=4096)
+    reader = src.create_reader()
+    reader.open(0, 1)
+    first = [reader.read_batch(1000) for _ in range(2)]
+    assert [len(b) for b in first] == [1, 1]  # one record batch per read ...
+    assert all(b[0].num_rows > 40 for b in first)  # ... of several files' rows
+    later = src.create_reader()
+    later.open(0, 1)
+    later.restore(reader.snapshot())
+    got = pa.Table.from_batches([b for bs in first for b in bs] + _drain(later)).to_pylist()
+    assert got == rows  # nothing lost, nothing twice, in order
+
+
+def test_malformed_line_in_small_jsonl_files_names_its_file_and_line(tmp_path):
+    _small_files(tmp_path / "in", bad=(2, 17))
+    reader = FileSource(str(tmp_path / "in")).batches(_SMALL, batch_bytes=4096)\
+        .create_reader()
+    reader.open(0, 1)
+    with pytest.raises(RecordError, match=r"f02\.jsonl \(line 17, byte offset \d+\)"):
+        reader.read_batch(1000)
+    with pytest.raises(RecordError, match=r"f02\.jsonl \(line 17"):  # it repeats
+        reader.read_batch(1000)
+
+
 # ------------------------------------------------------------------ pipelines (threads)
 
 
