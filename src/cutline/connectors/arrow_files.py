@@ -230,7 +230,7 @@ class ColumnarFileReader(FileReader):
         if self._handle is not None and path == self._current_path():
             self._handle.seek(off)
         self._rest = b""
-        at, rows = off, 0
+        pos, rows = off, 0
         wanted = re.search(r"in row (\d+)", str(exc))
         for i, raw in enumerate(chunk.split(b"\n")):
             text = raw.decode(self._src.encoding, "replace")
@@ -243,9 +243,9 @@ class ColumnarFileReader(FileReader):
                     if wanted and rows == int(wanted.group(1)):
                         raise ValueError(str(exc))
                 except ValueError as bad:
-                    return RecordError(path, at, str(bad), line=line + i + 1)
+                    return RecordError(path, pos, str(bad), line=line + i + 1)
                 rows += 1
-            at += len(raw) + 1
+            pos += len(raw) + 1
         return RecordError(path, off, str(exc), line=line + 1)
 
     # ------------------------------------------------------------------ csv
