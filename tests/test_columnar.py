@@ -287,3 +287,40 @@ def test_user_function_error_names_the_batch_not_its_data():
     with pytest.raises(UserFunctionError, match=r"record batch of 5 rows: i: int64, user: "
                                                 r"string.*ZeroDivisionError"):
         op.process([events(np.arange(5))])
+
+
+# ------------------------------------------------------------------ sinks, adapters
+
+
+def test_delta_sink_appends_record_batches_to_a_new_and_an_existing_table(tmp_path):
+    pytest.importorskip("deltalake")
+    from cutline.connectors import DeltaSink
+
+    table = str(tmp_path / "t")
+    for job, lo in (("first", 0), ("second", 400)):  # creates the table, then appends to it
+        p = Pipeline(job, parallelism=2,
+                     checkpoint=CheckpointConfig(interval=0.2, storage=f"file://{tmp_path}/ck"))
+        (p.source(GeneratorSource(count=400, batch_fn=lambda ix, lo=lo: events(ix + lo),
+                                  batch_rows=64), uid="events")
+           .where(pc.field("kind") == "click", uid="clicks")
+           .sink(DeltaSink(table), uid="out"))
+        p.run(engine="threads", timeout=60)
+    rows = DeltaSink(table).read_records()
+    assert sorted((r["i"], r["user"], r["value"]) for r in rows) == \
+        [(i, f"u{i * 7 % 13}", i % 100) for i in range(800) if i % 3]
+
+
+def test_polars_batches(tmp_path):
+    pytest.importorskip("polars", reason="polars is optional (not in the test extra: its "
+                                         "runtime is a 170 MB install)")
+    p = Pipeline("polars", parallelism=1,
+                 checkpoint=CheckpointConfig(storage=f"file://{tmp_path}/ck"))
+    (p.source(GeneratorSource(count=300, batch_fn=events, batch_rows=64), uid="events")
+       .map_batches(lambda df: df.filter(df["value"] < 10).with_columns(
+           v=df.filter(df["value"] < 10)["value"] * 2), batch_format="polars", uid="pl")
+       .filter_batches(lambda df: df["kind"] == "click", batch_format="polars", uid="fb")
+       .select("i", "v", uid="cols")
+       .sink(ParquetSink(str(tmp_path / "out")), uid="out"))
+    p.run(engine="threads", timeout=60)
+    got = sorted((r["i"], r["v"]) for r in ParquetSink(str(tmp_path / "out")).read_records())
+    assert got == [(i, i % 100 * 2) for i in range(300) if i % 100 < 10 and i % 3]
