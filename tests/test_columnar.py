@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from columnar_pipelines import columnar, events, expected, observed
-from cutline import CheckpointConfig, Pipeline
+from cutline import CheckpointConfig, Pipeline, sliding, tumbling
 from cutline.connectors import FileSource, GeneratorSource, ParquetSink, RecordError
 from cutline.logical import HASH, ColumnKey, Node
 from cutline.runtime.batches import decode_batches, split_by_key
@@ -324,3 +324,71 @@ def test_polars_batches(tmp_path):
     p.run(engine="threads", timeout=60)
     got = sorted((r["i"], r["v"]) for r in ParquetSink(str(tmp_path / "out")).read_records())
     assert got == [(i, i % 100 * 2) for i in range(300) if i % 100 < 10 and i % 3]
+
+
+# ------------------------------------------------------------------ event time, windows
+
+
+def _timed(ix):
+    """Row ``i``: event time ``i / 10`` s, up to 0.9 s behind the newest (never late for a
+    1 s delay), user ``u<i*7 % 5>``, value ``i % 10``."""
+    return pa.record_batch({"i": pa.array(ix), "user": pa.array([f"u{u}" for u in ix * 7 % 5]),
+                            "value": pa.array(ix % 10),
+                            "ts": pa.array(ix / 10 - (ix * 7919 % 10) / 10)})
+
+
+def _windows_of(n, size, slide):
+    want = {}
+    for i in range(n):
+        ts, user, v = i / 10 - (i * 7919 % 10) / 10, f"u{i * 7 % 5}", i % 10
+        last = ts - (ts - 0) % slide
+        for k in range(int(np.ceil(size / slide))):
+            start = last - k * slide
+            if start + size > ts:
+                c, s, hi = want.get((user, start), (0, 0, None))
+                want[(user, start)] = (c + 1, s + v, v if hi is None else max(hi, v))
+    return {k: (c, s, hi, s / c) for k, (c, s, hi) in want.items()}
+
+
+def test_windowed_aggregations_on_batch_streams(tmp_path):
+    p = Pipeline("windows", parallelism=2,
+                 checkpoint=CheckpointConfig(interval=0.2, storage=f"file://{tmp_path}/ck"))
+    s = (p.source(GeneratorSource(count=1200, batch_fn=_timed, batch_rows=100), uid="ev")
+         .assign_timestamps("ts", max_delay=1.0, uid="time"))
+    aggs = {"n": "count", "total": ("value", "sum"), "hi": ("value", "max"),
+            "avg": ("value", "mean")}
+    tumbled = s.key_by("user").window(tumbling(10)).agg(uid="tumbling", **aggs)
+    slid = s.key_by("user").window(sliding(12, 4)).agg(uid="sliding", **aggs)
+    out = ParquetSink(str(tmp_path / "out"))
+    tumbled.union(slid, uid="both").rebalance().where(pc.field("n") > 0, uid="rb")\
+        .sink(out, uid="out")
+    p.run(engine="threads", timeout=60)
+    rows = out.read_records()
+    for size, slide in ((10, 10), (12, 4)):
+        mine = [r for r in rows if r["end"] - r["start"] == size]
+        got = {(r["user"], r["start"]): (r["n"], r["total"], r["hi"], r["avg"]) for r in mine}
+        assert len(got) == len(mine)  # one row per key and window
+        assert got == _windows_of(1200, size, slide), (size, slide)
+
+
+def test_batch_window_drops_late_rows_and_updates_within_the_lateness():
+    from cutline.logical import BatchWindowSpec
+    from cutline.protocol.windows import columns
+
+    aggs = (("n", None, "count"), ("total", "value", "sum"))
+    spec = BatchWindowSpec(("user",), aggs, tumbling(10), 5, "ts", columns(aggs))
+    op = build_operator(_node("window_agg", spec, key_fn=ColumnKey(("user",)),
+                              partitioning=HASH, columnar=True), 0, 1, 128)
+
+    def rows(ts, value):
+        return [pa.record_batch({"user": ["a"] * len(ts), "ts": ts, "value": value})]
+
+    assert op.process(rows([1.0, 2.0, 12.0], [1, 2, 4])) == []
+    fired = pa.Table.from_batches(op.on_watermark(10)).to_pylist()
+    assert fired == [{"user": "a", "start": 0.0, "end": 10.0, "n": 2, "total": 3}]
+    again = pa.Table.from_batches(op.process(rows([3.0], [10]))).to_pylist()  # within 5 s
+    assert again == [{"user": "a", "start": 0.0, "end": 10.0, "n": 3, "total": 13}]
+    op.on_watermark(16)
+    assert op.process(rows([4.0], [100])) == [] and op.late_records == 1  # past 10 + 5
+    last = pa.Table.from_batches(op.on_watermark(float("inf"))).to_pylist()
+    assert last == [{"user": "a", "start": 10.0, "end": 20.0, "n": 1, "total": 4}]
