@@ -890,6 +890,30 @@ class _Aggregations:
             **named: Any) -> BatchStream:
         raise NotImplementedError
 
+    def count(self, *, uid: str | None = None, parallelism: int | None = None) -> BatchStream:
+        """Rows per key, as column ``count``."""
+        return self.agg(uid=uid, parallelism=parallelism, count="count")
+
+    def sum(self, column: str, *, uid: str | None = None,
+            parallelism: int | None = None) -> BatchStream:
+        """The sum of ``column`` per key, as column ``<column>_sum``."""
+        return self.agg(uid=uid, parallelism=parallelism, **{f"{column}_sum": (column, "sum")})
+
+    def min(self, column: str, *, uid: str | None = None,
+            parallelism: int | None = None) -> BatchStream:
+        """The smallest ``column`` per key, as ``<column>_min``."""
+        return self.agg(uid=uid, parallelism=parallelism, **{f"{column}_min": (column, "min")})
+
+    def max(self, column: str, *, uid: str | None = None,
+            parallelism: int | None = None) -> BatchStream:
+        """The largest ``column`` per key, as ``<column>_max``."""
+        return self.agg(uid=uid, parallelism=parallelism, **{f"{column}_max": (column, "max")})
+
+    def mean(self, column: str, *, uid: str | None = None,
+             parallelism: int | None = None) -> BatchStream:
+        """The mean of ``column`` per key (a float), as ``<column>_mean``."""
+        return self.agg(uid=uid, parallelism=parallelism,
+                        **{f"{column}_mean": (column, "mean")})
 
 
 class BatchWindowedStream(_Aggregations):
