@@ -30,8 +30,7 @@ end of its input anyway; the sentinel's window is left out of every check.
    Spark idiom), append mode, into the Parquet file sink.
 3. *keyed-sql*: the same aggregate with Spark's built-in aggregation (``groupBy(user).agg(
    count, sum, max(ts))``, JVM), update mode, written as Parquet by ``foreachBatch``: one row
-   per updated user and micro-batch.  cutline has no SQL engine: its side is workload 2's
-   runs.
+   per updated user and micro-batch.  cutline per record: workload 2's runs.
 4. *windowed*: a count per user per 10 s tumbling window of event time (``ts``), with a
    watermark of bounded out-of-orderness (2 s: newest event time seen - 2 s; a window
    ``[start, end)`` is emitted once the watermark reaches ``end``), one row ``(user, start,
@@ -44,6 +43,22 @@ end of its input anyway; the sentinel's window is left out of every check.
    timeout at the earliest open window's end.  (``transformWithStateInPandas`` exists in
    PySpark 4.1 but its worker needs ``google.protobuf``, which cutline's environment does
    not install: it fails to start here.)
+
+**The columnar path** (issue 15; ``cutline-columnar``): workloads 1b and 3 on cutline's
+batch streams, the counterparts of Spark's SQL queries on the same files.  The source reads
+Arrow record batches with pyarrow's JSON reader and the same schema Spark is given
+(``FileSource(...).batches(schema)``); 1b is ``where`` + ``with_column`` (score, section) +
+``select`` with column expressions, 3 is ``key_by("user").agg(count, sum(value),
+max(ts))``: one row per user and record batch, an update stream like Spark's update mode,
+checked the same way (the latest count of every user adds up to the input).  Both write
+Parquet (``ParquetSink``, Arrow straight to the file).  Targets (issue 15): throughput >=
+4x Spark SQL's on both.
+
+**CPU** of every throughput run: ``records/CPU-s, all`` counts everything the run used,
+the same way for both systems: this process (cutline's driver; Spark's py4j client) and
+Spark's JVM with every process under it (the PySpark daemon and its Python workers:
+cutline's task processes, Spark's ``mapInPandas`` workers), start-up included.  cutline's
+runs also report ``records/CPU-s, tasks``: its task processes only.
 
 **Throughput** (records/s at saturation): a backlog of files written before the run, read to
 the end.  cutline checkpoints every 1 s; its processing time runs from attempt 0 started
@@ -101,7 +116,7 @@ against Spark's lower p99 of its two triggers.  Targets (issue 8): on the Python
 workloads (1, 2) throughput >= 2x and p99 <= 0.1x; workloads 1b and 3 are reported.
 Targets (issue 14), workload 4: throughput >= 2x Spark's Python logic, window-result p99 at
 a 0.1 s checkpoint interval <= 0.25x Spark's Python logic at its best trigger; against SQL
-(4b) both are reported.
+(4b) both are reported.  ``--workloads 1b,3`` runs only what those workloads need.
 
 **Output checked**: every throughput run's output is checked against what the input holds
 (workload 4: one row per user and window with the input's count), and workload 4's outputs
@@ -170,6 +185,8 @@ JOB_TIMEOUT = 300.0
 
 STATELESS, KEYED, KEYED_SQL, WINDOWED = "stateless", "keyed", "keyed-sql", "windowed"
 CUTLINE, SPARK_PY, SPARK_SQL = "cutline", "spark-python", "spark-sql"
+COLUMNAR = "cutline-columnar"  # cutline's batch streams (issue 15), workloads 1b and 3
+TARGET_COLUMNAR = 4.0  # cutline columnar / Spark SQL, at least (issue 15: workloads 1b, 3)
 WORKLOAD_TITLES = {
     STATELESS: "1. stateless parse + filter + map -> Parquet",
     KEYED: "2. keyed running aggregate, Python logic",
@@ -184,6 +201,8 @@ SPARK_API = {(STATELESS, SPARK_PY): "mapInPandas", (STATELESS, SPARK_SQL): "SQL 
 HAS_WINDOWS = hasattr(cutline, "tumbling")
 SKIPPED = {} if HAS_WINDOWS else {
     WINDOWED: "this cutline has no windows (no event time, watermarks or timers)"}
+# The columnar path needs batch streams (issue 15); bench/ab.py may measure an older cutline.
+HAS_BATCHES = hasattr(FileSource, "batches")
 
 # Workload 4: windows of event time, a watermark, input out of order but never late.
 WINDOW = 10  # seconds of event time, tumbling
@@ -392,6 +411,48 @@ def cutline_pipeline(name: str, workload: str, source: Any, sink: Any, storage: 
              .map(window_row, uid="rows"))
     else:
         s = s.key_by(user_of).process(running_aggregate, uid="aggregate")
+    s.sink(sink, uid="out")
+    return p
+
+
+def event_arrow_schema() -> Any:
+    """``EVENT_SCHEMA`` as the Arrow schema the columnar source reads with (Spark's
+    ``readStream.schema(EVENT_SCHEMA).json``: the same columns and types)."""
+    import pyarrow as pa
+
+    return pa.schema([("ts", pa.float64()), ("user", pa.string()), ("kind", pa.string()),
+                      ("value", pa.int64()), ("page", pa.string())])
+
+
+def section_of(batch: Any) -> Any:
+    """Columnar ``enrich``'s ``section``: ``page.split("/")[1]`` for a whole batch (Spark
+    SQL's ``split(page, "/")[1]``)."""
+    import pyarrow.compute as pc
+
+    return pc.list_element(pc.split_pattern(batch["page"], "/"), 1)
+
+
+def columnar_pipeline(name: str, workload: str, source: Any, sink: Any, storage: str,
+                      interval: float) -> Pipeline:
+    """Workloads 1b and 3 on cutline's batch streams, the Spark SQL queries' counterparts:
+    ``where`` + ``with_column`` + ``select`` (column expressions, no Python per record), and
+    ``key_by(user).agg(count, sum, max(ts))`` (one row per user and batch: an update stream,
+    as Spark's update mode writes one row per user and micro-batch)."""
+    import pyarrow.compute as pc
+
+    p = Pipeline(name, parallelism=PARALLELISM,
+                 checkpoint=CheckpointConfig(interval=interval, storage=storage))
+    s = p.source(source.batches(event_arrow_schema()), uid="events")
+    if workload == STATELESS:
+        s = (s.where((pc.field("kind") != "view") & (pc.field("value") >= 10), uid="keep")
+             .with_column("score", pc.field("value") * 1.5 + 1.0, uid="score")
+             .with_column("section", section_of, uid="section")
+             .select(*STATELESS_COLUMNS, uid="enrich"))
+    elif workload in (KEYED, KEYED_SQL):
+        s = s.key_by("user").agg(count="count", sum=("value", "sum"), ts=("ts", "max"),
+                                 uid="aggregate")
+    else:
+        raise ValueError(f"no columnar pipeline for {workload}")
     s.sink(sink, uid="out")
     return p
 
@@ -667,26 +728,90 @@ def backlog_of(ctx: dict, workload: str) -> tuple[Path, int]:
     return ctx["backlog"], ctx["expected"]["records"]
 
 
-def cutline_throughput(ctx: dict, workload: str) -> dict:
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat_cpu(pid: int) -> tuple[int, float] | None:
+    """``(parent pid, CPU seconds)`` of a live process from ``/proc``: its own and that of
+    its children it has waited for (a Python worker the PySpark daemon reaped counts)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), sum(int(x) for x in fields[11:15]) / _CLK_TCK
+
+
+class CpuMeter:
+    """CPU seconds of everything a run uses: this process (cutline's driver, Spark's
+    py4j client) and Spark's JVM with every process under it (the PySpark daemon, its
+    Python workers: cutline's task processes, Spark's ``mapInPandas`` workers).  Linux
+    only (``/proc``); ``None`` elsewhere.  A delta over one run is that run's CPU, both
+    systems counted the same way, start-up included."""
+
+    def __init__(self, spark: Any) -> None:
+        proc = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
+        self.jvm = getattr(proc, "pid", None)
+
+    def read(self) -> float | None:
+        if self.jvm is None or not os.path.exists("/proc/self/stat"):
+            return None
+        parents: dict[int, int] = {}
+        cpu: dict[int, float] = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                got = _stat_cpu(int(name))
+                if got is not None:
+                    parents[int(name)], cpu[int(name)] = got
+        tree, todo = {self.jvm}, [self.jvm]
+        children: dict[int, list[int]] = collections.defaultdict(list)
+        for pid, ppid in parents.items():
+            children[ppid].append(pid)
+        while todo:
+            for c in children.get(todo.pop(), ()):
+                if c not in tree:
+                    tree.add(c)
+                    todo.append(c)
+        return time.process_time() + sum(cpu.get(p, 0.0) for p in tree)
+
+
+def cpu_fields(n: int, cpu_all: float | None, cpu_tasks: float | None = None) -> dict:
+    """A throughput run's CPU: ``cpu_all`` (:class:`CpuMeter`'s delta) and, for cutline,
+    ``cpu`` (its task processes only), each with its records per CPU-second."""
+    out: dict[str, Any] = {"cpu_all": cpu_all,
+                           "records_per_cpu_second_all": n / cpu_all if cpu_all else None}
+    if cpu_tasks is not None:
+        out.update({"cpu": cpu_tasks or None,
+                    "records_per_cpu_second": n / cpu_tasks if cpu_tasks else None})
+    return out
+
+
+def cutline_throughput(ctx: dict, workload: str, columnar: bool = False) -> dict:
     backlog, n = backlog_of(ctx, workload)
+    meter = CpuMeter(ctx["spark"])
     with run_dir() as d:
         sink = ParquetSink(str(d / "out"))
-        p = cutline_pipeline(f"vs-{workload}", workload, FileSource(str(backlog)), sink,
-                             f"file://{d}/ck", INTERVAL)
+        build = columnar_pipeline if columnar else cutline_pipeline
+        p = build(f"vs-{'col-' if columnar else ''}{workload}", workload,
+                  FileSource(str(backlog)), sink, f"file://{d}/ck", INTERVAL)
         watch = AttemptWatcher(ctx.get("on_attempt"))
+        cpu0 = meter.read()
         t0 = time.monotonic()
         result = p.run(ctx["spark"], on_start=watch, timeout=JOB_TIMEOUT)
         t_end = time.monotonic()
+        cpu1 = meter.read()
         finals = [c for c in result.checkpoints if c.final]
         end = finals[-1].completed if finals else t_end
         start = watch.started if watch.started is not None else t0
-        check = check_output(workload, [Path(f) for f in sink.committed_files()],
-                             ctx["expected"])
+        # the columnar aggregate writes an update stream, as Spark SQL's workload 3 does
+        check = check_output(KEYED_SQL if columnar and workload != STATELESS else workload,
+                             [Path(f) for f in sink.committed_files()], ctx["expected"])
     return {"records": n, "processing": end - start, "rate": n / (end - start),
             "end_to_end": t_end - t0, "rate_end_to_end": n / (t_end - t0),
             "checkpoints": len(result.checkpoints), "attempts": result.attempts,
             "checkpoint_durations": [c.duration for c in result.checkpoints if not c.final],
-            "cpu": sum(getattr(result, "cpu_seconds", {}).values()) or None,
+            **cpu_fields(n, cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None,
+                         sum(getattr(result, "cpu_seconds", {}).values())),
             "output": check}
 
 
@@ -694,8 +819,10 @@ def spark_throughput(ctx: dict, workload: str, engine: str, max_files: int | Non
                      ) -> dict:
     spark = ctx["spark"]
     backlog, n = backlog_of(ctx, workload)
+    meter = CpuMeter(spark)
     with run_dir() as d:
         commits: dict[int, float] = {}
+        cpu0 = meter.read()
         df = spark_frame(spark, workload, engine, str(backlog), max_files)
         t0 = time.monotonic()
         q = start_spark(df, workload, d / "out", d / "ck", {"availableNow": True}, commits)
@@ -708,6 +835,7 @@ def spark_throughput(ctx: dict, workload: str, engine: str, max_files: int | Non
             if q.isActive:
                 q.stop()
         t_end = time.monotonic()
+        cpu1 = meter.read()
         batches = spark_batches(q.recentProgress)
         every = spark_batches(q.recentProgress, with_empty=True)
         check = check_output(workload, _parquet_files(d / "out"), ctx["expected"])
@@ -725,6 +853,7 @@ def spark_throughput(ctx: dict, workload: str, engine: str, max_files: int | Non
             "batches_without_input": len({b["batch"] for b in every}
                                          - {b["batch"] for b in batches}),
             "max_files_per_trigger": max_files,
+            **cpu_fields(n, cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None),
             "batch_ms": [b["ms"] for b in batches], "output": check}
 
 
@@ -980,7 +1109,9 @@ def spark_latency(ctx: dict, workload: str, engine: str, config: str) -> dict:
 
 CATEGORIES = [  # (name, test on a leaf frame "function (file:line)"), first match wins
     ("file source: read lines, parse JSON", lambda f: "json/" in f or "connectors/files.py" in f
-     or "fsspec/" in f),
+     or "fsspec/" in f or "connectors/arrow_files.py" in f),
+    ("columnar operators, aggregation", lambda f: "runtime/batches.py" in f),
+    ("key hashing (columnar)", lambda f: "state/arrow_keys.py" in f),
     ("user functions", lambda f: "vs_spark.py" in f),
     ("sink: Parquet", lambda f: "parquet" in f or "pyarrow" in f),
     ("channels: pickling, sockets", lambda f: "runtime/channels.py" in f or "pickle" in f
@@ -1026,13 +1157,21 @@ def profile_cutline(ctx: dict, console: Console, workdir: Path) -> dict:
     if spy is None:
         return {"skipped": "py-spy not found"}
     out: dict[str, Any] = {}
-    for workload in (STATELESS, KEYED):
+    runs = [(tp_name(STATELESS, CUTLINE), STATELESS, False),
+            (tp_name(KEYED, CUTLINE), KEYED, False)]
+    if HAS_BATCHES:
+        runs += [(tp_name(STATELESS, COLUMNAR), STATELESS, True),
+                 (tp_name(KEYED_SQL, COLUMNAR), KEYED_SQL, True)]
+    for name, workload, columnar in runs:
+        if ctx.get("workloads") and not serves(name) & ctx["workloads"]:
+            continue
+        label = f"{workload} columnar" if columnar else workload
         procs: list[subprocess.Popen] = []
         raws: list[Path] = []
 
-        def attach(driver: Any) -> None:
+        def attach(driver: Any, label: str = label) -> None:
             for slot, pid in sorted(driver.attempt.pids.items()):
-                raw = workdir / f"profile-{workload}-{slot}.txt"
+                raw = workdir / f"profile-{label.replace(' ', '-')}-{slot}.txt"
                 raws.append(raw)
                 procs.append(subprocess.Popen(
                     [spy, "record", "--pid", str(pid), "--rate", "200", "--format", "raw",
@@ -1040,7 +1179,7 @@ def profile_cutline(ctx: dict, console: Console, workdir: Path) -> dict:
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
         try:
-            run = cutline_throughput(ctx | {"on_attempt": attach}, workload)
+            run = cutline_throughput(ctx | {"on_attempt": attach}, workload, columnar)
         finally:
             for p in procs:
                 p.send_signal(2)  # py-spy writes its output on SIGINT
@@ -1049,9 +1188,9 @@ def profile_cutline(ctx: dict, console: Console, workdir: Path) -> dict:
                     p.wait(timeout=20)
                 except subprocess.TimeoutExpired:
                     p.kill()
-        out[workload] = summarise_profile(raws) | {"rate_under_profiler": run["rate"]}
-        console.print(f"  profile: {workload:<10} {run['rate']:,.0f} records/s under py-spy, "
-                      f"{out[workload]['samples']:,} samples", style="dim")
+        out[label] = summarise_profile(raws) | {"rate_under_profiler": run["rate"]}
+        console.print(f"  profile: {label:<18} {run['rate']:,.0f} records/s under py-spy, "
+                      f"{out[label]['samples']:,} samples", style="dim")
     return out
 
 
@@ -1088,6 +1227,11 @@ def throughput_cases(ctx: dict) -> list[tuple[str, Any]]:
         (tp_name(KEYED, SPARK_PY), lambda: spark_throughput(ctx, KEYED, SPARK_PY)),
         (tp_name(KEYED_SQL, SPARK_SQL), lambda: spark_throughput(ctx, KEYED_SQL, SPARK_SQL)),
     ]
+    if HAS_BATCHES:  # workloads 1b and 3 on cutline's batch streams
+        cases += [
+            (tp_name(STATELESS, COLUMNAR), lambda: cutline_throughput(ctx, STATELESS, True)),
+            (tp_name(KEYED_SQL, COLUMNAR), lambda: cutline_throughput(ctx, KEYED_SQL, True)),
+        ]
     if HAS_WINDOWS:
         cases += [
             (tp_name(WINDOWED, CUTLINE), lambda: cutline_throughput(ctx, WINDOWED)),
@@ -1136,20 +1280,36 @@ def cutline_only(cases: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
 
 
 def warm_up(ctx: dict, console: Console) -> None:
-    """Start the Python workers and JIT-compile both systems once, unmeasured."""
+    """Start the Python workers and JIT-compile both systems once, unmeasured: every
+    throughput case that will run, on a small backlog (Spark's first query in a fresh JVM
+    is many times slower than the next ones)."""
     small = dict(ctx)
-    windowed = (WINDOWED,) if HAS_WINDOWS else ()
     with run_dir() as d:
         add_backlog(small, d, 4_000, 4)
-        for w in (STATELESS, KEYED) + windowed:
-            cutline_throughput(small, w)
-        if ctx.get("cutline_only"):
-            return
-        for w, e in ((STATELESS, SPARK_PY), (STATELESS, SPARK_SQL), (KEYED, SPARK_PY),
-                     (KEYED_SQL, SPARK_SQL)) + tuple((w, e) for w in windowed
-                                                      for e in (SPARK_PY, SPARK_SQL)):
-            spark_throughput(small, w, e)
+        cases = picked(ctx, throughput_cases(small))
+        for _, fn in (cutline_only(cases) if ctx.get("cutline_only") else cases):
+            fn()
     console.print("  warm-up done", style="dim")
+
+
+WORKLOAD_LABELS = ("1", "1b", "2", "3", "4", "4b")
+
+
+def serves(name: str) -> set[str]:
+    """The workload labels (``WORKLOAD_LABELS``) a case's runs count for: cutline's
+    per-record stateless runs are workload 1's and 1b's, its keyed ones 2's and 3's."""
+    _, w, engine = name.split(" | ")[:3]
+    py, sql = {STATELESS: ("1", "1b"), KEYED: ("2", "3"), KEYED_SQL: ("3", "3"),
+               WINDOWED: ("4", "4b")}[w]
+    if engine == CUTLINE:
+        return {py, sql}
+    return {py} if engine == SPARK_PY else {sql}
+
+
+def picked(ctx: dict, cases: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The cases of the workloads asked for (``--workloads``; all by default)."""
+    wanted = ctx.get("workloads")
+    return cases if not wanted else [(n, fn) for n, fn in cases if serves(n) & wanted]
 
 
 # --------------------------------------------------------------------------- summary
@@ -1192,6 +1352,23 @@ def summarise(runs: dict) -> list[dict]:
         add(f"{label} {w}: throughput / {SPARK_API[w, e]}", tp_name(cw, CUTLINE),
             tp_name(w, e), "rate", target, True,
             f">= {target:g}x" if target else "- (reported)", "throughput", w)
+    # The columnar path (issue 15): against Spark SQL on the same files, and against
+    # cutline's per-record pipeline of the same workload; throughput and CPU.
+    for label, w, cw in (("1b", STATELESS, STATELESS), ("3", KEYED_SQL, KEYED)):
+        col = tp_name(w, COLUMNAR)
+        if not ok.get(col):
+            continue
+        add(f"{label} {w}: columnar throughput / {SPARK_API[w, SPARK_SQL]}", col,
+            tp_name(w, SPARK_SQL), "rate", TARGET_COLUMNAR, True, f">= {TARGET_COLUMNAR:g}x",
+            "throughput", w)
+        add(f"{label} {w}: columnar records per CPU-s / {SPARK_API[w, SPARK_SQL]} (all "
+            "processes)", col, tp_name(w, SPARK_SQL), "records_per_cpu_second_all", None,
+            True, "- (reported)", "cpu", w)
+        add(f"{label} {w}: columnar / cutline per record, throughput", col,
+            tp_name(cw, CUTLINE), "rate", None, True, "- (reported)", "throughput", w)
+        add(f"{label} {w}: columnar / cutline per record, records per CPU-s of the tasks",
+            col, tp_name(cw, CUTLINE), "records_per_cpu_second", None, True, "- (reported)",
+            "cpu", w)
     for label, w in (("1", STATELESS), ("2", KEYED), ("4", WINDOWED)):
         ref = tp_name(w, SPARK_PY, REF)
         if ok.get(ref):
@@ -1258,11 +1435,14 @@ def plot(result: dict, runs: dict, stem: Path) -> list[str]:
     ok = {k: [x for x in v if x is not None] for k, v in runs.items()}
 
     # Throughput bars: median, whiskers at the per-round min and max.
-    groups = [(STATELESS, [(CUTLINE, ""), (SPARK_PY, ""), (SPARK_SQL, ""), (SPARK_PY, REF)]),
+    groups = [(STATELESS, [(CUTLINE, ""), (COLUMNAR, ""), (SPARK_PY, ""), (SPARK_SQL, ""),
+                           (SPARK_PY, REF)]),
               (KEYED, [(CUTLINE, ""), (SPARK_PY, ""), (SPARK_PY, REF)]),
-              (KEYED_SQL, [(CUTLINE, ""), (SPARK_SQL, "")]),  # cutline: workload 2's runs
+              # cutline per record: workload 2's runs
+              (KEYED_SQL, [(CUTLINE, ""), (COLUMNAR, ""), (SPARK_SQL, "")]),
               (WINDOWED, [(CUTLINE, ""), (SPARK_PY, ""), (SPARK_SQL, ""), (SPARK_PY, REF)])]
-    colors = {CUTLINE: "#1f77b4", SPARK_PY: "#ff7f0e", SPARK_SQL: "#2ca02c"}
+    colors = {CUTLINE: "#1f77b4", COLUMNAR: "#17becf", SPARK_PY: "#ff7f0e",
+              SPARK_SQL: "#2ca02c"}
     if not any(k.startswith("tp |") and v for k, v in ok.items()):
         groups = []
     fig, ax = plt.subplots(figsize=(12, 4.8))
@@ -1284,6 +1464,8 @@ def plot(result: dict, runs: dict, stem: Path) -> list[str]:
                     fontsize=8)
             top = max(top, max(vals) / 1000)
             x += 1
+        if x == start:  # a workload not run (--workloads)
+            continue
         ticks.append((start + x - 1) / 2)
         labels.append(WORKLOAD_TITLES[workload].split(". ", 1)[1].replace(", ", ",\n"))
         x += 0.8
@@ -1380,6 +1562,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--smoke", action="store_true",
                     help="quick, and each latency pair at one configuration only (CI's "
                          "smoke test: every code path once; not for numbers)")
+    ap.add_argument("--workloads", type=workload_labels, default=None,
+                    help="run only these workloads, comma separated (of "
+                         f"{','.join(WORKLOAD_LABELS)}; e.g. 1b,3: the columnar path "
+                         "against Spark SQL)")
     ap.add_argument("--cutline-only", action="store_true",
                     help="skip Spark's own queries (bench/ab.py: they do not change with "
                          "cutline's version); no cutline / Spark ratios then")
@@ -1417,12 +1603,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def workload_labels(text: str) -> set[str]:
+    got = {w.strip() for w in text.split(",") if w.strip()}
+    bad = got - set(WORKLOAD_LABELS)
+    if bad or not got:
+        raise argparse.ArgumentTypeError(f"unknown workload(s) {', '.join(sorted(bad)) or text!r}"
+                                         f"; choose from {', '.join(WORKLOAD_LABELS)}")
+    return got
+
+
 def make_ctx(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     """What the cases read: the session and the sizes of the runs."""
     return {"spark": spark, "quick": args.quick, "smoke": args.smoke, "rate": args.rate,
             "latency_seconds": args.latency_seconds, "warmup": args.warmup,
             "window_latency_seconds": args.window_latency_seconds,
-            "cutline_only": args.cutline_only}
+            "cutline_only": args.cutline_only, "workloads": getattr(args, "workloads", None)}
 
 
 def add_backlog(ctx: dict, directory: Path, records: int, files: int | None = None) -> None:
@@ -1465,15 +1660,15 @@ def main(argv: list[str] | None = None) -> int:
                           f"{ctx['expected']['windows']:,} windows (user, {WINDOW} s)",
                           style="dim")
         if "throughput" in args.parts:
-            cases = only(throughput_cases(ctx))
+            cases = only(picked(ctx, throughput_cases(ctx)))
             for r in range(args.rounds):
                 for name, fn in rotated(cases, r):  # rotate: no case always first
                     runner.run(name, fn, r, args.rounds, describe)
             if not args.quick:  # one round: Spark's per-batch cost, for reference
-                for name, fn in only(reference_cases(ctx)):
+                for name, fn in only(picked(ctx, reference_cases(ctx))):
                     runner.run(name, fn, 0, 1, describe)
         if "latency" in args.parts:
-            cases = only(latency_cases(ctx))
+            cases = only(picked(ctx, latency_cases(ctx)))
             for r in range(args.latency_rounds):
                 for name, fn in rotated(cases, r * 5):
                     runner.run(name, fn, r, args.latency_rounds, describe)
@@ -1494,6 +1689,7 @@ def main(argv: list[str] | None = None) -> int:
         **stamp(),
         "cpus": os.cpu_count(), "spark": spark.version, "master": spark.sparkContext.master,
         "git": git_state(), "cutline_in_spark_task": in_task, "cutline_only": args.cutline_only,
+        "workloads": sorted(args.workloads) if args.workloads else None,
         "quick": args.quick, "rounds": args.rounds,
         "latency_rounds": args.latency_rounds, "elapsed_s": elapsed,
         "command": "python bench/vs_spark.py" + (" " + " ".join(argv if argv is not None
@@ -1553,18 +1749,21 @@ def print_tables(console: Console, result: dict, runs: dict) -> None:
     ok = {k: [x for x in v if x is not None] for k, v in runs.items()}
     tp = table(f"throughput (median of {result['rounds']} round(s); records / processing "
                "time)", ("workload", "system", "records/s", "end-to-end records/s",
-                         "micro-batches", "checkpoints", "output"), left=("workload", "system"))
+                         "records/CPU-s, tasks", "records/CPU-s, all", "micro-batches",
+                         "checkpoints", "output"), left=("workload", "system"))
     for name, v in ok.items():
         if not name.startswith("tp |") or not v:
             continue
         _, workload, system = name.split(" | ", 2)
         tp.add_row(workload, system.replace(" | ", ", "), f"{median([x['rate'] for x in v]):,.0f}",
                    f"{median([x['rate_end_to_end'] for x in v]):,.0f}",
+                   fmt(median([x.get("records_per_cpu_second") for x in v]), ",.0f"),
+                   fmt(median([x.get("records_per_cpu_second_all") for x in v]), ",.0f"),
                    fmt(median([x.get('micro_batches') for x in v]), ".0f"),
                    fmt(median([x.get('checkpoints') for x in v]), ".0f"),
                    "ok" if all(x["output"]["ok"] for x in v) else "[red]WRONG[/]")
     for w in SKIPPED:
-        tp.add_row(w, "-", "skipped", *[""] * 4)
+        tp.add_row(w, "-", "skipped", *[""] * 6)
     console.print(tp)
 
     lt = table(f"latency, event written -> committed, at {result['config']['rate']:,.0f} "
@@ -1609,7 +1808,8 @@ def print_tables(console: Console, result: dict, runs: dict) -> None:
                ("case", "cutline", "Spark", "ratio", "paired", "target", "noise", "verdict"),
                left=("case", "target", "verdict"))
     for row in result["summary"]:
-        unit = (lambda x: fmt(x, ",.0f", "/s")) if row["kind"] == "throughput" else ms
+        unit = (lambda x: fmt(x, ",.0f", "/s")) if row["kind"] in ("throughput", "cpu") \
+            else ms
         st.add_row(row["case"], unit(row["cutline_value"]), unit(row["spark_value"]),
                    fmt(row["ratio"], ".3f", "x"), fmt(row["paired"], ".3f", "x"),
                    row["target_label"], fmt(row["noise"], ".3f") if row["noise"] is not None

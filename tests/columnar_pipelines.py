@@ -8,10 +8,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutline import CheckpointConfig, Pipeline
+from cutline import CheckpointConfig, Pipeline, tumbling
 from cutline.connectors import GeneratorSource, ParquetSink
 
 USERS = 13
+WINDOW = 500  # rows: event time is the row number ``i`` (seconds), in order per subtask
 
 
 def events(indices: np.ndarray) -> pa.RecordBatch:
@@ -26,13 +27,15 @@ def events(indices: np.ndarray) -> pa.RecordBatch:
 
 def columnar(tmp, records: int, mode: str = "aligned", *, rate=None, parallelism: int = 2,
              interval: float = 0.3, backend: str = "memory", batch_rows: int = 500):
-    """Two branches of one batch source: stateless (``where`` + ``with_column`` + ``select``
-    to Parquet, compared row for row) and keyed (``count`` / ``sum`` / ``max`` / ``mean`` per
-    user, compared on each user's last row)."""
+    """Three branches of one batch source: stateless (``where`` + ``with_column`` +
+    ``select`` to Parquet, compared row for row), keyed (``count`` / ``sum`` / ``max`` /
+    ``mean`` per user, compared on each user's last row) and windowed (rows per user and
+    tumbling window of event time ``i``: one row each, exact)."""
     cfg = CheckpointConfig(interval=interval, storage=f"file://{tmp}/checkpoints",
                            unaligned=mode == "unaligned", state_backend=backend)
     p = Pipeline("columnar", parallelism=parallelism, checkpoint=cfg)
     rows, aggs = ParquetSink(str(tmp / "rows")), ParquetSink(str(tmp / "aggs"))
+    wins = ParquetSink(str(tmp / "windows"))
     src = p.source(GeneratorSource(count=records, batch_fn=events, rate=rate,
                                    batch_rows=batch_rows), uid="events")
     (src.where(pc.field("kind") == "click", uid="clicks")
@@ -43,23 +46,31 @@ def columnar(tmp, records: int, mode: str = "aligned", *, rate=None, parallelism
         .agg(n="count", total=("value", "sum"), top=("value", "max"), avg=("value", "mean"),
              uid="agg")
         .sink(aggs, uid="aggs"))
-    return p, rows, aggs
+    (src.assign_timestamps("i", uid="time")
+        .key_by("user").window(tumbling(WINDOW)).count(uid="windows")
+        .sink(wins, uid="wins"))
+    return p, rows, aggs, wins
 
 
-def expected(records: int) -> tuple[collections.Counter, dict]:
-    """The failure-free output: the stateless rows, and each user's final aggregates."""
+def expected(records: int) -> tuple[collections.Counter, dict, collections.Counter]:
+    """The failure-free output: the stateless rows, each user's final aggregates, and the
+    window rows (user, start, end, count)."""
     rows: collections.Counter = collections.Counter()
     per: dict[str, list[int]] = collections.defaultdict(list)
+    windows: collections.Counter = collections.Counter()
     for i in range(records):
         user, value = f"u{i * 7 % USERS}", i % 100
         per[user].append(value)
+        windows[(user, i - i % WINDOW)] += 1
         if i % 3:
             rows[(i, user, value * 2 + 1)] += 1
     final = {u: (len(v), sum(v), max(v), sum(v) / len(v)) for u, v in per.items()}
-    return rows, final
+    return rows, final, collections.Counter(
+        (u, float(s), float(s + WINDOW), n) for (u, s), n in windows.items())
 
 
-def observed(rows_sink: ParquetSink, aggs_sink: ParquetSink) -> tuple[collections.Counter, dict]:
+def observed(rows_sink: ParquetSink, aggs_sink: ParquetSink, wins_sink: ParquetSink
+             ) -> tuple[collections.Counter, dict, collections.Counter]:
     rows = collections.Counter((r["i"], r["user"], r["score"])
                                for r in rows_sink.read_records())
     final: dict = {}
@@ -67,4 +78,6 @@ def observed(rows_sink: ParquetSink, aggs_sink: ParquetSink) -> tuple[collection
         cur = final.get(r["user"])
         if cur is None or r["n"] > cur[0]:
             final[r["user"]] = (r["n"], r["total"], r["top"], r["avg"])
-    return rows, final
+    windows = collections.Counter((r["user"], r["start"], r["end"], r["count"])
+                                  for r in wins_sink.read_records())
+    return rows, final, windows

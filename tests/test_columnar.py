@@ -7,6 +7,7 @@ rescale by key group; Arrow IPC frames; errors name the operator and the type or
 
 from __future__ import annotations
 
+import collections
 import json
 
 import numpy as np
@@ -18,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from columnar_pipelines import columnar, events, expected, observed
-from cutline import CheckpointConfig, Pipeline
+from cutline import CheckpointConfig, Pipeline, sliding, tumbling
 from cutline.connectors import FileSource, GeneratorSource, ParquetSink, RecordError
 from cutline.logical import HASH, ColumnKey, Node
 from cutline.runtime.batches import decode_batches, split_by_key
@@ -127,15 +128,59 @@ def test_malformed_json_line_names_file_and_line(tmp_path):
         reader.read_batch(1000)
 
 
+_SMALL = pa.schema([("user", pa.string()), ("value", pa.int64())])
+
+
+def _small_files(d, files=12, per=40, bad=None):
+    """``files`` jsonl files of ``per`` rows (a few hundred bytes each); ``bad``: (file,
+    line) made malformed."""
+    d.mkdir()
+    rows = []
+    for k in range(files):
+        part = [{"user": f"u{i % 5}", "value": i} for i in range(k * per, (k + 1) * per)]
+        lines = [json.dumps(r) for r in part]
+        if bad is not None and bad[0] == k:
+            lines[bad[1] - 1] = '{"user": "u1", "value": '
+        (d / f"f{k:02d}.jsonl").write_text("\n".join(lines) + ("\n" if k % 2 else ""))
+        rows += part
+    return rows
+
+
+def test_small_jsonl_files_parse_as_one_batch_and_restore_at_the_record(tmp_path):
+    rows = _small_files(tmp_path / "in")  # every other file lacks its last newline
+    src = FileSource(str(tmp_path / "in")).batches(_SMALL, batch_bytes=4096)
+    reader = src.create_reader()
+    reader.open(0, 1)
+    first = [reader.read_batch(1000) for _ in range(2)]
+    assert [len(b) for b in first] == [1, 1]  # one record batch per read ...
+    assert all(b[0].num_rows > 40 for b in first)  # ... of several files' rows
+    later = src.create_reader()
+    later.open(0, 1)
+    later.restore(reader.snapshot())
+    got = pa.Table.from_batches([b for bs in first for b in bs] + _drain(later)).to_pylist()
+    assert got == rows  # nothing lost, nothing twice, in order
+
+
+def test_malformed_line_in_small_jsonl_files_names_its_file_and_line(tmp_path):
+    _small_files(tmp_path / "in", bad=(2, 17))
+    reader = FileSource(str(tmp_path / "in")).batches(_SMALL, batch_bytes=4096)\
+        .create_reader()
+    reader.open(0, 1)
+    with pytest.raises(RecordError, match=r"f02\.jsonl \(line 17, byte offset \d+\)"):
+        reader.read_batch(1000)
+    with pytest.raises(RecordError, match=r"f02\.jsonl \(line 17"):  # it repeats
+        reader.read_batch(1000)
+
+
 # ------------------------------------------------------------------ pipelines (threads)
 
 
 @pytest.mark.parametrize("backend", ["memory", "rocksdb"])
 def test_columnar_pipeline_output_equals_the_expected_rows(tmp_path, backend):
     pytest.importorskip("rocksdict") if backend == "rocksdb" else None
-    p, rows, aggs = columnar(tmp_path, 3000, backend=backend)
+    p, rows, aggs, wins = columnar(tmp_path, 3000, backend=backend)
     p.run(engine="threads", timeout=60)
-    assert observed(rows, aggs) == expected(3000)
+    assert observed(rows, aggs, wins) == expected(3000)
 
 
 def _node(kind, fn, **kw):
@@ -243,3 +288,136 @@ def test_user_function_error_names_the_batch_not_its_data():
     with pytest.raises(UserFunctionError, match=r"record batch of 5 rows: i: int64, user: "
                                                 r"string.*ZeroDivisionError"):
         op.process([events(np.arange(5))])
+
+
+# ------------------------------------------------------------------ sinks, adapters
+
+
+def test_delta_sink_appends_record_batches_to_a_new_and_an_existing_table(tmp_path):
+    pytest.importorskip("deltalake")
+    from cutline.connectors import DeltaSink
+
+    table = str(tmp_path / "t")
+    for job, lo in (("first", 0), ("second", 400)):  # creates the table, then appends to it
+        p = Pipeline(job, parallelism=2,
+                     checkpoint=CheckpointConfig(interval=0.2, storage=f"file://{tmp_path}/ck"))
+        (p.source(GeneratorSource(count=400, batch_fn=lambda ix, lo=lo: events(ix + lo),
+                                  batch_rows=64), uid="events")
+           .where(pc.field("kind") == "click", uid="clicks")
+           .sink(DeltaSink(table), uid="out"))
+        p.run(engine="threads", timeout=60)
+    rows = DeltaSink(table).read_records()
+    assert sorted((r["i"], r["user"], r["value"]) for r in rows) == \
+        [(i, f"u{i * 7 % 13}", i % 100) for i in range(800) if i % 3]
+
+
+def test_polars_batches(tmp_path):
+    pytest.importorskip("polars", reason="polars is optional (not in the test extra: its "
+                                         "runtime is a 170 MB install)")
+    p = Pipeline("polars", parallelism=1,
+                 checkpoint=CheckpointConfig(storage=f"file://{tmp_path}/ck"))
+    (p.source(GeneratorSource(count=300, batch_fn=events, batch_rows=64), uid="events")
+       .map_batches(lambda df: df.filter(df["value"] < 10).with_columns(
+           v=df.filter(df["value"] < 10)["value"] * 2), batch_format="polars", uid="pl")
+       .filter_batches(lambda df: df["kind"] == "click", batch_format="polars", uid="fb")
+       .select("i", "v", uid="cols")
+       .sink(ParquetSink(str(tmp_path / "out")), uid="out"))
+    p.run(engine="threads", timeout=60)
+    got = sorted((r["i"], r["v"]) for r in ParquetSink(str(tmp_path / "out")).read_records())
+    assert got == [(i, i % 100 * 2) for i in range(300) if i % 100 < 10 and i % 3]
+
+
+# ------------------------------------------------------------------ event time, windows
+
+
+def _timed(ix):
+    """Row ``i``: event time ``i / 10`` s, up to 0.9 s behind the newest (never late for a
+    1 s delay), user ``u<i*7 % 5>``, value ``i % 10``."""
+    return pa.record_batch({"i": pa.array(ix), "user": pa.array([f"u{u}" for u in ix * 7 % 5]),
+                            "value": pa.array(ix % 10),
+                            "ts": pa.array(ix / 10 - (ix * 7919 % 10) / 10)})
+
+
+def _windows_of(n, size, slide):
+    want = {}
+    for i in range(n):
+        ts, user, v = i / 10 - (i * 7919 % 10) / 10, f"u{i * 7 % 5}", i % 10
+        last = ts - (ts - 0) % slide
+        for k in range(int(np.ceil(size / slide))):
+            start = last - k * slide
+            if start + size > ts:
+                c, s, hi = want.get((user, start), (0, 0, None))
+                want[(user, start)] = (c + 1, s + v, v if hi is None else max(hi, v))
+    return {k: (c, s, hi, s / c) for k, (c, s, hi) in want.items()}
+
+
+def test_windowed_aggregations_on_batch_streams(tmp_path):
+    p = Pipeline("windows", parallelism=2,
+                 checkpoint=CheckpointConfig(interval=0.2, storage=f"file://{tmp_path}/ck"))
+    s = (p.source(GeneratorSource(count=1200, batch_fn=_timed, batch_rows=100), uid="ev")
+         .assign_timestamps("ts", max_delay=1.0, uid="time"))
+    aggs = {"n": "count", "total": ("value", "sum"), "hi": ("value", "max"),
+            "avg": ("value", "mean")}
+    tumbled = s.key_by("user").window(tumbling(10)).agg(uid="tumbling", **aggs)
+    slid = s.key_by("user").window(sliding(12, 4)).agg(uid="sliding", **aggs)
+    out = ParquetSink(str(tmp_path / "out"))
+    tumbled.union(slid, uid="both").rebalance().where(pc.field("n") > 0, uid="rb")\
+        .sink(out, uid="out")
+    p.run(engine="threads", timeout=60)
+    rows = out.read_records()
+    for size, slide in ((10, 10), (12, 4)):
+        mine = [r for r in rows if r["end"] - r["start"] == size]
+        got = {(r["user"], r["start"]): (r["n"], r["total"], r["hi"], r["avg"]) for r in mine}
+        assert len(got) == len(mine)  # one row per key and window
+        assert got == _windows_of(1200, size, slide), (size, slide)
+
+
+def test_batch_window_drops_late_rows_and_updates_within_the_lateness():
+    from cutline.logical import BatchWindowSpec
+    from cutline.protocol.windows import columns
+
+    aggs = (("n", None, "count"), ("total", "value", "sum"))
+    spec = BatchWindowSpec(("user",), aggs, tumbling(10), 5, "ts", columns(aggs))
+    op = build_operator(_node("window_agg", spec, key_fn=ColumnKey(("user",)),
+                              partitioning=HASH, columnar=True), 0, 1, 128)
+
+    def rows(ts, value):
+        return [pa.record_batch({"user": ["a"] * len(ts), "ts": ts, "value": value})]
+
+    assert op.process(rows([1.0, 2.0, 12.0], [1, 2, 4])) == []
+    fired = pa.Table.from_batches(op.on_watermark(10)).to_pylist()
+    assert fired == [{"user": "a", "start": 0.0, "end": 10.0, "n": 2, "total": 3}]
+    again = pa.Table.from_batches(op.process(rows([3.0], [10]))).to_pylist()  # within 5 s
+    assert again == [{"user": "a", "start": 0.0, "end": 10.0, "n": 3, "total": 13}]
+    op.on_watermark(16)
+    assert op.process(rows([4.0], [100])) == [] and op.late_records == 1  # past 10 + 5
+    last = pa.Table.from_batches(op.on_watermark(float("inf"))).to_pylist()
+    assert last == [{"user": "a", "start": 10.0, "end": 20.0, "n": 1, "total": 4}]
+
+
+def test_batch_window_state_rescales_and_fired_windows_stay_fired():
+    from cutline.logical import BatchWindowSpec
+    from cutline.protocol.windows import columns
+
+    aggs = (("n", None, "count"),)
+    spec = BatchWindowSpec(("user",), aggs, tumbling(10), 0, "ts", columns(aggs))
+    node = _node("window_agg", spec, key_fn=ColumnKey(("user",)), partitioning=HASH,
+                 columnar=True)
+    data = _timed(np.arange(600))  # ts 0 .. 60
+    ops = [build_operator(node, s, 2, 128) for s in range(2)]
+    fired = []
+    for s, part in enumerate(split_by_key([data.slice(0, 300)], ("user",), 128, 2)):
+        ops[s].process(part)
+        fired += ops[s].on_watermark(20 if s == 0 else 10)  # subtask 0 is further on
+    one = build_operator(node, 0, 1, 128)  # 2 -> 1: both halves' key groups
+    one.restore([op.snapshot() for op in ops])
+    # late for subtask 0's key groups (their windows fired at 20), not for the others
+    late = split_by_key([data.slice(100, 50)], ("user",), 128, 2)[0]
+    fired += one.process(late) + one.process([data.slice(300)])
+    assert one.late_records == sum(b.num_rows for b in late)
+    fired += one.on_watermark(float("inf"))
+    rows = pa.Table.from_batches(fired).to_pylist()
+    got = collections.Counter((r["user"], r["start"]) for r in rows)
+    assert set(got.values()) == {1}  # no window fired twice, across the rescale
+    assert {k: r["n"] for r in rows for k in [(r["user"], r["start"])]} == \
+        {(u, float(s)): n for (u, s), (n, *_) in _windows_of(600, 10, 10).items()}

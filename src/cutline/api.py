@@ -20,7 +20,9 @@ from .logical import (
     REBALANCE,
     AggSpec,
     BatchFunction,
+    BatchWindowSpec,
     ColumnKey,
+    ColumnTime,
     Node,
     TimestampSpec,
     timestamp_fn_of,
@@ -34,6 +36,7 @@ from .protocol.windows import (
     WindowSpec,
     aggregating,
     applying,
+    columns,
     counting,
     duration,
     reducing,
@@ -720,15 +723,53 @@ class BatchStream(Stream):
     DataFrame column expressions.  ``rows()`` turns it back into dict records.
     """
 
+    _partitioning: str | None = None  # rebalance(): how the next operator is reached
+
     def _then(self, kind: str, fn: Any, *, uid: str | None, parallelism: int | None,
               partitioning: str | None = None, key_fn: Callable | None = None,
               on_error: str | None = None) -> "Stream":
         stream = super()._then(kind, fn, uid=uid, parallelism=parallelism,
-                               partitioning=partitioning, key_fn=key_fn, on_error=on_error)
+                               partitioning=partitioning or self._partitioning, key_fn=key_fn,
+                               on_error=on_error)
         if kind in ("sink", "to_rows"):
             return stream
         stream.node.columnar = True
         return BatchStream(self.pipeline, stream.node)
+
+    def rebalance(self) -> "BatchStream":
+        """Spread record batches round-robin over the next operator's subtasks."""
+        out = BatchStream(self.pipeline, self.node)
+        out._partitioning = REBALANCE
+        return out
+
+    def union(self, *others: Stream, uid: str | None = None,
+              parallelism: int | None = None) -> "BatchStream":
+        """The record batches of this and ``others`` (batch streams too) as one stream;
+        each keeps its schema (a sink after it takes one schema)."""
+        for o in others:
+            if not isinstance(o, BatchStream):
+                raise TypeError("union() of a batch stream takes batch streams; "
+                                f"{o.node.uid!r} carries records: use .batches(schema) on it, "
+                                "or .rows() on this one")
+        node = super().union(*others, uid=uid, parallelism=parallelism).node
+        node.columnar = True
+        return BatchStream(self.pipeline, node)
+
+    def assign_timestamps(self, column: Any, *, max_delay: Any = 0,  # type: ignore[override]
+                          watermark: Any = None, idle_timeout: Any = None,
+                          uid: str | None = None,
+                          parallelism: int | None = None) -> "BatchStream":
+        """Event time from ``column`` (seconds as int/float, or an Arrow timestamp), with
+        watermarks as for records (``max_delay``, ``watermark=``, ``idle_timeout``; see
+        :meth:`Stream.assign_timestamps`).  The generator sees each record batch's largest
+        timestamp.  Windows follow: ``key_by(cols).window(tumbling(60)).agg(...)``."""
+        if not isinstance(column, str) or not column:
+            raise TypeError("assign_timestamps() on a batch stream takes the name of the "
+                            f"event-time column, got {column!r}")
+        stream = super().assign_timestamps(ColumnTime(column), max_delay=max_delay,
+                                           watermark=watermark, idle_timeout=idle_timeout,
+                                           uid=uid, parallelism=parallelism)
+        return stream  # type: ignore[return-value]
 
     def _per_record(self, name: str, instead: str) -> Any:
         raise TypeError(f"{name}() works on records; this is a batch stream (Arrow record "
@@ -740,9 +781,6 @@ class BatchStream(Stream):
 
     def flat_map(self, fn: Any, **kw: Any) -> "Stream":
         return self._per_record("flat_map", "map_batches(fn)")
-
-    def assign_timestamps(self, ts_fn: Any, **kw: Any) -> "Stream":
-        return self._per_record("assign_timestamps", "rows() first")
 
     def iterate(self, **kw: Any) -> "IterativeStream":
         return self._per_record("iterate", "rows() first")
@@ -824,39 +862,33 @@ class BatchStream(Stream):
         return BatchKeyedStream(self, _column_key("key_by", columns))
 
 
-class BatchKeyedStream:
-    """A batch stream partitioned by key columns: keyed aggregations follow (``count``,
-    ``sum``, ``min``, ``max``, ``mean``, ``agg``), computed per record batch with
-    ``Table.group_by`` and merged into keyed state.  Each emits, per input batch, one row
-    per key in it with the key's aggregates so far (an update stream, as Spark's update
-    output mode): ``(key columns..., aggregates...)``."""
+def _agg_specs(named: dict[str, Any], keys: tuple[str, ...]
+               ) -> tuple[tuple[str, str | None, str], ...]:
+    """``agg(...)``'s named aggregates as ``(name, column, function)``; bad ones raise."""
+    if not named:
+        raise ValueError("agg() needs at least one aggregate, e.g. agg(n='count')")
+    aggs: list[tuple[str, str | None, str]] = []
+    for out, spec in named.items():
+        if spec == "count":
+            aggs.append((out, None, "count"))
+            continue
+        if not (isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], str)
+                and spec[1] in AGGREGATES and spec[1] != "count"):
+            raise ValueError(f"agg({out}=...) takes 'count' or (column, function) with "
+                             f"function one of sum, min, max, mean; got {spec!r}")
+        aggs.append((out, spec[0], spec[1]))
+    clash = set(keys) & set(named)
+    if clash:
+        raise ValueError(f"agg(): output names {sorted(clash)} are key columns")
+    return tuple(aggs)
 
-    def __init__(self, stream: BatchStream, key: ColumnKey) -> None:
-        self.stream, self.key_fn = stream, key
+
+class _Aggregations:
+    """``count()``, ``sum(col)``, ``min``, ``max``, ``mean``: shorthands of ``agg``."""
 
     def agg(self, *, uid: str | None = None, parallelism: int | None = None,
             **named: Any) -> BatchStream:
-        """Named aggregates: ``agg(n="count", total=("value", "sum"), avg=("value",
-        "mean"))``; functions ``count`` (rows), ``sum``, ``min``, ``max``, ``mean``."""
-        if not named:
-            raise ValueError("agg() needs at least one aggregate, e.g. agg(n='count')")
-        aggs: list[tuple[str, str | None, str]] = []
-        for out, spec in named.items():
-            if spec == "count":
-                aggs.append((out, None, "count"))
-                continue
-            if not (isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], str)
-                    and spec[1] in AGGREGATES and spec[1] != "count"):
-                raise ValueError(f"agg({out}=...) takes 'count' or (column, function) with "
-                                 f"function one of sum, min, max, mean; got {spec!r}")
-            aggs.append((out, spec[0], spec[1]))
-        clash = set(self.key_fn.columns) & set(named)
-        if clash:
-            raise ValueError(f"agg(): output names {sorted(clash)} are key columns")
-        stream = self.stream._then("aggregate", AggSpec(self.key_fn.columns, tuple(aggs)),
-                                   uid=uid, parallelism=parallelism, partitioning=HASH,
-                                   key_fn=self.key_fn)
-        return stream  # type: ignore[return-value]
+        raise NotImplementedError
 
     def count(self, *, uid: str | None = None, parallelism: int | None = None) -> BatchStream:
         """Rows per key, as column ``count``."""
@@ -882,3 +914,73 @@ class BatchKeyedStream:
         """The mean of ``column`` per key (a float), as ``<column>_mean``."""
         return self.agg(uid=uid, parallelism=parallelism,
                         **{f"{column}_mean": (column, "mean")})
+
+
+class BatchWindowedStream(_Aggregations):
+    """A batch stream's keyed windows (:meth:`BatchKeyedStream.window`): choose the
+    aggregates; the result is a batch stream of one row per key and window."""
+
+    def __init__(self, keyed: "BatchKeyedStream", assigner: WindowAssigner, lateness: float,
+                 column: str) -> None:
+        self.keyed, self.assigner, self.lateness, self.column = keyed, assigner, lateness, column
+
+    def agg(self, *, uid: str | None = None, parallelism: int | None = None,
+            **named: Any) -> BatchStream:
+        """Named aggregates per key and window, as :meth:`BatchKeyedStream.agg`; the
+        output names ``start`` and ``end`` are the window's."""
+        keys = self.keyed.key_fn.columns
+        aggs = _agg_specs(named, keys)
+        clash = {"start", "end"} & (set(named) | set(keys))
+        if clash:
+            raise ValueError(f"window agg(): {sorted(clash)} name the window's bounds; "
+                             "name the aggregates (or keys) otherwise")
+        spec = BatchWindowSpec(keys, aggs, self.assigner, self.lateness, self.column,
+                               columns(aggs))
+        stream = self.keyed.stream._then("window_agg", spec, uid=uid, parallelism=parallelism,
+                                         partitioning=HASH, key_fn=self.keyed.key_fn)
+        # rows of windows: their event time is no column of theirs (assign_timestamps again)
+        stream.node.timestamp_fn = stream.node.timestamps_from = None
+        return stream  # type: ignore[return-value]
+
+
+class BatchKeyedStream(_Aggregations):
+    """A batch stream partitioned by key columns: keyed aggregations follow (``count``,
+    ``sum``, ``min``, ``max``, ``mean``, ``agg``), computed per record batch with
+    ``Table.group_by`` and merged into keyed state.  Each emits, per input batch, one row
+    per key in it with the key's aggregates so far (an update stream, as Spark's update
+    output mode): ``(key columns..., aggregates...)``."""
+
+    def __init__(self, stream: BatchStream, key: ColumnKey) -> None:
+        self.stream, self.key_fn = stream, key
+
+    def agg(self, *, uid: str | None = None, parallelism: int | None = None,
+            **named: Any) -> BatchStream:
+        """Named aggregates: ``agg(n="count", total=("value", "sum"), avg=("value",
+        "mean"))``; functions ``count`` (rows), ``sum``, ``min``, ``max``, ``mean``."""
+        aggs = _agg_specs(named, self.key_fn.columns)
+        stream = self.stream._then("aggregate", AggSpec(self.key_fn.columns, aggs),
+                                   uid=uid, parallelism=parallelism, partitioning=HASH,
+                                   key_fn=self.key_fn)
+        return stream  # type: ignore[return-value]
+
+    def window(self, assigner: WindowAssigner, *,
+               allowed_lateness: Any = 0) -> "BatchWindowedStream":
+        """Event-time windows per key, ``tumbling(size)`` or ``sliding(size, slide)``,
+        fired by the watermark of the ``assign_timestamps(column)`` upstream; then
+        ``agg(...)`` (or ``count()``, ``sum(col)``, ...).  Each window emits one row per
+        key once, when the watermark reaches its end: ``(keys..., start, end,
+        aggregates...)``, ``start`` / ``end`` in seconds.  ``allowed_lateness`` as for
+        records (a fired window's row is emitted again, updated)."""
+        if not isinstance(assigner, WindowAssigner):
+            raise TypeError("window() takes tumbling(size) or sliding(size, slide) (from "
+                            f"cutline), got {assigner!r}")
+        if assigner.merging:
+            raise ValueError(f"{assigner!r} windows on a batch stream: session windows are "
+                             "per record; use .rows() first")
+        lateness = duration(allowed_lateness, "window(allowed_lateness=...)", positive=False)
+        ts = self.stream.node.timestamp_fn
+        if self.stream.node.timestamps_from is None or not isinstance(ts, ColumnTime):
+            raise ValueError("window() needs event time: call .assign_timestamps(column, "
+                             "max_delay=...) upstream (its watermarks fire the windows)")
+        return BatchWindowedStream(self, assigner, lateness, ts.column)
+

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AGGREGATES", "AggSpec", "BatchFunction", "FORWARD", "REBALANCE", "HASH", "BROADCAST",
-           "ColumnKey", "Node", "TimestampSpec", "timestamp_fn_of"]
+__all__ = ["AGGREGATES", "AggSpec", "BatchFunction", "BatchWindowSpec", "FORWARD", "REBALANCE",
+           "HASH", "BROADCAST", "ColumnKey", "ColumnTime", "Node", "TimestampSpec",
+           "timestamp_fn_of"]
 
 # Partitioning of an edge into an operator.
 FORWARD, REBALANCE, HASH, BROADCAST = "forward", "rebalance", "hash", "broadcast"
@@ -48,7 +49,7 @@ class Node:
 
     @property
     def keyed(self) -> bool:
-        return self.kind in ("reduce", "process", "count", "window", "aggregate")
+        return self.kind in ("reduce", "process", "count", "window", "aggregate", "window_agg")
 
 
 class ColumnKey:
@@ -78,6 +79,30 @@ class ColumnKey:
         return f"ColumnKey({list(self.columns)!r})"
 
 
+class ColumnTime:
+    """``assign_timestamps("col")`` on a batch stream: event time is the column ``col``
+    (seconds as numbers, or an Arrow timestamp).  Called on a dict record (after
+    ``rows()``) it reads ``record["col"]``, so per-record timed operators downstream read
+    the same time."""
+
+    __slots__ = ("column",)
+
+    def __init__(self, column: str) -> None:
+        self.column = column
+
+    def __call__(self, record: Any) -> Any:
+        return record[self.column]
+
+    def __getstate__(self) -> str:
+        return self.column
+
+    def __setstate__(self, state: str) -> None:
+        self.column = state
+
+    def __repr__(self) -> str:
+        return f"ColumnTime({self.column!r})"
+
+
 @dataclass(frozen=True)
 class BatchFunction:
     """``map_batches`` / ``filter_batches``: the user's function and the format it takes."""
@@ -96,6 +121,32 @@ class AggSpec:
 
     keys: tuple[str, ...]
     aggs: tuple[tuple[str, str | None, str], ...]
+
+
+@dataclass(frozen=True)
+class BatchWindowSpec:
+    """``key_by(cols).window(assigner).agg(...)`` on a batch stream: the key columns, the
+    named aggregates (as :class:`AggSpec`), the windows, the event-time column and
+    ``allowed_lateness``; ``aggregate`` is what the window operator merges per key and
+    window (``cutline.protocol.windows.columns(aggs)``).  The attributes the per-record
+    window operator reads (``assigner``, ``allowed_lateness``, ``ts_fn``, ``aggregate``,
+    ``emit_late``) have its meaning."""
+
+    keys: tuple[str, ...]
+    aggs: tuple[tuple[str, str | None, str], ...]
+    assigner: Any
+    allowed_lateness: float
+    ts_column: str
+    aggregate: Any
+    emit_late: bool = False
+
+    @property
+    def ts_fn(self) -> ColumnTime:
+        return ColumnTime(self.ts_column)
+
+    def state_signature(self) -> str:
+        """A restore into other windows or aggregates is refused."""
+        return f"{self.assigner.signature()}.{self.aggregate.name}"
 
 
 @dataclass

@@ -68,6 +68,16 @@ class ColumnarFileSource:
         return f"{self.files!r}.batches(schema={self.schema!r})"
 
 
+class _Chunk:
+    """Whole lines of one jsonl file (``data``), from byte ``off`` and line ``line`` on:
+    what a read of a block yields before it is parsed."""
+
+    __slots__ = ("data", "path", "off", "line")
+
+    def __init__(self, data: bytes, path: str, off: int, line: int) -> None:
+        self.data, self.path, self.off, self.line = data, path, off, line
+
+
 class ColumnarFileReader(FileReader):
     """A :class:`FileReader` whose reads return Arrow record batches."""
 
@@ -78,9 +88,36 @@ class ColumnarFileReader(FileReader):
         self._csv: Any = None  # csv: pyarrow's streaming reader of the current file
 
     def read_batch(self, max_records: int) -> list | None:
-        """One block of the current file (several files' blocks when they are small):
-        a list of record batches; ``[]`` nothing now; ``None`` the end of input."""
-        return super().read_batch(1)
+        """About ``batch_bytes`` of input as a list of record batches; ``[]`` nothing now;
+        ``None`` the end of input.  jsonl with a schema: blocks of several small files are
+        parsed as one (one JSON reader call and one record batch, not one per file), unless
+        batches must come from one file (a watermark per file, ``files_at_once``)."""
+        if self._src.format != "jsonl" or self._columnar.schema is None or \
+                self._per_split or self._src.files_at_once > 1:
+            return super().read_batch(1)
+        before = self.snapshot()
+        chunks: list[_Chunk] = []
+        marks: list = []
+        size, got = 0, None
+        while size < self._columnar.batch_bytes:
+            got = super().read_batch(1)
+            marks.extend(self._marks)
+            if not got:
+                break
+            chunks.extend(got)
+            size += sum(len(c.data) for c in got)
+        self._marks = marks
+        if not chunks:
+            return got
+        data = chunks[0].data if len(chunks) == 1 else b"".join(c.data for c in chunks)
+        try:
+            table = self._parse_jsonl(data, self._columnar.schema, None)
+        except RecordError:
+            self.restore(before)  # the position stays before the block: a retry fails alike
+            for c in chunks:  # the first chunk that does not parse, named by file and line
+                self._parse_jsonl(c.data, self._columnar.schema, c)
+            raise
+        return [b for b in table.to_batches() if b.num_rows]
 
     def locate(self, index: int | None = None) -> str | None:
         return super().locate(None)  # an index counts batches here, not records
@@ -124,7 +161,8 @@ class ColumnarFileReader(FileReader):
             if cut < 0 or len(block) < self._columnar.batch_bytes:
                 block += f.readline() if cut < 0 else b""
                 cut = len(block) - 1
-        return self._parse_jsonl(block[:cut + 1], None, 0, 0).schema
+        return self._parse_jsonl(block[:cut + 1], None,
+                                 _Chunk(b"", self._current_path(), 0, 0)).schema
 
     def _read(self, n: int, out: list) -> bool:
         fmt = self._src.format
@@ -152,16 +190,26 @@ class ColumnarFileReader(FileReader):
         else:
             chunk, self._rest = data[:cut + 1], data[cut + 1:]
         lines = chunk.count(b"\n") + (0 if chunk.endswith(b"\n") else 1)
-        table = self._parse_jsonl(chunk, self._schema, self._off, self._line)
-        if self._schema is None:
-            self._schema = table.schema
-        if table.num_rows:
-            out.extend(table.to_batches())
-        self._off += len(chunk)
+        size = len(chunk)
+        if self._columnar.schema is not None and not self._per_split and \
+                self._src.files_at_once == 1:  # parsed with other blocks by read_batch
+            whole = chunk if chunk.endswith(b"\n") else chunk + b"\n"
+            out.append(_Chunk(whole, self._current_path(), self._off, self._line))
+        else:
+            here = _Chunk(chunk, self._current_path(), self._off, self._line)
+            table = self._parse_jsonl(chunk, self._schema, here)
+            if self._schema is None:
+                self._schema = table.schema
+            if table.num_rows:
+                out.extend(table.to_batches())
+        self._off += size
         self._line += lines
         return not self._rest and cut < 0
 
-    def _parse_jsonl(self, chunk: bytes, schema: Any, off: int, line: int) -> Any:
+    def _parse_jsonl(self, chunk: bytes, schema: Any, at: "_Chunk | None") -> Any:
+        """``chunk`` parsed; a line that does not parse fails naming the file and line
+        (``at``: where ``chunk`` starts; ``None``: raise a bare :class:`RecordError`, the
+        caller finds the line)."""
         import pyarrow as pa
         import pyarrow.json as pj
 
@@ -169,18 +217,20 @@ class ColumnarFileReader(FileReader):
         try:
             return pj.read_json(pa.BufferReader(chunk), read_options=ro, parse_options=po)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-            raise self._bad_jsonl(chunk, off, line, exc) from None
+            if at is None:
+                raise RecordError(self._src.path, 0, str(exc)) from None
+            raise self._bad_jsonl(chunk, at, exc) from None
 
-    def _bad_jsonl(self, chunk: bytes, off: int, line: int, exc: Exception) -> RecordError:
-        """The first line of ``chunk`` that does not parse, named by file and line (the
-        position stays at the block's start: a retry fails the same way)."""
+    def _bad_jsonl(self, chunk: bytes, at: "_Chunk", exc: Exception) -> RecordError:
+        """The first line of ``chunk`` (from ``at``) that does not parse, named by file and
+        line (the position stays at the block's start: a retry fails the same way)."""
         import re
 
-        path = self._current_path()
-        if self._handle is not None:
+        path, off, line = at.path, at.off, at.line
+        if self._handle is not None and path == self._current_path():
             self._handle.seek(off)
         self._rest = b""
-        at, rows = off, 0
+        pos, rows = off, 0
         wanted = re.search(r"in row (\d+)", str(exc))
         for i, raw in enumerate(chunk.split(b"\n")):
             text = raw.decode(self._src.encoding, "replace")
@@ -193,9 +243,9 @@ class ColumnarFileReader(FileReader):
                     if wanted and rows == int(wanted.group(1)):
                         raise ValueError(str(exc))
                 except ValueError as bad:
-                    return RecordError(path, at, str(bad), line=line + i + 1)
+                    return RecordError(path, pos, str(bad), line=line + i + 1)
                 rows += 1
-            at += len(raw) + 1
+            pos += len(raw) + 1
         return RecordError(path, off, str(exc), line=line + 1)
 
     # ------------------------------------------------------------------ csv

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 __all__ = ["Aggregate", "Session", "Sliding", "TimeWindow", "Tumbling", "WindowAssigner",
-           "WindowResult", "WindowSpec", "aggregating", "applying", "counting",
-           "merge_into", "merge_windows", "reducing", "session", "sliding", "summarizing",
-           "tumbling", "window_time"]
+           "WindowResult", "WindowSpec", "aggregating", "applying", "columns", "counting",
+           "merge_into", "merge_partial", "merge_windows", "reducing", "session", "sliding",
+           "summarizing", "tumbling", "window_time"]
 
 
 class TimeWindow(NamedTuple):
@@ -392,6 +392,52 @@ def summarizing(kind: str, of: Any) -> Aggregate:
     if kind == "mean":
         return Aggregate(name, _mean_zero, _mean_add, _mean_merge, _mean_result, value)
     raise ValueError(f"no aggregate {kind!r}: sum, min, max or mean")
+
+
+def merge_partial(fn: str, cur: Any, part: Any) -> Any:
+    """Two partial aggregates of a column (``None``: none yet) as one: ``count`` and ``sum``
+    add, ``min`` / ``max`` keep the extreme, ``mean`` is a ``(sum, count)`` pair."""
+    if cur is None:
+        return part
+    if part is None:
+        return cur
+    if fn in ("count", "sum"):
+        return cur + part
+    if fn == "min":
+        return part if part < cur else cur
+    if fn == "max":
+        return part if part > cur else cur
+    return (cur[0] + part[0], cur[1] + part[1])  # mean: (sum, count)
+
+
+class _Columns:
+    """:func:`columns`' accumulator: a list, one partial per aggregate."""
+
+    __slots__ = ("fns",)
+
+    def __init__(self, fns: tuple[str, ...]) -> None:
+        self.fns = fns
+
+    def create(self) -> list:
+        return [None] * len(self.fns)
+
+    def add(self, acc: list, parts: Any) -> list:
+        return [merge_partial(f, a, p) for f, a, p in zip(self.fns, acc, parts)]
+
+    def result(self, acc: list) -> tuple:
+        return tuple((a[0] / a[1] if a is not None and a[1] else None) if f == "mean" else a
+                     for f, a in zip(self.fns, acc))
+
+
+def columns(aggs: Iterable[tuple[str, str | None, str]]) -> Aggregate:
+    """Named aggregates of columns, ``(output name, column, function)`` each (``count``
+    counts rows, its column is ``None``): a batch stream's window, whose operator adds each
+    record batch's partial aggregates (a tuple, one per aggregate; mean: ``(sum, count)``)
+    with ``add``.  The value is a tuple of the results, in order."""
+    aggs = tuple(aggs)
+    impl = _Columns(tuple(fn for _, _, fn in aggs))
+    name = "columns(" + ", ".join(f"{n}={f}({c or ''})" for n, c, f in aggs) + ")"
+    return Aggregate(name, impl.create, impl.add, impl.add, impl.result)
 
 
 class _Reducing:

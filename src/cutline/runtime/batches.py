@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..logical import AggSpec, BatchFunction, Node
+from ..protocol.windows import merge_partial
 from ..state.arrow_keys import key_groups
 from ..state.keygroups import subtask_for_key_group
 from .operators import BATCH_KINDS, Keyed, Operator, UserFunctionError
@@ -74,7 +75,7 @@ def _from_arrow(rb: pa.RecordBatch, fmt: str) -> Any:
         return rb
     if fmt == "pandas":
         return rb.to_pandas()
-    import polars as pl  # type: ignore[import-not-found]  # checked for when built
+    import polars as pl  # type: ignore[import-not-found, unused-ignore]  # checked for when built
 
     return pl.from_arrow(rb)
 
@@ -230,18 +231,47 @@ class ToBatches(Operator):
 
 # --------------------------------------------------------------------------- aggregation
 
-def _merge(fn: str, cur: Any, part: Any) -> Any:
-    if cur is None:
-        return part
-    if part is None:
-        return cur
-    if fn in ("count", "sum"):
-        return cur + part
-    if fn == "min":
-        return part if part < cur else cur
-    if fn == "max":
-        return part if part > cur else cur
-    return (cur[0] + part[0], cur[1] + part[1])  # mean: (sum, count)
+class Partials:
+    """The partial aggregates ``Table.group_by`` computes for named aggregates ``(name,
+    column, function)``: ``parts`` (column, pyarrow function), each computed once, and per
+    aggregate ``reads`` (function, indices into ``parts``; mean reads a sum and a count)."""
+
+    def __init__(self, aggs: tuple[tuple[str, str | None, str], ...]) -> None:
+        self.parts: list[tuple[str, str]] = []
+        self.reads: list[tuple[str, list[int]]] = []
+        for _, column, fn in aggs:
+            col = column or ""
+            if fn == "count":
+                idx = [self._part(("", "count_all"))]
+            elif fn == "mean":
+                idx = [self._part((col, "sum")), self._part((col, "count"))]
+            else:
+                idx = [self._part((col, fn))]
+            self.reads.append((fn, idx))
+        self.names = [f if c == "" else f"{c}_{f}" for c, f in self.parts]
+
+    def _part(self, p: tuple[str, str]) -> int:
+        if p not in self.parts:
+            self.parts.append(p)
+        return self.parts.index(p)
+
+    def group(self, table: pa.Table, keys: tuple[str, ...] | list[str]
+              ) -> tuple[list, list, list, list]:
+        """``table`` grouped by ``keys``: the key columns (Arrow), the keys (a value, or a
+        tuple of values, per group), the partial columns (Arrow) and as lists."""
+        grouped = table.group_by(list(keys), use_threads=False).aggregate(
+            [([] if c == "" else c, f) for c, f in self.parts])
+        names = grouped.column_names
+        part_arrays = [grouped.column(names.index(n)) for n in self.names]
+        key_cols = [grouped.column(names.index(k)) for k in keys]
+        key_lists = [c.to_pylist() for c in key_cols]
+        values = key_lists[0] if len(key_lists) == 1 else list(zip(*key_lists))
+        return key_cols, values, part_arrays, [a.to_pylist() for a in part_arrays]
+
+    def of(self, part_cols: list, i: int) -> tuple:
+        """Group ``i``'s partial per aggregate (mean: ``(sum, count)``)."""
+        return tuple((part_cols[idx[0]][i], part_cols[idx[1]][i]) if fn == "mean"
+                     else part_cols[idx[0]][i] for fn, idx in self.reads)
 
 
 class BatchAggregate(Keyed):
@@ -256,43 +286,19 @@ class BatchAggregate(Keyed):
         super().__init__(node, subtask, parallelism, max_parallelism, state_backend, storage)
         spec: AggSpec = node.fn
         self.spec = spec
-        parts: list[tuple[str, str]] = []  # the partial aggregates group_by computes
-        self.reads: list[tuple[str, list[int]]] = []  # per output: fn, partial columns
-        for _, column, fn in spec.aggs:
-            col = column or ""
-            if fn == "count":
-                idx = [self._part(parts, ("", "count_all"))]
-            elif fn == "mean":
-                idx = [self._part(parts, (col, "sum")), self._part(parts, (col, "count"))]
-            else:
-                idx = [self._part(parts, (col, fn))]
-            self.reads.append((fn, idx))
-        self.parts = parts
-
-    @staticmethod
-    def _part(parts: list, p: tuple[str, str]) -> int:
-        if p not in parts:
-            parts.append(p)
-        return parts.index(p)
+        self.partials = Partials(spec.aggs)
+        self.reads = self.partials.reads
 
     def process(self, batch: list) -> list:
         if not batch:
             return batch
         try:
-            table = pa.Table.from_batches(batch)
-            grouped = table.group_by(list(self.spec.keys), use_threads=False).aggregate(
-                [([] if c == "" else c, f) for c, f in self.parts])
+            key_cols, keys, part_arrays, part_cols = self.partials.group(
+                pa.Table.from_batches(batch), self.spec.keys)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
                 KeyError) as exc:
             raise UserFunctionError(self.uid, "aggregate", Described(batch[0]),
                                     exc) from exc
-        names = grouped.column_names
-        part_names = [f if c == "" else f"{c}_{f}" for c, f in self.parts]
-        part_arrays = [grouped.column(names.index(n)) for n in part_names]
-        part_cols = [a.to_pylist() for a in part_arrays]
-        key_cols = [grouped.column(names.index(k)) for k in self.spec.keys]
-        key_lists = [c.to_pylist() for c in key_cols]
-        keys = key_lists[0] if len(key_lists) == 1 else list(zip(*key_lists))
         table_state = self.state.table("aggregate")
         fast, read = table_state.fast, table_state.read
         reads = self.reads
@@ -305,7 +311,7 @@ class BatchAggregate(Keyed):
             for j, (fn, idx) in enumerate(reads):
                 part = (part_cols[idx[0]][i], part_cols[idx[1]][i]) if fn == "mean" \
                     else part_cols[idx[0]][i]
-                acc = _merge(fn, cur[j] if cur is not None else None, part)
+                acc = merge_partial(fn, cur[j] if cur is not None else None, part)
                 new.append(acc)
                 outs[j].append(acc if fn != "mean" else (
                     acc[0] / acc[1] if acc[1] else None))
@@ -323,6 +329,11 @@ class BatchAggregate(Keyed):
 def build_batch_operator(node: Node, subtask: int, parallelism: int, max_parallelism: int,
                          state_backend: str, storage: Any) -> Operator:
     kind = node.kind
+    if kind == "window_agg":
+        from .batch_windows import BatchWindowAggregate
+
+        return BatchWindowAggregate(node, subtask, parallelism, max_parallelism,
+                                    state_backend, storage)
     if kind == "aggregate":
         return BatchAggregate(node, subtask, parallelism, max_parallelism, state_backend,
                               storage)
@@ -417,8 +428,9 @@ def encode_batches(batch: list) -> Any:
     """A list of record batches as one Arrow IPC stream (one schema), or ``None`` when they
     differ in schema (then they are pickled)."""
     schema = batch[0].schema
-    if any(b.schema is not schema and not b.schema.equals(schema) for b in batch[1:]):
-        return None
+    if any(type(b) is not pa.RecordBatch or (b.schema is not schema and
+                                             not b.schema.equals(schema)) for b in batch[1:]):
+        return None  # two schemas, or a watermark among them
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema) as w:
         for b in batch:

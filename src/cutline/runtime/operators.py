@@ -21,7 +21,7 @@ __all__ = ["AssignTimestamps", "UserFunctionError", "build_operator", "Operator"
 
 # operators of batch streams (:mod:`.batches`, which imports pyarrow: only when used)
 BATCH_KINDS = ("map_batches", "filter_batches", "select", "where", "with_column", "to_rows",
-               "to_batches", "aggregate")
+               "to_batches", "aggregate", "window_agg")
 
 
 def _raised_at(error: BaseException) -> str:
@@ -387,6 +387,10 @@ def build_operator(node: Node, subtask: int, parallelism: int, max_parallelism: 
     if node.kind in ("union", "iterate"):
         return Passthrough(node)
     if node.kind == "assign_timestamps":
+        if node.columnar:  # a batch stream's: the time is a column
+            from .batch_windows import BatchAssignTimestamps
+
+            return BatchAssignTimestamps(node)
         return AssignTimestamps(node)
     if node.kind == "operator":  # an operator class of its own (tests; no user API yet):
         # ``node.fn(node, subtask, parallelism, max_parallelism, state_backend=, storage=)``
