@@ -30,7 +30,9 @@ def test_vs_spark_bench_quick(tmp_path):
     assert result["errors"] == [], result["errors"]
     workloads = {row["workload"] for row in result["summary"]}
     assert workloads == {"stateless", "keyed", "keyed-sql", "windowed"}, workloads
-    assert {row["kind"] for row in result["summary"]} == {"throughput", "latency"}
+    # cpu rows: the columnar path against Spark SQL and the per-record path (issue 15)
+    assert {row["kind"] for row in result["summary"]} == {"throughput", "latency", "cpu"}
+    assert sum("columnar" in row["case"] for row in result["summary"]) == 8
     assert result["skipped"] == {}
     # workload 4: cutline's window counts equal Spark SQL's, and both the input's
     check = result["windowed_check"]
