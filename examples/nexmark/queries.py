@@ -419,16 +419,19 @@ def q4_close_pandas(key: Any, frames: Any, state: Any) -> Any:
     its highest bid between its start and end, emitted when the watermark passes the end.
     SQL cannot say it: a join, a max per auction, then an average per category are three
     stateful steps, and Spark chains those only over windows."""
+    import json
+
     import pandas as pd
 
     # state: category, start, end (None until the auction came), best, closed, and the
-    # times and prices of bids that came before their auction
-    cat, start, end, best, closed, early_t, early_p = state.get if state.exists else (
-        None, None, None, None, False, [], [])
-    early = list(zip(early_t or [], early_p or []))
+    # (time, price) of bids that came before their auction, as JSON text: PySpark 4.3's
+    # worker cannot read an array column of a state schema (KeyError 'elementType')
+    cat, start, end, best, closed, early_json = state.get if state.exists else (
+        None, None, None, None, False, "[]")
+    early = [tuple(x) for x in json.loads(early_json or "[]")]
 
     def close() -> Any:
-        state.update((cat, start, end, None, True, [], []))
+        state.update((cat, start, end, None, True, "[]"))
         return pd.DataFrame({"category": [cat] if best is not None else [],
                              "final": [best] if best is not None else []}, dtype="int64")
 
@@ -454,7 +457,7 @@ def q4_close_pandas(key: Any, frames: Any, state: Any) -> Any:
             yield close()
             return
         state.setTimeoutTimestamp(end)
-    state.update((cat, start, end, best, False, [w for w, _ in early], [p for _, p in early]))
+    state.update((cat, start, end, best, False, json.dumps(early)))
 
 
 # q4's average per category follows a stateful Python step whose output rows carry no event
@@ -463,8 +466,7 @@ def q4_close_pandas(key: Any, frames: Any, state: Any) -> Any:
 # switches the check off for this query.
 SPARK_CONF = {"q4": {"spark.sql.streaming.statefulOperator.checkCorrectness.enabled": "false"}}
 
-Q4_STATE = ("category long, start long, expires long, best long, closed boolean, "
-            "early_t array<long>, early_p array<long>")
+Q4_STATE = "category long, start long, expires long, best long, closed boolean, early string"
 
 
 def spark_query(query: str, events: Any, max_delay: float) -> tuple[Any, str]:
