@@ -143,3 +143,16 @@ def test_progress_is_shown_in_a_terminal_and_not_in_ci_or_a_pipe(tmp_path):
     piped = subprocess.run([sys.executable, "-c", PROGRESS_JOB.format(d=tmp_path / "c")],
                            capture_output=True, text=True, env=env, timeout=60)
     assert piped.stdout.strip() == "done" and "records/s" not in piped.stderr
+
+
+def test_a_log_file_deleted_by_another_driver_while_pruning_is_no_error(tmp_path, monkeypatch):
+    """Two drivers starting at once both prune the log directory: a file the other one
+    deleted between listing and reading its time (here: a dangling link) is skipped."""
+    from cutline.driver.logs import KEEP, new_log_file
+
+    monkeypatch.setenv("CUTLINE_LOG_DIR", str(tmp_path))
+    (tmp_path / "gone.log").symlink_to(tmp_path / "deleted-meanwhile.log")
+    for i in range(KEEP + 2):
+        (tmp_path / f"old-{i}.log").write_text("x")
+    path = new_log_file("spark")
+    assert path.exists() and len(list(tmp_path.glob("*.log"))) <= KEEP + 1

@@ -27,13 +27,22 @@ def log_dir() -> Path:
                 Path(tempfile.gettempdir()) / "cutline-logs")
 
 
+def _mtime(p: Path) -> float | None:
+    """``p``'s modification time, or None when another process deleted it meanwhile (two
+    drivers starting at once both prune the directory)."""
+    try:
+        return p.stat().st_mtime
+    except OSError:
+        return None
+
+
 def new_log_file(kind: str) -> Path:
     """A new, empty log file ``<log dir>/<kind>-<time>-<pid>.log``; older ones beyond the
     newest :data:`KEEP` are deleted."""
     d = log_dir()
     d.mkdir(parents=True, exist_ok=True)
-    old = sorted(d.glob("*.log"), key=lambda p: p.stat().st_mtime)
-    for p in old[:max(0, len(old) - KEEP + 1)]:
+    old = sorted((m, p) for p in d.glob("*.log") if (m := _mtime(p)) is not None)
+    for _, p in old[:max(0, len(old) - KEEP + 1)]:
         with contextlib.suppress(OSError):
             p.unlink()
     path = d / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
