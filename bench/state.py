@@ -382,24 +382,32 @@ def ms(s: float | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = bench_parser(__doc__, DEFAULT_OUT, (3, 1), quick="short run (smoke test), every case")
+    ap.add_argument("--smoke", action="store_true",
+                    help="quick at a tenth of the sizes (CI's smoke test: every case once; "
+                         "not for numbers)")
     ap.add_argument("--scale-child", type=int, default=None, help=argparse.SUPPRESS)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--smoke" in argv and "--quick" not in argv:
+        argv.append("--quick")
     args = parse_bench_args(ap, argv)
     if args.scale_child:
         print(json.dumps(scale_child(args.scale_child)))
         return 0
     console = make_console(150)
     quick, rounds = args.quick, args.rounds
+    tenth = 10 if args.smoke else 1
     p = {
-        "bytes_keys": 100_000 if quick else 1_000_000,
+        "bytes_keys": 100_000 // tenth if quick else 1_000_000,
         "bytes_checkpoints": 6 if quick else 20,
-        "sizes": [50_000, 200_000, 600_000] if quick else [100_000, 1_000_000, 3_000_000],
+        "sizes": [n // tenth for n in (50_000, 200_000, 600_000)] if quick else [
+            100_000, 1_000_000, 3_000_000],
         "memory_up_to": 3_000_000,
         "sync_checkpoints": 3 if quick else 5,
         "restores": 2 if quick else 3,
         "count_keys": [1_000, 100_000] if quick else [1_000, 100_000, 1_000_000],
-        "count_records": 200_000 if quick else 500_000,
+        "count_records": 200_000 // tenth if quick else 500_000,
         "scale_keys": None if quick else 10_000_000,
-        "rescale_keys": 100_000 if quick else 1_000_000,
+        "rescale_keys": 100_000 // tenth if quick else 1_000_000,
     }
     console.print(f"[bold]cutline state backend benchmark[/]  {'quick, ' if quick else ''}"
                   f"{rounds} round(s); Python {platform.python_version()}, "

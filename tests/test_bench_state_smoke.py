@@ -15,7 +15,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "state.py"
 @pytest.mark.slow
 def test_state_bench_quick(tmp_path):
     out = tmp_path / "state.json"
-    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--out", str(out)],
+    proc = subprocess.run([sys.executable, str(BENCH), "--smoke", "--out", str(out)],
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr[-5000:]

@@ -51,8 +51,9 @@ def test_aligned_needs_a_source():
         explore(processes=3, mode="aligned", topology="ring")
 
 
+# (processes=3, messages=1, snapshots=2 on the complete graph, ~2.3e12 interleavings, takes
+# ~80 s: too long for the suite; `cutline explore --processes 3 --messages 1 --snapshots 2`)
 LARGER = [
-    dict(processes=3, messages=1, snapshots=2),  # ~2.3e12 interleavings, ~80 s
     dict(processes=3, messages=1, snapshots=2, initiators=2, topology="ring"),
     dict(processes=4, messages=2, snapshots=2, mode="aligned", topology="dag"),
     dict(processes=4, messages=1, snapshots=2, mode="unaligned", topology="dag"),
