@@ -32,7 +32,8 @@ from test_windows_pipelines import expected, late_rows
 
 pytestmark = pytest.mark.slow
 
-N = 24_000  # ("drop" records, late for good, start at 20,000)
+N = 40_000  # ("drop" records, late for good, start at 20,000); the job must run well past
+# checkpoint 1 (which waits behind the buffered records), or a kill after it may come too late
 
 
 @pytest.fixture(scope="module")
