@@ -283,7 +283,7 @@ class RestoreView:
             items = [r for r in per_channel[ch]
                      if type(r) is Watermark or not is_time_item(r)] if same else [
                 r for r in per_channel[ch] if not is_time_item(r)]
-            if edge.partitioning == HASH and getattr(edge, "columnar", False):
+            if edge.partitioning == HASH and edge.columnar:
                 from .batches import rows_for_subtask  # record batches: split by key
 
                 # (batch streams carry no event time yet: no watermarks among them)

@@ -40,10 +40,10 @@ class Router:
         self.batch_size, self.while_blocked = batch_size, while_blocked
         self.edges: list[tuple[Any, list[str], int, str, dict]] = [
             (edge, chans, dst_p, dst_uid, {}) for edge, chans, dst_p, dst_uid in outputs
-            if not getattr(edge, "columnar", False)]
+            if not edge.columnar]
         self.buffers: dict[str, list] = {ch: [] for _, chans, _, _ in outputs for ch in chans}
         # a batch stream's edges (Arrow record batches): routed by .batches, sized by bytes
-        columnar = [o for o in outputs if getattr(o[0], "columnar", False)]
+        columnar = [o for o in outputs if o[0].columnar]
         self.columnar: Any = None
         if columnar:
             from .batches import BatchRouting
