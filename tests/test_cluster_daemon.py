@@ -41,20 +41,34 @@ def test_a_dead_daemon_then_a_lost_worker_recovers(spark, tmp_path, mode):
 
 
 @pytest.mark.slow
-def test_a_stage_spark_cannot_restart_is_resubmitted_then_fails_saying_why(spark, tmp_path):
+def test_a_task_spark_cannot_end_never_hangs_the_job(spark, tmp_path):
     """A frozen worker whose daemon is dead: Spark can neither end its task nor start the
-    next attempt without its slot.  The watchdog resubmits the stage twice, then fails."""
-    write_events(tmp_path / "in", files=3, per_file=1500)
-    p, _ = per_user(tmp_path, name="stuck")
+    next attempt without its slot.  The watchdog resubmits the stage twice, then fails saying
+    why.  Spark sometimes does end the frozen task after all (its kill request reaches the
+    daemon Spark started for the next attempt, which kills any pid it is sent); then the job
+    recovers, exactly.  Either way it never hangs."""
+    events = write_events(tmp_path / "in", files=3, per_file=1500)
+    p, sink = per_user(tmp_path, name="stuck")
     fault = KillDaemon(delay=1.0, freeze=0, kill=2)
+    failed: JobFailed | None = None
     try:
-        with pytest.raises(JobFailed) as failed:
-            p.run(spark=spark, on_start=fault, timeout=120, restart_timeout=6)
+        p.run(spark=spark, on_start=fault, timeout=120, restart_timeout=6)
+    except JobFailed as e:
+        failed = e
     finally:
+        reaped = []
         for pid in fault.frozen:  # frees the slot its task holds
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                reaped.append(pid)
     assert [what for what, _ in fault.fired] == ["daemon", "froze", "killed"], fault.fired
-    assert str(failed.value) == (
-        "job 'stuck' failed: no attempt of the stage started within 6 s after attempt 0 "
-        "lost slot 2, nor after the driver resubmitted it 2 times (the stage needs 3 free "
-        "task slots at once: is capacity missing, or a task Spark cannot end holding one?)")
+    if failed is None:  # Spark ended the frozen task: the stage restarted and recovered
+        assert reaped == fault.frozen
+        assert collections.Counter(sink.results()) == per_user_expected(events)
+    else:
+        assert str(failed) == (
+            "job 'stuck' failed: no attempt of the stage started within 6 s after attempt 0 "
+            "lost slot 2, nor after the driver resubmitted it 2 times (the stage needs 3 free "
+            "task slots at once: is capacity missing, or a task Spark cannot end holding "
+            "one?)")
