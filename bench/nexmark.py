@@ -1,4 +1,5 @@
-"""Nexmark on cutline and on Spark Structured Streaming: throughput at saturation, side by side.
+"""Nexmark on cutline and on Spark Structured Streaming, side by side: throughput at saturation,
+latency at a fixed rate, checkpoint duration, and kill -9 to caught up.
 
 Run ``python bench/nexmark.py`` (``--quick``: a small input, one round).  The input is
 ``--events`` Nexmark events (``cutline nexmark generate``: the reference's mix and
@@ -15,6 +16,32 @@ systems' results are equal) runs:
 - on Spark with ``spark.sql.shuffle.partitions=2``, ``trigger(availableNow=True)`` (the
   whole backlog in one micro-batch: Spark's best case), into the ``noop`` sink.  Processing
   time: the first micro-batch's trigger -> the end of the last micro-batch.
+
+**Latency** (``--only latency``; ``--rate`` events/s, default 500, for
+``--latency-seconds``, default 20, quick 8; ``--warmup`` s not counted): a writer thread
+writes Nexmark events as a Parquet file every 0.1 s into a directory both systems follow,
+event time following the wall clock (out of order within groups of 10; a file holds whole
+groups) and notes when each file became visible.  A result row's latency is *committed -
+determined*: determined is when the first file holding the event time the row needs became
+visible (its own event's; q3: the later of the person and the auction; windows: the end + the
+watermark delay, the first moment a watermark could pass it; q4: its auction's expiry + the
+delay).  *Committed*: cutline exactly-once at a 0.1 s checkpoint interval into a
+``CollectSink`` (its part file appears when the checkpoint commits); Spark through
+``foreachBatch`` (rows collected and pickled), committed when ``<checkpoint>/commits/<id>``
+appears.  Spark's triggers: the default (as fast as possible) and ``processingTime`` 100 ms;
+real-time mode is probed once (PySpark 4.3 has it, but it takes Kafka sources and
+allowlisted sinks only, so it does not run these queries) and used if it runs.
+**Checkpoint duration**: cutline's checkpoint stats in the latency runs; Spark's per
+micro-batch ``walCommit`` + ``commitOffsets`` + its state stores' ``commitTimeMs``, and
+``addBatch``.
+
+**Kill to caught up** (``--only kill``; ``--kill-seconds`` of input, default 60, the kill at
+30%): cutline: ``kill -9`` of one task's Spark Python worker (Spark restarts the barrier stage,
+the job restores its latest checkpoint).  Spark: the query runs in a child process with its
+own session; ``kill -9`` of its process group (the driver's Python and JVM, which runs the
+query in local mode) and a new child restarts it from its checkpoint location at once, as a
+Spark user recovers.  Caught up: the first commit after which every result is within twice
+that system's failure-free p99 (its default trigger for Spark; at least 0.5 s).
 
 Records/s = events in the backlog / processing time.  One unmeasured warm-up run of each
 system goes first; rounds rotate the order of the cases; medians are reported, with the
@@ -607,11 +634,11 @@ def spark_kill(ctx: dict, query: str, kill_at: float) -> dict:
 
 def probe_real_time(spark: Any, directory: str) -> dict:
     """Whether Spark's real-time mode runs a Nexmark query here: q0 over the event files
-    (update mode, the ``noop`` sink), for 10 s."""
+    (update mode, a ``foreach`` sink: real-time mode's allowlist has it), for 10 s."""
     with Workdir() as d:
         try:
             df, _ = Q.spark_query("q0", Q.spark_events(spark, directory), 0.0)
-            q = (df.writeStream.format("noop").outputMode("update")
+            q = (df.writeStream.foreach(lambda row: None).outputMode("update")
                  .option("checkpointLocation", str(d / "ck"))
                  .trigger(**SPARK_TRIGGERS[SPARK_RT]).start())
             ok = not q.awaitTermination(10) and q.exception() is None
