@@ -102,11 +102,7 @@ def _wait(cond: threading.Condition, deadline: float | None) -> bool:
     return True
 
 
-def _shutdown(sock: socket.socket, how: int = socket.SHUT_RDWR) -> None:
-    try:
-        sock.shutdown(how)
-    except OSError:
-        pass
+_shutdown = net.shutdown
 
 
 class _Closing:
@@ -126,7 +122,7 @@ def channel_purpose(channel_id: str) -> str:
     return f"channel {channel_id!r}"
 
 
-def channel_mac(secret: bytes, channel_id: str, nonce: bytes) -> bytes:
+def channel_mac(secret: net.JobSecret | bytes, channel_id: str, nonce: bytes) -> bytes:
     return net.make_mac(secret, channel_purpose(channel_id), nonce)
 
 
@@ -148,7 +144,7 @@ class _Input:
 class InputGate(_Closing):
     """All input channels of one task.  Upstream tasks connect to :attr:`address`."""
 
-    def __init__(self, task_id: str, channel_ids: list[str], secret: bytes,
+    def __init__(self, task_id: str, channel_ids: list[str], secret: net.JobSecret | bytes,
                  host: str = "127.0.0.1", credits: int = 8,
                  unbounded: frozenset[str] = frozenset()) -> None:
         if credits < 1 or len(set(channel_ids)) != len(channel_ids):
@@ -418,7 +414,7 @@ class OutputChannel(_Closing):
     granted no credit.  Thread-safe, but the order of batches sent concurrently from
     several threads is whatever order they took credit in."""
 
-    def __init__(self, channel_id: str, address: tuple[str, int], secret: bytes,
+    def __init__(self, channel_id: str, address: tuple[str, int], secret: net.JobSecret | bytes,
                  connect_timeout: float = 30.0) -> None:
         self.channel_id = channel_id
         self.address: tuple[str, int] = (address[0], address[1])
@@ -444,7 +440,7 @@ class OutputChannel(_Closing):
         except BaseException:
             sock.close()
             raise
-        self._sock = sock
+        self._sock = self._conn.sock  # a TLS socket when the job has TLS on
         self._reader = threading.Thread(target=self._read_loop, daemon=True,
                                         name=f"cutline-out-{channel_id}")
         self._reader.start()
@@ -453,12 +449,13 @@ class OutputChannel(_Closing):
     def credits(self) -> int:
         return self._credits
 
-    def _handshake(self, sock: socket.socket, secret: bytes,
+    def _handshake(self, sock: socket.socket, secret: net.JobSecret | bytes,
                    deadline: float) -> net.Connection:
         cid, where = self.channel_id, self.address
         try:
             sock.settimeout(max(deadline - time.monotonic(), 1.0))
             conn = net.client_handshake(sock, secret, channel_purpose(cid), where)
+            sock = conn.sock
             sock.settimeout(max(deadline - time.monotonic(), 1.0))
             kind, payload = conn.recv(MAX_HELLO)  # the initial credits, or REJECT
         except net.Refused as exc:
