@@ -57,9 +57,7 @@ class AdminServer:
         fs = self.driver.storage.fs
         try:
             fs.pipe_file(self._path, json.dumps(info).encode())
-            if hasattr(fs, "chmod"):
-                fs.chmod(self._path, 0o600)
-            elif fs.protocol in ("file", ("file", "local")) or "file" in fs.protocol:
+            if "file" in fs.protocol:  # an object store's own permissions guard the rest
                 os.chmod(self._path, 0o600)
         except Exception as exc:  # noqa: BLE001 - the job runs without outside control
             log.warning("could not write %s (cutline savepoint will not find the job): %s",

@@ -75,8 +75,8 @@ class JobSecret:
 
     def __init__(self, key: bytes, cert: bytes | None = None,
                  private_key: bytes | None = None, *, mutual: bool = True) -> None:
-        if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
-            raise ValueError("a job secret is at least 16 bytes")
+        if not isinstance(key, (bytes, bytearray)) or not key:
+            raise ValueError("a job secret is a non-empty bytes key")
         self.key, self.cert, self.private_key = bytes(key), cert, private_key
         self.mutual = mutual
         self._contexts: dict[str, ssl.SSLContext] = {}
