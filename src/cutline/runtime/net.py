@@ -177,15 +177,26 @@ def client_handshake(sock: socket.socket, secret: JobSecret | bytes, purpose: st
     :class:`Refused`, :class:`NotAListener`, or HandshakeError for a connection lost on the
     way or a TLS mismatch.  The caller sets the socket's timeout; it is left blocking (no
     timeout) on success."""
+    wrapped = [sock]
+    try:
+        return _client_handshake(wrapped, JobSecret.of(secret), purpose, address)
+    except BaseException:
+        if wrapped[0] is not sock:  # the TLS socket owns the connection now
+            wrapped[0].close()
+        raise
+
+
+def _client_handshake(wrapped: list[socket.socket], secret: JobSecret, purpose: str,
+                      address: tuple[str, int]) -> Connection:
     where = f"{address[0]}:{address[1]}"
-    secret = JobSecret.of(secret)
+    sock = wrapped[0]
     try:
         kind, nonce = _first_frame(sock)
         if kind == STARTTLS and not nonce:
             if not secret.tls:
                 raise HandshakeError(f"{where} requires TLS, and this job runs without")
             try:
-                sock = secret.client_context().wrap_socket(sock)
+                sock = wrapped[0] = secret.client_context().wrap_socket(sock)
             except ssl.SSLCertVerificationError as exc:
                 raise HandshakeError(f"{where} presented a TLS certificate that is not this "
                                      f"job's ({exc.verify_message})") from None
