@@ -42,7 +42,9 @@ class AdminServer:
         self.token = secrets.token_bytes(32)
         job = getattr(driver, "secret", None)
         self._cert = job.cert if isinstance(job, JobSecret) else None
-        key = job.sibling(self.token, mutual=False) if self._cert else self.token
+        key: JobSecret | bytes = self.token
+        if isinstance(job, JobSecret) and job.tls:
+            key = job.sibling(self.token, mutual=False)
         self._listener = net.Listener(host, key, admit=net.only(ADMIN), serve=self._serve,
                                       name="cutline-admin", log=log,
                                       refusal="refused admin connection")

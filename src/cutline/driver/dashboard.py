@@ -40,6 +40,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ..protocol.watermarks import decode_ts
 from ..report import format_event_time
+from ..runtime.tls import JobSecret
 
 log = logging.getLogger("cutline.dashboard")
 
@@ -357,8 +358,8 @@ class Dashboard:
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         secret = getattr(view.driver, "secret", None)
-        self.fingerprint = getattr(secret, "fingerprint", None)
-        if self.fingerprint is not None:  # the handshake runs in the request's own thread
+        self.fingerprint = secret.fingerprint if isinstance(secret, JobSecret) else None
+        if isinstance(secret, JobSecret) and secret.tls:  # handshake: in the request's thread
             context = secret.sibling(secret.key, mutual=False).server_context()
             self.server.socket = context.wrap_socket(self.server.socket, server_side=True,
                                                      do_handshake_on_connect=False)

@@ -86,8 +86,9 @@ class FaultyFileSystem(LocalFileSystem):
     def _limit(self, path: str) -> tuple[int, str] | None:
         """``(bytes this write may write, errno name)``, or None: no fault for it."""
         limits = []
-        if self.capacity is not None and path.startswith(self.fault_root.rstrip("/") + "/"):
-            limits.append((max(self.capacity - _used(self.fault_root), 0), "ENOSPC"))
+        root = self.fault_root
+        if self.capacity is not None and root and path.startswith(root.rstrip("/") + "/"):
+            limits.append((max(self.capacity - _used(root), 0), "ENOSPC"))
         for i, rule in enumerate(self.rules):
             if re.search(rule["match"], path) and self._counts(i, rule):
                 limits.append((int(rule.get("after", 0)), rule.get("error", "EIO")))
