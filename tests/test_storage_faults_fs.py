@@ -90,6 +90,7 @@ def test_failed_uploads_are_declined_then_the_job_fails_and_a_rerun_restores_the
     assert collections.Counter(sink.results()) == expected_rows(RECORDS)
 
 
+@pytest.mark.slow
 def test_s3_slow_down_is_retried_5xx_declines_and_a_failed_delete_keeps_the_job_going(
         s3, tmp_path, caplog):
     """503 SlowDown on one state upload is absorbed by the client's retry (checkpoint 2

@@ -209,6 +209,7 @@ def test_the_secret_shows_in_no_repr_and_tls_follows_sparks_encryption():
 RECORDS = 16_000
 
 
+@pytest.mark.slow
 def test_spark_job_with_tls_survives_a_failed_upload_and_a_kill_exactly(spark, tmp_path,
                                                                          caplog):
     """TLS on (``Pipeline(tls=True)``): channels and the control port speak TLS only (a
