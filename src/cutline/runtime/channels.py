@@ -10,7 +10,8 @@ HMAC challenge/response with the job secret), purpose ``channel '<channel id>'``
 WELCOME the gate sends CREDIT(initial credits), or REJECT(reason) (unknown or already
 connected channel) and closes.  Then RECORDS(pickle), BARRIER(msgpack [checkpoint_id,
 unaligned]) and EOF flow downstream and CREDIT(n) upstream.  A batch costs one credit,
-control frames none.  Peers are authenticated once at connect; frames are not encrypted.
+control frames none.  Peers are authenticated once at connect; with the job's TLS on
+(:mod:`.net`), everything after STARTTLS travels in TLS 1.3.
 
 Encoding, ``python bench/encoding.py`` (1,000-record batches, encode+decode, median of 5
 rounds; Python 3.11.7, pyarrow 26.0.1, shared 2-core box), records/s, pickle-5 vs Arrow IPC:
