@@ -164,11 +164,15 @@ class Pipeline:
     error type, message and traceback) and the job keeps running.  Dead letters are written
     exactly once, through the sink's two-phase commit like any output.  Operators opt out
     with ``on_error="fail"``.
+
+    ``tls``: the job's data channels, control and admin ports (and dashboard) speak TLS 1.3
+    with a certificate made for the run.  None (default): when the Spark session encrypts
+    its own traffic (``spark.network.crypto.enabled`` or ``spark.ssl.enabled``).
     """
 
     def __init__(self, name: str, parallelism: int = 2,
                  checkpoint: CheckpointConfig | None = None, max_parallelism: int = 128,
-                 dead_letter: Any = None):
+                 dead_letter: Any = None, tls: bool | None = None):
         if not isinstance(name, str) or not _UID.match(name):
             raise ValueError(f"pipeline name must be 1-64 letters, digits, '.', '_' or '-', "
                              f"got {name!r}")
@@ -182,7 +186,11 @@ class Pipeline:
         if dead_letter is not None and not hasattr(dead_letter, "create_writer"):
             raise TypeError(f"dead_letter must be a cutline sink (e.g. CollectSink, "
                             f"ParquetSink), got {dead_letter!r}")
+        if tls not in (None, True, False):
+            raise ValueError(f"tls must be True, False or None (on when Spark encrypts its "
+                             f"own traffic), got {tls!r}")
         self.dead_letter = dead_letter
+        self.tls = tls
         self.name = name
         self.parallelism = parallelism
         self.max_parallelism = max_parallelism

@@ -10,7 +10,8 @@ HMAC challenge/response with the job secret), purpose ``channel '<channel id>'``
 WELCOME the gate sends CREDIT(initial credits), or REJECT(reason) (unknown or already
 connected channel) and closes.  Then RECORDS(pickle), BARRIER(msgpack [checkpoint_id,
 unaligned]) and EOF flow downstream and CREDIT(n) upstream.  A batch costs one credit,
-control frames none.  Peers are authenticated once at connect; frames are not encrypted.
+control frames none.  Peers are authenticated once at connect; with the job's TLS on
+(:mod:`.net`), everything after STARTTLS travels in TLS 1.3.
 
 Encoding, ``python bench/encoding.py`` (1,000-record batches, encode+decode, median of 5
 rounds; Python 3.11.7, pyarrow 26.0.1, shared 2-core box), records/s, pickle-5 vs Arrow IPC:
@@ -102,11 +103,7 @@ def _wait(cond: threading.Condition, deadline: float | None) -> bool:
     return True
 
 
-def _shutdown(sock: socket.socket, how: int = socket.SHUT_RDWR) -> None:
-    try:
-        sock.shutdown(how)
-    except OSError:
-        pass
+_shutdown = net.shutdown
 
 
 class _Closing:
@@ -126,7 +123,7 @@ def channel_purpose(channel_id: str) -> str:
     return f"channel {channel_id!r}"
 
 
-def channel_mac(secret: bytes, channel_id: str, nonce: bytes) -> bytes:
+def channel_mac(secret: net.JobSecret | bytes, channel_id: str, nonce: bytes) -> bytes:
     return net.make_mac(secret, channel_purpose(channel_id), nonce)
 
 
@@ -148,7 +145,7 @@ class _Input:
 class InputGate(_Closing):
     """All input channels of one task.  Upstream tasks connect to :attr:`address`."""
 
-    def __init__(self, task_id: str, channel_ids: list[str], secret: bytes,
+    def __init__(self, task_id: str, channel_ids: list[str], secret: net.JobSecret | bytes,
                  host: str = "127.0.0.1", credits: int = 8,
                  unbounded: frozenset[str] = frozenset()) -> None:
         if credits < 1 or len(set(channel_ids)) != len(channel_ids):
@@ -418,7 +415,7 @@ class OutputChannel(_Closing):
     granted no credit.  Thread-safe, but the order of batches sent concurrently from
     several threads is whatever order they took credit in."""
 
-    def __init__(self, channel_id: str, address: tuple[str, int], secret: bytes,
+    def __init__(self, channel_id: str, address: tuple[str, int], secret: net.JobSecret | bytes,
                  connect_timeout: float = 30.0) -> None:
         self.channel_id = channel_id
         self.address: tuple[str, int] = (address[0], address[1])
@@ -444,7 +441,7 @@ class OutputChannel(_Closing):
         except BaseException:
             sock.close()
             raise
-        self._sock = sock
+        self._sock = self._conn.sock  # a TLS socket when the job has TLS on
         self._reader = threading.Thread(target=self._read_loop, daemon=True,
                                         name=f"cutline-out-{channel_id}")
         self._reader.start()
@@ -453,12 +450,13 @@ class OutputChannel(_Closing):
     def credits(self) -> int:
         return self._credits
 
-    def _handshake(self, sock: socket.socket, secret: bytes,
+    def _handshake(self, sock: socket.socket, secret: net.JobSecret | bytes,
                    deadline: float) -> net.Connection:
         cid, where = self.channel_id, self.address
         try:
             sock.settimeout(max(deadline - time.monotonic(), 1.0))
             conn = net.client_handshake(sock, secret, channel_purpose(cid), where)
+            sock = conn.sock
             sock.settimeout(max(deadline - time.monotonic(), 1.0))
             kind, payload = conn.recv(MAX_HELLO)  # the initial credits, or REJECT
         except net.Refused as exc:

@@ -54,6 +54,7 @@ from .faults import FaultPlan
 from .operators import UserFunctionError, build_operator
 from .restore import RestoreView, read_states
 from .routing import Router
+from .tls import JobSecret
 from .snapshots import Snapshots
 
 log = logging.getLogger("cutline.task")
@@ -67,7 +68,7 @@ class JobSpec:
 
     plan: PhysicalPlan
     job: str
-    secret: bytes
+    secret: JobSecret  # repr shows no key
     coordinator: tuple[str, int]
     mode: str
     aligned_timeout: float | None
