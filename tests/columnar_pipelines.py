@@ -90,15 +90,15 @@ GAP, LATENESS = 40, 3000
 
 def visits(indices: np.ndarray) -> pa.RecordBatch:
     """Row ``i``: user ``u<i % 5>``, value ``i % 100``, event time ``t``: in order, in
-    bursts of 500 rows 100 s apart (a session per user and burst); from row 2,000 every
+    bursts of 500 rows 100 s apart (a session per user and burst); from row 1,000 every
     31st row is 1,500 s behind (its session fired, within the lateness: it is emitted
-    again, updated) and from row 4,000 every 97th 10,000 s behind (late: ``.late()``).
+    again, updated) and from row 2,000 every 97th 10,000 s behind (late: ``.late()``).
     Which rows are late does not depend on where the source cuts its batches (<= 500
     rows, one split): the single-split job gives the same rows in every run."""
     i = indices
     t = i + 100 * (i // 500)
-    t = np.where((i >= 4000) & (i % 97 == 0), t - 10_000,
-                 np.where((i >= 2000) & (i % 31 == 0), t - 1500, t))
+    t = np.where((i >= 2000) & (i % 97 == 0), t - 10_000,
+                 np.where((i >= 1000) & (i % 31 == 0), t - 1500, t))
     return pa.record_batch({"i": pa.array(i, pa.int64()),
                             "user": pa.array([f"u{u}" for u in i % 5]),
                             "t": pa.array(t, pa.float64()),
