@@ -4,19 +4,32 @@
   stream): the watermark generator sees each record batch's largest timestamp (the
   bounded-out-of-orderness watermark is the same as record by record); per source split,
   idleness and checkpoints as :class:`~.operators.AssignTimestamps`.
-* :class:`BatchWindowAggregate` (``key_by(cols).window(tumbling(...) | sliding(...))
-  .agg(...)``): the per-record window operator (:class:`~.windows.WindowOperator`: its
-  state, firing by watermark, allowed lateness, rescaling by key group and per-key-group
-  watermarks are reused as they are) with a vectorised ``process``: per record batch, rows
-  are assigned their windows with numpy, ``Table.group_by(keys + window start)`` computes
-  one partial aggregate per key and window, and each is merged into the key's window
-  accumulator (:func:`cutline.protocol.windows.columns`).  Fired windows leave as one
-  record batch per watermark: ``(key columns..., start, end, aggregates...)``, one row per
-  key and window, in the order the per-record operator emits them (by end, start).
+* :class:`BatchWindowAggregate` (``key_by(cols).window(assigner).agg(...)``): the
+  per-record window operator (:class:`~.windows.WindowOperator`: its state, firing by
+  watermark, allowed lateness, late rows, rescaling by key group and per-key-group
+  watermarks are reused as they are) with a vectorised ``process`` that gives its output
+  row for row.  Per record batch:
+
+  - tumbling / sliding: numpy assigns rows their windows; for the windows still open,
+    ``Table.group_by(keys + window start)`` computes one partial aggregate per key and
+    window, merged into the key's window accumulator
+    (:func:`cutline.protocol.windows.columns`); nothing is emitted.  A row for a fired
+    window (within ``allowed_lateness``) is added on its own and emits the window again,
+    as a record does;
+  - sessions: a key whose rows all open windows past the watermark has them merged into
+    sessions first (sorted by key and time; order does not matter, nothing fires), one
+    partial per session merged into the key's sessions.  A key with a row at or behind
+    the watermark takes its rows one at a time, in order (:meth:`_add_merging`): such a
+    row may be late alone and not after another row bridged it to a later session.
+
+  Rows late for all their windows are counted, and with ``.late()`` leave as one record
+  batch (the input's columns, wrapped in a :class:`~.windows.LateRecord`) per batch.
+  Fired windows leave as one record batch per watermark: ``(key columns..., start, end,
+  aggregates...)``, one row per key and window, in the order the per-record operator
+  emits them (by end, start).
 
 Timestamps are seconds (int or float columns) or Arrow timestamps (any unit, converted to
-seconds); a null timestamp fails the job naming the operator and the batch.  Session
-windows (merging) are not vectorised: ``rows()`` first.
+seconds); a null timestamp fails the job naming the operator and the batch.
 """
 
 from __future__ import annotations
