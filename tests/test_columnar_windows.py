@@ -94,7 +94,7 @@ def _steps(seed: int) -> list:
     return out
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(_assigners, st.sampled_from([0, 0, 2, 6.5]), st.sampled_from([["k"], ["k", "j"]]),
        st.integers(0, 2**32))
 def test_batch_windows_emit_the_per_record_windows_rows(assigner, lateness, keys, seed):

@@ -285,11 +285,10 @@ class BatchWindowAggregate(WindowOperator):
         ends = ts + gap
         cur = self._marks(rb)
         stale = ends <= cur
-        n = rb.num_rows
+        kid = _key_ids(rb, self.keys)
         late = np.zeros(0, dtype=np.int64)
-        rows = np.arange(n)
+        rows = np.arange(rb.num_rows)
         if stale.any():
-            kid = _key_ids(rb, self.keys)
             slow = np.zeros(int(kid.max()) + 1, dtype=bool)
             slow[kid[stale]] = True
             exact = slow[kid]
@@ -300,8 +299,6 @@ class BatchWindowAggregate(WindowOperator):
             if not len(rows):
                 return late
             kid = kid[rows]
-        else:
-            kid = _key_ids(rb, self.keys)
         # the rest: per key, its rows' windows merged into sessions (sorted by key, time)
         t = ts[rows]
         order = np.lexsort((t, kid))
