@@ -2,6 +2,7 @@
 #   make demo   - create .venv, install cutline, run the main demo
 #   make test   - create .venv if needed, run the test suite
 #   make lint   - ruff, mypy and the import-layering contracts (lint-imports)
+#   make docs   - the docs site from docs/ into site/ (mkdocs build --strict)
 #   make test-spark-versions - the Spark tests below on the oldest and newest PySpark cutline
 #                 supports (one venv each, .venv-spark-X.Y.Z; each PySpark wheel ~450 MB, built
 #                 once into $(SPARK_WHEELS))
@@ -10,7 +11,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean venv test-spark-versions
+.PHONY: demo test lint docs bench clean venv test-spark-versions
 
 venv: $(STAMP)
 
@@ -24,8 +25,12 @@ demo: $(STAMP)
 	$(VENV)/bin/python examples/wordcount.py --kill
 	$(VENV)/bin/cutline simulate lecture --diagram out/lecture.png
 
-test: lint
+test: lint docs
 	$(PY) -m pytest -q
+
+# The docs site (mkdocs-material) from docs/ into site/; --strict fails on a broken link.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
@@ -63,5 +68,5 @@ bench: $(STAMP)
 	$(PY) bench/vs_spark.py
 
 clean:
-	rm -rf $(VENV) .venv-spark-* build src/*.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache \
+	rm -rf $(VENV) .venv-spark-* build site src/*.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache \
 		.import_linter_cache
