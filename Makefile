@@ -30,7 +30,7 @@ test: lint docs
 
 # The docs site (mkdocs-material) from docs/ into site/; --strict fails on a broken link.
 docs: $(STAMP)
-	$(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
