@@ -33,7 +33,7 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff check src tests bench examples mkdocs_hooks.py
 	$(VENV)/bin/mypy src
 	$(VENV)/bin/lint-imports
 

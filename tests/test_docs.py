@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import unittest
 from pathlib import Path
 
@@ -109,6 +110,7 @@ def test_snippets_run(path: Path, request: pytest.FixtureRequest, tmp_path: Path
     if _needs_spark(path.read_text()):
         request.getfixturevalue("spark")
     monkeypatch.chdir(tmp_path)  # what a snippet writes in its working directory goes here
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # and its tempfile.mkdtemp()s
     document = SYBIL.parse(path)
     ran = 0
     for example in document.examples():
