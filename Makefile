@@ -2,6 +2,7 @@
 #   make demo   - create .venv, install cutline, run the main demo
 #   make test   - create .venv if needed, run the test suite
 #   make lint   - ruff, mypy and the import-layering contracts (lint-imports)
+#   make docs   - the docs site from docs/ into site/ (mkdocs build --strict)
 #   make test-spark-versions - the Spark tests below on the oldest and newest PySpark cutline
 #                 supports (one venv each, .venv-spark-X.Y.Z; each PySpark wheel ~450 MB, built
 #                 once into $(SPARK_WHEELS))
@@ -10,7 +11,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean venv test-spark-versions
+.PHONY: demo test lint docs bench clean venv test-spark-versions
 
 venv: $(STAMP)
 
@@ -28,11 +29,15 @@ demo: $(STAMP)
 # on Spark, not the CPU); TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 
-test: lint
+test: lint docs
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
+# The docs site (mkdocs-material) from docs/ into site/; --strict fails on a broken link.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff check src tests bench examples mkdocs_hooks.py
 	$(VENV)/bin/mypy src
 	$(VENV)/bin/lint-imports
 
@@ -67,5 +72,5 @@ bench: $(STAMP)
 	$(PY) bench/vs_spark.py
 
 clean:
-	rm -rf $(VENV) .venv-spark-* build src/*.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache \
+	rm -rf $(VENV) .venv-spark-* build site src/*.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache \
 		.import_linter_cache
