@@ -352,12 +352,13 @@ class JobController:
         self._wait_for_attempt(now, "the stage was submitted")
         return []
 
-    def on_closed(self, conn: Conn, now: float) -> list[JobCommand]:
-        """A task connection closed.  During a running attempt its task is lost: the
-        attempt is over.  Its other tasks are told to stop now rather than left to Spark:
-        Spark kills them through the PySpark daemon, and with the daemon gone (``kill -9``,
-        the OOM killer) they would run on, holding the task slots the stage's next attempt
-        needs, while they wait for a driver that waits for Spark."""
+    def on_closed(self, conn: Conn, now: float, cause: str | None = None) -> list[JobCommand]:
+        """A task connection closed (``cause``: why, when the driver closed it: its task
+        went silent).  During a running attempt its task is lost: the attempt is over.
+        Its other tasks are told to stop now rather than left to Spark: Spark kills them
+        through the PySpark daemon, and with the daemon gone (``kill -9``, the OOM killer)
+        they would run on, holding the task slots the stage's next attempt needs, while
+        they wait for a driver that waits for Spark."""
         a = self.attempt
         slot = a.slot_of(conn)
         if slot is None:
@@ -368,7 +369,9 @@ class JobController:
         cmds: list[JobCommand] = []
         if a.started and not a.lost and not self.done:
             a.lost = True
-            why = f"attempt {a.number} lost slot {slot}"
+            why = f"attempt {a.number} lost slot {slot}" + (f": {cause}" if cause else "")
+            if cause:
+                self.last_failure = f"slot {slot}: {cause}"
             cmds.extend(Send(c, m.Stop(abandoned=why)) for s, c in sorted(a.conns.items())
                         if s != slot)
             self._wait_for_attempt(now, why)
