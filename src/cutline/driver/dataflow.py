@@ -120,6 +120,7 @@ class JobDriver:
         self._control = ControlService(host, self.secret, self.events, "cutline-driver",
                                        heartbeats=self.heartbeats)
         self.address = self._control.address
+        self._routes_of: tuple[int, dict] = (-1, {})  # an attempt's Start addresses, routed
 
     # ------------------------------------------------------------------ what callers read
 
@@ -245,16 +246,19 @@ class JobDriver:
         return (ROUTE(what, address) if ROUTE is not None else None) or address
 
     def _routed(self, start: m.Start) -> m.Start:
-        """``start`` with each channel that :data:`ROUTE` reroutes under its own key."""
-        addresses = dict(start.addresses)
-        for chain, i in self.plan.tasks():
-            for ch in self.plan.inputs(chain, i):
-                real = start.addresses.get(ch.dst_task)
-                if real:
-                    routed = self.route(str(ch), (real[0], real[1]))
-                    if routed != tuple(real):
-                        addresses[str(ch)] = list(routed)
-        return m.Start(start.attempt, addresses, start.restore, start.t0)
+        """``start`` with each channel that :data:`ROUTE` reroutes under its own key (asked
+        once per attempt: every slot gets the same routes)."""
+        if self._routes_of[0] != start.attempt:
+            addresses = dict(start.addresses)
+            for chain, i in self.plan.tasks():
+                for ch in self.plan.inputs(chain, i):
+                    real = start.addresses.get(ch.dst_task)
+                    if real:
+                        routed = self.route(str(ch), (real[0], real[1]))
+                        if routed != tuple(real):
+                            addresses[str(ch)] = list(routed)
+            self._routes_of = (start.attempt, addresses)
+        return m.Start(start.attempt, self._routes_of[1], start.restore, start.t0)
 
     def _commit(self, cmd: CommitCheckpoint) -> list:
         n = cmd.checkpoint_id

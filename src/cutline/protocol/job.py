@@ -252,8 +252,9 @@ class JobController:
         self.started_attempts = 0
         self.done = False
         self.error: str | None = None
-        # the last task failure a retry may not repeat (Spark restarts), and the Python
-        # traceback of that or of the fatal one (for the log file, not the terminal)
+        # the last attempt's first task failure (its cause: later ones are often peers
+        # losing their channels to it), and the Python traceback of that or of the fatal
+        # one (for the log file, not the terminal)
         self.last_failure: str | None = None
         self.trace = ""
         self.stopped_with_savepoint: str | None = None
@@ -275,6 +276,7 @@ class JobController:
         self.final: int | None = None
         self.triggered: dict[int, float] = {}
         self._acked: dict[int, dict[str, float]] = {}  # checkpoint -> task -> when
+        self._cause_known = False  # a task failure of this attempt was reported
 
     # ------------------------------------------------------------------ queries
 
@@ -342,7 +344,7 @@ class JobController:
                 self._finish(None, cmds)
         elif t is m.Failed:
             log.warning("task %s failed: %s", msg.who, msg.error)
-            self.last_failure, self.trace = f"task {msg.who}: {msg.error}", msg.trace
+            self._note_failure(f"task {msg.who}: {msg.error}", msg.trace)
         else:
             log.error("job %s: unexpected %r from a task dropped", self.job, msg)
         return cmds
@@ -371,7 +373,7 @@ class JobController:
             a.lost = True
             why = f"attempt {a.number} lost slot {slot}" + (f": {cause}" if cause else "")
             if cause:
-                self.last_failure = f"slot {slot}: {cause}"
+                self._note_failure(f"slot {slot}: {cause}", "")
             cmds.extend(Send(c, m.Stop(abandoned=why)) for s, c in sorted(a.conns.items())
                         if s != slot)
             self._wait_for_attempt(now, why)
@@ -538,6 +540,11 @@ class JobController:
         log.warning("%s", reason)
         self.waiting_since = now
         cmds.append(Resubmit(reason))
+
+    def _note_failure(self, failure: str, trace: str) -> None:
+        if not self._cause_known:
+            self._cause_known = True
+            self.last_failure, self.trace = failure, trace
 
     def _note_cpu(self, conn: Conn, cpu: float) -> None:
         slot = self.attempt.slot_of(conn)

@@ -70,11 +70,13 @@ _UNBOUNDED = 2**31  # credits of a feedback channel: never runs out
 
 
 class ChannelError(RuntimeError):
-    """A channel broke: connection lost or refused, or the peer broke the protocol."""
+    """A channel broke: connection lost or refused, or the peer broke the protocol.
+    ``silent``: the heartbeat monitor found the other end silent (this end saw the cause,
+    not a consequence of it)."""
 
-    def __init__(self, channel_id: str, message: str) -> None:
+    def __init__(self, channel_id: str, message: str, silent: bool = False) -> None:
         super().__init__(f"channel {channel_id!r}: {message}")
-        self.channel_id = channel_id
+        self.channel_id, self.silent = channel_id, silent
 
 
 def encode_records(batch: list) -> bytes:
@@ -317,13 +319,13 @@ class InputGate(_Closing):
         if self._closed:
             raise RuntimeError(f"input gate of task {self.task_id} is closed")
 
-    def _fail(self, cid: str, message: str) -> None:
+    def _fail(self, cid: str, message: str, silent: bool = False) -> None:
         with self._cond:
             if self._closed or self._ch[cid].eof:
                 return
             # the task raises it (and reports it, unless the job is ending anyway)
             log.info("task %s: input channel %r broke: %s", self.task_id, cid, message)
-            self._error = self._error or ChannelError(cid, message)
+            self._error = self._error or ChannelError(cid, message, silent)
             self._cond.notify_all()
 
     def _grant(self, cid: str, n: int) -> None:
@@ -422,9 +424,11 @@ class InputGate(_Closing):
                 self._heartbeats.forget(conn)  # done: the sender may linger, unwatched
             conn.sock.recv(1)  # after EOF: wait for the sender's close, then close ours
         except EOFError as exc:
-            self._fail(cid, conn.silence or f"{exc} by the sender before EOF")
+            self._fail(cid, conn.silence or f"{exc} by the sender before EOF",
+                       conn.silence is not None)
         except Exception as exc:
-            self._fail(cid, conn.silence or f"{type(exc).__name__}: {exc}")
+            self._fail(cid, conn.silence or f"{type(exc).__name__}: {exc}",
+                       conn.silence is not None)
 
 
 class OutputChannel(_Closing):
@@ -520,7 +524,7 @@ class OutputChannel(_Closing):
 
     def _check(self) -> None:  # with self._cond held
         if self._error is not None:
-            raise ChannelError(self.channel_id, self._error)
+            raise ChannelError(self.channel_id, self._error, self._conn.silence is not None)
         if self._closed or self._eof_sent:
             raise ChannelError(self.channel_id,
                                "send after " + ("close" if self._closed else "EOF"))
@@ -572,7 +576,8 @@ class OutputChannel(_Closing):
         except OSError as exc:
             with self._cond:
                 self._error = self._error or self._conn.silence or f"send failed ({exc})"
-            raise ChannelError(self.channel_id, self._error) from exc
+            raise ChannelError(self.channel_id, self._error,
+                               self._conn.silence is not None) from exc
 
     def close(self) -> None:
         """After :meth:`send_eof` a graceful close (FIN behind the data, then wait up to

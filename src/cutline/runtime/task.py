@@ -384,7 +384,11 @@ class Subtask:
             fatal = repeats(exc)
             # a broken channel is news unless the job is ending (give a Stop in flight
             # half a second to arrive: peers stop in no particular order)
-            quiet = self.slot.ending.is_set() or (not fatal and self.slot.ending.wait(0.5))
+            # (a peer gone silent is news at once: this task found the cause, the peer's
+            # other partners only see it close)
+            silent = getattr(exc, "silent", False)
+            quiet = self.slot.ending.is_set() or (
+                not fatal and not silent and self.slot.ending.wait(0.5))
             self.slot.failed(self, fatal)
             if quiet:
                 log.debug("task %s ended: %s", self.task_id, exc)
