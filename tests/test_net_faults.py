@@ -160,3 +160,48 @@ def test_faults_past_the_heartbeat_timeout_fail_the_run_and_the_next_resumes_exa
     error, fired, _ = _run(p, monkeypatch, {})
     assert error is None
     assert collections.Counter(sink.results()) == expected_rows(records)
+
+
+def test_the_monitor_heartbeats_idle_connections_and_wakes_a_blocked_writer():
+    """Over a socket pair: two monitors keep an idle connection alive; once one end stops
+    (its monitor stopped, nothing read: a frozen process), the other declares it silent and
+    a writer blocked on the full socket buffer wakes with the reason."""
+    from cutline.runtime import net
+    from cutline.runtime.heartbeats import Heartbeats
+
+    a_sock, b_sock = socket.socketpair()
+    a, b = net.Connection(a_sock, "b", "test"), net.Connection(b_sock, "a", "test")
+    hb_a, hb_b = Heartbeats(0.5), Heartbeats(0.5)
+    frozen, got = threading.Event(), []
+
+    def read(conn):  # every watched connection has its reader
+        try:
+            while not (conn is b and frozen.is_set()):
+                got.append(conn.recv())
+        except (EOFError, OSError):
+            pass
+    for conn, hb, who in ((a, hb_a, "b"), (b, hb_b, "a")):
+        hb.watch(conn, who)
+        hb.start()
+        threading.Thread(target=read, args=(conn,), daemon=True).start()
+    time.sleep(1.2)  # more than twice the timeout, idle but for heartbeats
+    assert hb_a.silent == hb_b.silent == [] and got == [] and a.received and b.received
+    frozen.set()  # b freezes: no more heartbeats, nothing more read
+    hb_b.stop()
+    errors = []
+
+    def write():
+        try:
+            while True:
+                a.send(20, b"x" * 65536)  # fills the buffers, then blocks
+        except OSError as exc:
+            errors.append(exc)
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    writer.join(3.0)
+    assert not writer.is_alive() and errors
+    assert a.silence == hb_a.silent[0] and re.fullmatch(
+        r"b went silent: nothing heard for 0\.\d+ s \(heartbeat_timeout=0\.5\)", a.silence)
+    hb_a.stop()
+    a.close()
+    b.close()
