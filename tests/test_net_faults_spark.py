@@ -61,7 +61,7 @@ class Freeze:
 @pytest.mark.slow
 def test_a_stalled_channel_then_a_frozen_worker_are_found_and_recovered(spark, tmp_path,
                                                                          monkeypatch):
-    records = 15_000  # 3,000/s: each attempt is still reading when its fault strikes
+    records = 10_500  # 3,000/s: each attempt is still reading when its fault strikes
     p, sink = wordcount(tmp_path, records, rate=3000, parallelism=3, interval=0.3)
     routes = Routes({CHANNEL: stall(1.0, 600)})
     monkeypatch.setattr(dataflow, "ROUTE", routes)

@@ -158,7 +158,8 @@ def _wait(driver: JobDriver, engine: Any, name: str, t0: float,
             display.update(driver)
         if engine.failure():
             # the engine gave up; a task's own report of why may still be on its way
-            driver.done.wait(1.0)
+            if not driver.controller.failure_reported:
+                driver.done.wait(1.0)
             raise _failed(name, driver, engine)
         if timeout is not None and time.monotonic() - t0 > timeout:
             raise JobCancelled(f"job {name!r} cancelled: not finished within {timeout}s")

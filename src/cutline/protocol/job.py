@@ -288,6 +288,11 @@ class JobController:
     def running(self) -> bool:
         return self.attempt.started and not self.done
 
+    @property
+    def failure_reported(self) -> bool:
+        """A task failure of the current attempt was reported (:attr:`last_failure`)."""
+        return self._cause_known
+
     def source_records(self) -> int:
         """Records read by the sources in the current attempt."""
         return sum(x.records for x in list(self.metrics.values()) if x.source)
