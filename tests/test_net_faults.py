@@ -114,7 +114,7 @@ def count_pausing(ctx, w):
 def test_short_faults_and_idle_peers_are_survived(tmp_path, monkeypatch):
     records = 3000
     p = Pipeline("wordcount", parallelism=2, checkpoint=CheckpointConfig(
-        interval=0.3, storage=f"file://{tmp_path}/checkpoints"))
+        interval=0.3, storage=f"file://{tmp_path}/checkpoints"), tls=True)  # inside TLS too
     sink = CollectSink(str(tmp_path / "out"))
     (p.source(GeneratorSource(count=records, fn=sentence, rate=3000), uid="sentences")
        .flat_map(str.split, uid="split")
@@ -128,7 +128,7 @@ def test_short_faults_and_idle_peers_are_survived(tmp_path, monkeypatch):
     assert sorted(fired["control"]) == [(0, "delay down"), (0, "delay up")]
     assert sorted(fired[CROSS]) == [(0, "stall down"), (0, "stall up")]
     assert collections.Counter(sink.results()) == expected_rows(records)
-    assert driver.heartbeats.silent == []
+    assert driver.heartbeats.silent == [] and driver.secret.tls
 
 
 FAULTS = [  # what is faulty, the fault, the error it must end the run with

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import secrets
 import threading
 import time
 from concurrent.futures import Future
@@ -40,6 +39,7 @@ from ..protocol.liveness import HEARTBEAT_TIMEOUT
 from ..runtime.control import CLOSED, ControlService
 from ..runtime.heartbeats import Heartbeats
 from ..runtime.restore import check_compatible, plan_summary, read_states
+from ..runtime.tls import JobSecret
 from ..storage.checkpoints import CheckpointStorage
 
 log = logging.getLogger("cutline.driver")
@@ -81,11 +81,12 @@ class _SavepointWanted:
 class JobDriver:
     def __init__(self, plan: PhysicalPlan, config: CheckpointConfig, job: str,
                  restore_from: str | None = None, host: str = "127.0.0.1",
-                 restart_timeout: float | None = None,
+                 restart_timeout: float | None = None, tls: bool = False,
                  heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> None:
         self.plan, self.config, self.job = plan, config, job
         self.storage = CheckpointStorage(config.storage, job, config.storage_options)
-        self.secret = secrets.token_bytes(32)
+        # the handshake key (and TLS certificate) of this run: shipped to the tasks only
+        self.secret = JobSecret.new(tls)
         first_id = 1
         if restore_from is not None:
             handle = self.storage.open(restore_from)
@@ -268,7 +269,12 @@ class JobDriver:
         except Exception as exc:  # noqa: BLE001 - the coordinator counts it
             return self.controller.commit_failed(n, str(exc), time.monotonic())
         commands = self.controller.committed(n, path, time.monotonic())
-        self.storage.retain(self.config.retained)
+        try:
+            self.storage.retain(self.config.retained)
+        except Exception as exc:  # noqa: BLE001 - the next commit retries; nothing is lost
+            log.warning("job %r: retention after checkpoint %d failed, old checkpoints are "
+                        "kept until the next one (%s: %s)", self.job, n,
+                        type(exc).__name__, exc)
         return commands
 
     def _metadata(self, n: int, attempt: int, stats: dict) -> dict:

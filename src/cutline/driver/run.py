@@ -80,8 +80,10 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
         if warning:
             log.warning("cutline: source %r: %s", node.uid, warning)
     cfg = pipeline.checkpoint
+    tls = getattr(pipeline, "tls", None)
     driver = JobDriver(plan, cfg, pipeline.name, restore_from, host=engine.driver_host,
                        restart_timeout=restart_timeout if engine.restarts else None,
+                       tls=bool(engine.tls if tls is None else tls),
                        heartbeat_timeout=heartbeat_timeout)
     driver.on_resubmit = getattr(engine, "resubmit", None)
     driver.check_restore(allow_non_restored_state)

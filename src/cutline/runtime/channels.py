@@ -10,10 +10,11 @@ HMAC challenge/response with the job secret), purpose ``channel '<channel id>'``
 WELCOME the gate sends CREDIT(initial credits), or REJECT(reason) (unknown or already
 connected channel) and closes.  Then RECORDS(pickle), BARRIER(msgpack [checkpoint_id,
 unaligned]) and EOF flow downstream and CREDIT(n) upstream.  A batch costs one credit,
-control frames none.  Peers are authenticated once at connect; frames are not encrypted.
-With a heartbeat monitor (:mod:`.heartbeats`), both ends send HEARTBEAT frames while idle
-(a sender without credit, a receiver with none to return) and a peer silent for the
-heartbeat timeout breaks the channel, naming it; after EOF neither end is watched.
+control frames none.  Peers are authenticated once at connect; with the job's TLS on
+(:mod:`.net`), everything after STARTTLS travels in TLS 1.3.  With a heartbeat monitor
+(:mod:`.heartbeats`), both ends send HEARTBEAT frames while idle (a sender without credit,
+a receiver with none to return) and a peer silent for the heartbeat timeout breaks the
+channel, naming it; after EOF neither end is watched.
 
 Encoding, ``python bench/encoding.py`` (1,000-record batches, encode+decode, median of 5
 rounds; Python 3.11.7, pyarrow 26.0.1, shared 2-core box), records/s, pickle-5 vs Arrow IPC:
@@ -108,11 +109,7 @@ def _wait(cond: threading.Condition, deadline: float | None) -> bool:
     return True
 
 
-def _shutdown(sock: socket.socket, how: int = socket.SHUT_RDWR) -> None:
-    try:
-        sock.shutdown(how)
-    except OSError:
-        pass
+_shutdown = net.shutdown
 
 
 class _Closing:
@@ -132,7 +129,7 @@ def channel_purpose(channel_id: str) -> str:
     return f"channel {channel_id!r}"
 
 
-def channel_mac(secret: bytes, channel_id: str, nonce: bytes) -> bytes:
+def channel_mac(secret: net.JobSecret | bytes, channel_id: str, nonce: bytes) -> bytes:
     return net.make_mac(secret, channel_purpose(channel_id), nonce)
 
 
@@ -154,7 +151,7 @@ class _Input:
 class InputGate(_Closing):
     """All input channels of one task.  Upstream tasks connect to :attr:`address`."""
 
-    def __init__(self, task_id: str, channel_ids: list[str], secret: bytes,
+    def __init__(self, task_id: str, channel_ids: list[str], secret: net.JobSecret | bytes,
                  host: str = "127.0.0.1", credits: int = 8,
                  unbounded: frozenset[str] = frozenset(),
                  heartbeats: Heartbeats | None = None) -> None:
@@ -436,7 +433,7 @@ class OutputChannel(_Closing):
     granted no credit.  Thread-safe, but the order of batches sent concurrently from
     several threads is whatever order they took credit in."""
 
-    def __init__(self, channel_id: str, address: tuple[str, int], secret: bytes,
+    def __init__(self, channel_id: str, address: tuple[str, int], secret: net.JobSecret | bytes,
                  connect_timeout: float = 30.0, heartbeats: Heartbeats | None = None) -> None:
         self.channel_id = channel_id
         self._heartbeats = heartbeats
@@ -465,7 +462,7 @@ class OutputChannel(_Closing):
         except BaseException:
             sock.close()
             raise
-        self._sock = sock
+        self._sock = self._conn.sock  # a TLS socket when the job has TLS on
         if heartbeats is not None:
             heartbeats.watch(self._conn, "the receiver")
         self._reader = threading.Thread(target=self._read_loop, daemon=True,
@@ -476,7 +473,7 @@ class OutputChannel(_Closing):
     def credits(self) -> int:
         return self._credits
 
-    def _handshake(self, sock: socket.socket, secret: bytes,
+    def _handshake(self, sock: socket.socket, secret: net.JobSecret | bytes,
                    deadline: float) -> net.Connection:
         cid, where = self.channel_id, self.address
         def left() -> float:
@@ -485,6 +482,7 @@ class OutputChannel(_Closing):
         try:
             sock.settimeout(left())
             conn = net.client_handshake(sock, secret, channel_purpose(cid), where)
+            sock = conn.sock
             sock.settimeout(left())
             kind, payload = conn.recv(MAX_HELLO)  # the initial credits, or REJECT
         except net.Refused as exc:

@@ -89,7 +89,8 @@ class FrameConnection:
         self.conn.close()
 
 
-def connect(address: tuple[str, int], secret: bytes, timeout: float = 30.0) -> FrameConnection:
+def connect(address: tuple[str, int], secret: net.JobSecret | bytes,
+            timeout: float = 30.0) -> FrameConnection:
     """A task's (or host's) connection to its driver; HandshakeError when refused."""
     try:
         return FrameConnection(net.connect(address, secret, CONTROL, timeout))
@@ -104,8 +105,8 @@ class ControlService:
     as ``(conn, msg)``, and a closed connection as ``(conn, CLOSED)``.
     :meth:`close` closes every connection still open, of any attempt."""
 
-    def __init__(self, host: str, secret: bytes, events: Any, name: str = "cutline",
-                 heartbeats: Heartbeats | None = None) -> None:
+    def __init__(self, host: str, secret: net.JobSecret | bytes, events: Any,
+                 name: str = "cutline", heartbeats: Heartbeats | None = None) -> None:
         self.secret, self.events, self.name = secret, events, name
         self._heartbeats = heartbeats
         self._listener = net.Listener(host, secret, admit=net.only(CONTROL), serve=self._serve,

@@ -56,6 +56,7 @@ from .heartbeats import Heartbeats
 from .operators import UserFunctionError, build_operator
 from .restore import RestoreView, read_states
 from .routing import Router
+from .tls import JobSecret
 from .snapshots import Snapshots
 
 log = logging.getLogger("cutline.task")
@@ -69,7 +70,7 @@ class JobSpec:
 
     plan: PhysicalPlan
     job: str
-    secret: bytes
+    secret: JobSecret  # repr shows no key
     coordinator: tuple[str, int]
     mode: str
     aligned_timeout: float | None
