@@ -24,8 +24,12 @@ demo: $(STAMP)
 	$(VENV)/bin/python examples/wordcount.py --kill
 	$(VENV)/bin/cutline simulate lecture --diagram out/lecture.png
 
+# Two pytest-xdist workers, each with its own embedded Spark session (most of the suite waits
+# on Spark, not the CPU); TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
+
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
