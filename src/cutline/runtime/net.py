@@ -3,8 +3,8 @@
 Data channels (:mod:`.channels`), the driver's control service (:mod:`.control`) and the
 admin port (``cutline.spark.admin``) all speak this, and only this, on TCP:
 
-* **Frames**: ``struct "!BI"`` (kind, payload length) and the payload.  Kinds 1-3 belong to
-  the handshake; a protocol on top picks its own from :data:`FIRST_KIND` up.
+* **Frames**: ``struct "!BI"`` (kind, payload length) and the payload.  Kinds 1-4 belong to
+  the handshake, 5 is a heartbeat; a protocol on top picks its own from :data:`FIRST_KIND` up.
 * **Handshake** (per-job secret, challenge/response, purpose bound into the MAC): the
   listener sends HELLO(16-byte random nonce); the client answers HELLO(mac + purpose) with
   ``mac = HMAC-SHA256(secret, b"cutline-net-1" + len(purpose) + purpose + nonce)``; the
@@ -23,6 +23,11 @@ admin port (``cutline.spark.admin``) all speak this, and only this, on TCP:
   refuses a stranger after reading nothing but its HELLO (at most :data:`MAX_HELLO` bytes),
   and hands an authenticated connection to the ``serve`` callback.
   :meth:`Listener.close` closes every connection it accepted.
+* **Heartbeats**: a HEARTBEAT frame (empty) may come at any time after the handshake;
+  :meth:`Connection.recv` skips it.  :class:`Connection` counts what it receives (every
+  chunk of a frame, heartbeats too) and sends, which is all the heartbeat monitor
+  (:mod:`.heartbeats`) looks at; it sends heartbeats with :meth:`Connection.try_send`,
+  which never blocks, and ends a silent connection with :meth:`Connection.go_silent`.
 
 Why blocking sockets with a reader thread per connection, not ``multiprocessing.connection``
 or asyncio: ``python bench/net.py`` part 1 (1,000-dict pickled batches from a child process,
@@ -44,6 +49,7 @@ import hashlib
 import hmac
 import logging
 import secrets
+import select
 import socket
 import ssl
 import struct
@@ -55,12 +61,13 @@ from typing import Any
 from .tls import JobSecret
 
 __all__ = [
-    "FIRST_KIND", "HELLO", "MAX_HELLO", "REJECT", "STARTTLS", "WELCOME", "Connection",
-    "HandshakeError", "JobSecret", "Listener", "NotAListener", "Refused", "client_handshake",
-    "connect", "make_mac",
+    "FIRST_KIND", "HEARTBEAT", "HELLO", "MAX_HELLO", "REJECT", "STARTTLS", "WELCOME",
+    "Connection", "HandshakeError", "JobSecret", "Listener", "NotAListener", "Refused",
+    "client_handshake", "connect", "make_mac",
 ]
 
 HELLO, WELCOME, REJECT, STARTTLS = 1, 2, 3, 4
+HEARTBEAT = 5  # "still here": empty, skipped by Connection.recv
 FIRST_KIND = 8  # the first frame kind free for a protocol on top
 HEADER = struct.Struct("!BI")
 NONCE_BYTES = 16
@@ -141,13 +148,19 @@ def tune(sock: socket.socket) -> None:
 
 class Connection:
     """An authenticated connection carrying frames.  :meth:`send` is thread-safe (one
-    sender at a time); :meth:`recv` belongs to one reader thread."""
+    sender at a time); :meth:`recv` belongs to one reader thread.
 
-    __slots__ = ("_send_lock", "peer", "purpose", "sock")
+    ``received`` / ``sent`` count chunks read and frames sent (the heartbeat monitor only
+    looks whether they moved); ``silence`` says why the monitor ended a silent connection
+    (readers and writers then fail with it instead of a bare connection error)."""
+
+    __slots__ = ("_send_lock", "peer", "purpose", "received", "sent", "silence", "sock")
 
     def __init__(self, sock: socket.socket, peer: Any, purpose: str) -> None:
         self.sock, self.peer, self.purpose = sock, peer, purpose
         self._send_lock = threading.Lock()
+        self.received = self.sent = 0
+        self.silence: str | None = None
 
     def send(self, kind: int, payload: bytes | bytearray = b"") -> None:
         header = HEADER.pack(kind, len(payload))
@@ -157,10 +170,53 @@ class Connection:
             else:
                 self.sock.sendall(header)
                 self.sock.sendall(payload)
+            self.sent += 1
+
+    def try_send(self, kind: int, payload: bytes = b"") -> bool:
+        """Send a small frame only if that cannot block: no other sender busy and room in
+        the socket's buffer.  False: not sent (try again later)."""
+        if not self._send_lock.acquire(blocking=False):
+            return False
+        try:
+            poller = select.poll()
+            poller.register(self.sock, select.POLLOUT)
+            if not any(ev & select.POLLOUT for _, ev in poller.poll(0)):
+                return False  # Linux says POLLOUT only with plenty of room: no blocking
+            self.sock.sendall(HEADER.pack(kind, len(payload)) + payload)
+            self.sent += 1
+            return True
+        except (OSError, ValueError):  # closed meanwhile: its reader reports that
+            return False
+        finally:
+            self._send_lock.release()
 
     def recv(self, max_len: int = 2**32) -> tuple[int, bytearray]:
-        """The next ``(kind, payload)``; EOFError once the peer closed."""
-        return read_frame(self.sock, max_len)
+        """The next ``(kind, payload)``, heartbeats skipped; EOFError once the peer
+        closed."""
+        while True:
+            kind, length = HEADER.unpack(self._recv_exact(HEADER.size))
+            if length > max_len:
+                raise ValueError(f"frame of type {kind} too long ({length} bytes)")
+            payload = self._recv_exact(length)
+            if kind != HEARTBEAT:
+                return kind, payload
+
+    def _recv_exact(self, n: int) -> bytearray:
+        buf = bytearray(n)
+        view, got, recv_into = memoryview(buf), 0, self.sock.recv_into
+        while got < n:
+            k = recv_into(view[got:])
+            if k == 0:
+                raise EOFError("connection closed" + (" mid-frame" if got else ""))
+            got += k
+            self.received += 1  # progress, even inside one long frame
+        return buf
+
+    def go_silent(self, reason: str) -> None:
+        """The peer went silent: remember why, and shut the socket down, which wakes the
+        reader (and a writer blocked on a full buffer) with an error."""
+        self.silence = reason
+        self.shutdown()
 
     def shutdown(self, how: int = socket.SHUT_RDWR) -> None:
         shutdown(self.sock, how)

@@ -21,6 +21,7 @@ from ..driver.logs import new_log_file, redirect_output
 from ..driver.run import JobCancelled, JobResult, run_job
 from ..driver.threads import ThreadsEngine
 from ..plan import plan as make_plan
+from ..protocol.liveness import HEARTBEAT_TIMEOUT, check_timeout
 from ..runtime.restore import IncompatibleCheckpointError
 from .stage import SparkStage, ship_user_code
 
@@ -92,7 +93,8 @@ def _build_session(builder: Any, slots: int, max_failures: int, stage_attempts: 
 def run_threads(pipeline: Any, *, restore_from: str | None = None,
                 timeout: float | None = None,
                 allow_non_restored_state: bool = False, on_start: Any = None,
-                progress: Any = None, dashboard: Any = None) -> JobResult:
+                progress: Any = None, dashboard: Any = None,
+                heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> JobResult:
     """Run every slot on a thread of this process (no Spark): for tests and debugging.
 
     The same driver, tasks, channels and storage as on Spark; no fault tolerance beyond
@@ -101,7 +103,8 @@ def run_threads(pipeline: Any, *, restore_from: str | None = None,
     plan = make_plan(pipeline)
     return run_job(pipeline, plan, ThreadsEngine(plan.slots), restore_from=restore_from,
                    timeout=timeout, on_start=on_start, progress=progress, faults=(),
-                   allow_non_restored_state=allow_non_restored_state, dashboard=dashboard)
+                   allow_non_restored_state=allow_non_restored_state, dashboard=dashboard,
+                   heartbeat_timeout=check_timeout(heartbeat_timeout))
 
 
 def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None = None,
@@ -109,7 +112,8 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
                  engine: str = "spark", progress: Any = None,
                  faults: tuple[tuple[str, int, int], ...] = (),
                  allow_non_restored_state: bool = False, dashboard: Any = None,
-                 restart_timeout: float = RESTART_TIMEOUT) -> JobResult:
+                 restart_timeout: float = RESTART_TIMEOUT,
+                 heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> JobResult:
     """Run ``pipeline`` to the end (bounded sources) and return what happened.
 
     ``restore_from`` starts from a checkpoint or savepoint path; otherwise the job resumes
@@ -135,15 +139,22 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
     submits it again, twice at most, then fails the job saying why.  Spark may never
     restart a stage: a task it cannot end holds a slot (its PySpark daemon was killed),
     or the cluster lost the capacity the barrier stage needs.
+
+    ``heartbeat_timeout``: a task, the driver or a channel's other end that sends nothing
+    (not even a heartbeat: idle connections carry one every fifth of this) for this many
+    seconds is failed: a frozen process, a half-open connection.  The attempt fails and
+    the job recovers as after a lost worker (docs/network-faults.md).
     """
     if not (isinstance(restart_timeout, (int, float)) and not isinstance(restart_timeout, bool)
             and math.isfinite(restart_timeout) and restart_timeout > 0):
         raise ValueError("restart_timeout must be a positive, finite number of seconds, got "
                          f"{restart_timeout!r}")
+    heartbeat_timeout = check_timeout(heartbeat_timeout)
     if engine == "threads":
         return run_threads(pipeline, restore_from=restore_from, timeout=timeout,
                            allow_non_restored_state=allow_non_restored_state,
-                           on_start=on_start, progress=progress, dashboard=dashboard)
+                           on_start=on_start, progress=progress, dashboard=dashboard,
+                           heartbeat_timeout=heartbeat_timeout)
     if engine != "spark":
         raise ValueError(f"engine must be 'spark' or 'threads', got {engine!r}")
     plan = make_plan(pipeline)
@@ -156,7 +167,7 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
     return run_job(pipeline, plan, stage, restore_from=restore_from, timeout=timeout,
                    on_start=on_start, progress=progress, faults=faults,
                    allow_non_restored_state=allow_non_restored_state, dashboard=dashboard,
-                   restart_timeout=restart_timeout)
+                   restart_timeout=restart_timeout, heartbeat_timeout=heartbeat_timeout)
 
 
 class RunningJob:
