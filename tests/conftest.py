@@ -11,7 +11,8 @@ LONGEST_FIRST = (
     "test_cluster.py", "test_bench_vs_spark_smoke.py", "test_nexmark_queries.py",
     "test_bench_ab_smoke.py", "test_explore_time.py", "test_failures.py",
     "test_bench_runtime_smoke.py", "test_chaos.py", "test_event_time_spark.py",
-    "test_columnar_spark.py", "test_tls.py", "test_cluster_daemon.py", "test_driver_death.py",
+    "test_columnar_spark.py", "test_tls.py", "test_net_faults_spark.py", "test_docs.py",
+    "test_cluster_daemon.py", "test_driver_death.py", "test_net_faults.py",
 )
 
 
