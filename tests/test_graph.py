@@ -154,6 +154,13 @@ def test_restore_then_continue_loses_and_duplicates_nothing(tmp_path):
     assert min(s.id for s in again.snapshots) > max(s.id for s in first.snapshots)
     assert not again.violations
     assert not ledger_problems(again.final_states)
+    # FIFO across the restore: a channel's re-delivered messages (negative ids, in their
+    # recorded order) are received before any sent in this run, so its received ids rise
+    received = collections.defaultdict(list)
+    for e in again.trace:
+        if e.kind == "recv":
+            received[e.channel].append(e.message)
+    assert all(ids == sorted(ids) for ids in received.values())
     assert_cuts_exact(again)  # ids of re-delivered and new messages kept apart
 
 

@@ -33,6 +33,37 @@ def test_checker_rejects_a_cut_that_receives_a_message_sent_outside_it():
     assert "received inside the cut but sent outside it" in report.explain()
 
 
+def test_checker_puts_a_restored_channel_state_before_the_new_messages_of_its_channel():
+    """Messages 101, 102 were restored onto a->b (no send event); a sends 1 (before its cut)
+    and 2 (after).  However the trace interleaves a's and b's events, b receives in FIFO
+    order: 101, 102, then 1.  A graph test under load
+    once failed on the checker's old, trace-order view of it."""
+    from itertools import combinations
+
+    from cutline.analysis import Message, Snapshot, TraceEvent
+
+    a = [TraceEvent(0, "a", "send", index=i, message=m, channel="a->b")
+         for i, m in enumerate([1, 2])]
+    b = [TraceEvent(0, "b", "recv", index=i, message=m, channel="a->b")
+         for i, m in enumerate([101, 102, 1, 2])]
+
+    def verdicts(b_cut: int, recorded: list[int]) -> set[bool]:
+        snap = Snapshot(1, cut={"a": 1, "b": b_cut},
+                        channels={"a->b": [Message(m, "a->b", None) for m in recorded]})
+        seen = set()
+        for slots in combinations(range(6), 2):  # every interleaving of a's 2 and b's 4
+            ai, bi = iter(a), iter(b)
+            trace = [next(ai) if k in slots else next(bi) for k in range(6)]
+            seen.add(check_cut(trace, snap, ["a", "b"], ["a->b"]).ok)
+        return seen
+
+    assert verdicts(0, [101, 102, 1]) == {True}
+    assert verdicts(1, [102, 1]) == {True}  # 101 received inside the cut
+    assert verdicts(3, []) == {True}
+    for wrong in ([1, 101, 102], [101, 1, 102], [101, 102], [101, 102, 1, 2]):
+        assert verdicts(0, wrong) == {False}
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_tokens_every_snapshot_conserves_and_states_alone_do_not(seed):
     r = tokens.run(seed=seed)

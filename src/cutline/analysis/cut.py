@@ -8,7 +8,9 @@ of its send event.  The recorded global state is a consistent cut exactly when
    send is not recorded), and
 2. the recorded state of each channel is, in order, the white messages sent on it that
    were not received by a white event (sent before the sender's cut, received after the
-   receiver's cut, or not yet at all).
+   receiver's cut, or not yet at all).  A message received but never sent in the trace
+   was re-delivered from a restored channel state: sent before the run, it precedes on its
+   channel every message sent in the run.
 
 The checker knows nothing of markers or barriers: it judges the snapshot by the
 happened-before relation alone, so it can judge any protocol, and any driver's trace.
@@ -79,32 +81,35 @@ def check_cut(
     def white(process: str, index: int) -> bool:
         return index < cut.get(process, 0)
 
+    # Two passes, so nothing depends on how the trace interleaves processes (a merged trace
+    # is ordered by clocks): first every send, then every receive.
     sent: dict[int, tuple[bool, str]] = {}  # message id -> (white?, channel)
-    order: dict[str, list[int]] = {}  # channel -> message ids in send order
-    received_white: set[int] = set()
+    order: dict[str, list[tuple[int, int]]] = {}  # channel -> (send index, message id)
     for e in trace:
         if e.kind == "send":
             msg, ch, index = _message_event(e)
             sent[msg] = (white(e.process, index), ch)
-            order.setdefault(ch, []).append(msg)
-        elif e.kind == "recv":
+            order.setdefault(ch, []).append((index, msg))
+    # A message received but never sent in the trace was re-delivered from a restored
+    # channel state: it was sent before the run, so on its FIFO channel it comes before
+    # every message sent in the run, whenever the trace shows it received.
+    before: dict[str, list[tuple[int, int]]] = {}  # channel -> (receive index, message id)
+    received_white: set[int] = set()
+    for e in trace:
+        if e.kind == "recv":
             msg, ch, index = _message_event(e)
             if white(e.process, index):
                 received_white.add(msg)
                 if msg in sent and not sent[msg][0]:
                     report.orphans.append((msg, ch))
             elif msg not in sent:
-                # delivered from a restored channel state: sent before this run began
-                order.setdefault(ch, []).append(msg)
-                sent[msg] = (True, ch)
-    # Messages re-injected from a restored channel state and received inside the cut
-    # have no send event here either: they were sent before the run.
-    names_ch = set(channels) if channels is not None else set(order) | set(snapshot.channels)
+                before.setdefault(ch, []).append((index, msg))
+    in_order = {ch: [m for _, m in sorted(before.get(ch, []))]
+                + [m for _, m in sorted(order.get(ch, [])) if sent[m][0]]
+                for ch in set(order) | set(before)}
+    names_ch = set(channels) if channels is not None else set(in_order) | set(snapshot.channels)
     for ch in sorted(names_ch):
-        expected = [
-            m for m in order.get(ch, [])
-            if sent[m][0] and m not in received_white
-        ]
+        expected = [m for m in in_order.get(ch, []) if m not in received_white]
         recorded = [m.id for m in snapshot.channels.get(ch, [])]
         if expected != recorded:
             report.channel_errors[ch] = (expected, recorded)
