@@ -87,7 +87,7 @@ RESCALED_VISITS = 6_000
 def test_rescale_2_to_1_to_2_mid_stream_on_spark(spark, tmp_path):
     savepoint = None
     for par in (2, 1):  # each runs until two checkpoints completed, then stops
-        p, rows, *_ = columnar(tmp_path, RESCALED, "aligned", rate=5_000,
+        p, rows, *_ = columnar(tmp_path, RESCALED, "unaligned", rate=5_000,
                                parallelism=par, batch_rows=500)
         late_sessions(p, tmp_path, RESCALED_VISITS, rate=1_500)
         running = p.start(spark=spark, timeout=120, restore_from=savepoint)
@@ -99,7 +99,7 @@ def test_rescale_2_to_1_to_2_mid_stream_on_spark(spark, tmp_path):
         assert running.result(60).savepoint == savepoint
         done = len(rows.read_records())
         assert 0 < done < len(expected(RESCALED)[0]), "stopped before or after the stream"
-    p, rows, aggs, wins = columnar(tmp_path, RESCALED, "aligned", parallelism=2,
+    p, rows, aggs, wins = columnar(tmp_path, RESCALED, "unaligned", parallelism=2,
                                    batch_rows=500)
     sessions = late_sessions(p, tmp_path, RESCALED_VISITS)
     result = p.run(spark=spark, timeout=120, restore_from=savepoint)

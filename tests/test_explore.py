@@ -14,6 +14,10 @@ SMALL = [
     dict(processes=3, messages=2, snapshots=2, mode="aligned", topology="dag"),
     dict(processes=3, messages=2, snapshots=2, mode="unaligned", topology="dag"),
     dict(processes=3, messages=1, snapshots=2, mode="unaligned", topology="dag"),
+    # as the runtime's input gate: overtaken records copied and left queued (two snapshots
+    # open at a task recorded them twice until the handler recorded a copy for one)
+    dict(processes=3, messages=1, snapshots=2, mode="unaligned", topology="dag",
+         overtake="copy"),
 ]
 
 

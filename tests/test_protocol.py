@@ -228,6 +228,38 @@ def test_overtaken_records_left_in_the_drivers_queue_are_recorded_once_and_deliv
     assert h2.on_records("a", (7,)) == [Deliver("a", (7,))]
 
 
+def test_copied_overtaken_records_are_recorded_once_with_two_checkpoints_open():
+    # a savepoint (4) triggered while checkpoint 3 is in flight: both barriers came on "b"
+    # first, and on "a" both are queued behind record r, which the driver copies and
+    # leaves queued each time a barrier overtakes it
+    h = SnapshotHandler(["a", "b"], "unaligned")
+    assert h.on_barrier("b", B(3, True)) == snap(3, True)
+    assert h.on_barrier("b", B(4, True)) == snap(4, True)
+    assert h.recording == {3: ("a",), 4: ("a",)}
+    r = (("r", 1),)
+    assert h.on_barrier("a", B(3, True), overtaken=r, deliver_overtaken=False) == [
+        RecordChannelState(3, "a", r), FinishSnapshot(3)]  # not for 4: still queued
+    assert h.on_barrier("a", B(4, True), overtaken=r, deliver_overtaken=False) == [
+        RecordChannelState(4, "a", r), FinishSnapshot(4)]
+    assert h.on_records("a", r) == [Deliver("a", r)]
+    # r delivered between the two barriers: recorded for 4 then, not copied again
+    h = SnapshotHandler(["a", "b"], "unaligned")
+    h.on_barrier("b", B(3, True))
+    h.on_barrier("b", B(4, True))
+    assert h.on_barrier("a", B(3, True), overtaken=r, deliver_overtaken=False) == [
+        RecordChannelState(3, "a", r), FinishSnapshot(3)]
+    assert h.on_records("a", r) == [RecordChannelState(4, "a", r), Deliver("a", r)]
+    assert h.on_barrier("a", B(4, True), deliver_overtaken=False) == [FinishSnapshot(4)]
+    # taken out of the queue (delivered now), they are every open snapshot's channel state
+    h = SnapshotHandler(["a", "b"], "unaligned")
+    h.on_barrier("b", B(3, True))
+    h.on_barrier("b", B(4, True))
+    assert h.on_barrier("a", B(3, True), overtaken=r) == [
+        RecordChannelState(3, "a", r), RecordChannelState(4, "a", r), Deliver("a", r),
+        FinishSnapshot(3)]
+    assert h.on_barrier("a", B(4, True)) == [FinishSnapshot(4)]
+
+
 @settings(max_examples=150, deadline=None)
 @given(mode=st.sampled_from(["aligned", "aligned_timeout", "unaligned", "chandy_lamport",
                              "at_least_once"]),

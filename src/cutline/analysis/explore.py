@@ -3,7 +3,10 @@
 A small system (2-4 processes, a few application messages each, 1-2 snapshots) is run
 through *every* order of steps that FIFO channels allow: each process's next send, the
 delivery of each channel's head, every initiation of every snapshot, and (unaligned) a
-barrier overtaking the records queued ahead of it.  The protocol under test is the same
+barrier overtaking the records queued ahead of it: taking them out of the queue with it
+(``overtake="take"``, as the simulator does), or copying them and leaving them queued, to
+be delivered later in order (``overtake="copy"``, as the runtime's input gate does, so a
+task is free for the next barrier).  The protocol under test is the same
 :class:`~cutline.protocol.SnapshotHandler` every other driver uses.
 
 Each global state carries the ground truth needed to judge the snapshots, in Dijkstra's
@@ -109,8 +112,9 @@ class ExploreResult:
 
 class _Explorer:
     def __init__(self, n: int, edges: list[tuple[int, int]], mode: Mode, messages: int,
-                 snapshots: int, initiators: int) -> None:
+                 snapshots: int, initiators: int, copy: bool = False) -> None:
         self.n, self.mode, self.messages, self.snapshots = n, mode, messages, snapshots
+        self.copy = copy  # overtaken records stay queued (the runtime's input gate)
         self.edges = edges
         self.names = [f"P{i + 1}" for i in range(n)]
         self.chan_names = [f"{self.names[a]}->{self.names[b]}" for a, b in edges]
@@ -169,7 +173,8 @@ class _Explorer:
                 # the first barrier queued behind records may jump them (never a barrier)
                 pos = next((i for i, it in enumerate(q) if it[0] == "b"), 0)
                 if pos:
-                    out.append((f"barrier {q[pos][1].checkpoint_id} overtakes {pos} "
+                    how = "copies" if self.copy else "overtakes"
+                    out.append((f"barrier {q[pos][1].checkpoint_id} {how} {pos} "
                                 f"record(s) on {self.chan_names[c]}",
                                 partial(self._overtake, w, c, pos)))
         return out
@@ -217,11 +222,12 @@ class _Explorer:
         overtaken = tuple(it[1] for it in q[:pos])
         barrier = Barrier(q[pos][1].checkpoint_id, unaligned=True)
         queues = list(w.queues)
-        queues[c] = q[pos + 1:]
+        queues[c] = q[:pos] + q[pos + 1:] if self.copy else q[pos + 1:]
         w = _World(w.pcs, tuple(queues), w.handlers, w.triggered, w.taken, w.finished,
                    w.sent_white, w.recv_white, w.recorded, w.aborted, w.hkeys)
-        name = self.chan_names[c]
-        return self._run(w, self.edges[c][1], lambda h: h.on_barrier(name, barrier, overtaken))
+        name, deliver = self.chan_names[c], not self.copy
+        return self._run(w, self.edges[c][1], lambda h: h.on_barrier(
+            name, barrier, overtaken, deliver_overtaken=deliver))
 
     def _run(self, w: _World, p: int, event: Callable[[SnapshotHandler], list]) -> _World:
         """Apply ``event`` to a private copy of ``p``'s handler and perform the actions."""
@@ -296,10 +302,12 @@ def _messages(ms: Iterable[tuple[int, int]]) -> str:
 def explore(
     processes: int = 3, messages: int = 1, snapshots: int = 1, *, mode: str = "chandy_lamport",
     topology: str = "complete", initiators: int = 1, progress: bool = False,
-    max_states: int = 2_000_000,
+    max_states: int = 2_000_000, overtake: str = "take",
 ) -> ExploreResult:
     """Check every interleaving of a small system; see the module docstring."""
     m = Mode.parse(mode)
+    if overtake not in ("take", "copy"):
+        raise ValueError(f"overtake must be 'take' or 'copy', got {overtake!r}")
     if processes < 2:
         raise ValueError(f"explore needs at least 2 processes, got {processes}")
     if not 1 <= initiators <= processes:
@@ -308,7 +316,7 @@ def explore(
         raise ValueError("several initiators of one snapshot is a Chandy-Lamport notion; "
                          f"in mode {m.value!r} the sources initiate")
     edges = globals()["topology"](topology, processes)
-    ex = _Explorer(processes, edges, m, messages, snapshots, initiators)
+    ex = _Explorer(processes, edges, m, messages, snapshots, initiators, overtake == "copy")
     result = ExploreResult(processes, topology, m.value, messages, snapshots, initiators)
     found = search(ex.initial(), ex.steps, ex.problems, max_states=max_states,
                    progress=progress)

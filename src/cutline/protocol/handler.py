@@ -213,7 +213,7 @@ class SnapshotHandler:
                 raise ProtocolError(
                     f"second barrier of checkpoint {n} on channel {channel!r}"
                 )
-            return self._overtaken(channel, overtaken) + self._channel_done(n, channel)
+            return self._overtaken(n, channel, overtaken) + self._channel_done(n, channel)
         return self._policy.barrier(channel, barrier, overtaken)
 
     def on_announce(self, channel: Channel, barrier: Barrier) -> list[Action]:
@@ -297,13 +297,21 @@ class SnapshotHandler:
         actions.append(Deliver(channel, records))
         return actions
 
-    def _overtaken(self, channel: Channel, records: Batch) -> list[Action]:
-        """Records an unaligned barrier overtook: channel state of every snapshot recording
-        ``channel``; delivered now, or later from the driver's queue."""
-        actions = self._record_and_deliver(channel, records)
-        if not self._deliver_overtaken and actions:
-            actions.pop()  # the Deliver: the records are still queued at the driver
-        return actions
+    def _overtaken(self, n: int, channel: Channel, records: Batch) -> list[Action]:
+        """Records the unaligned barrier of checkpoint ``n`` overtook.
+
+        Taken out of the queue (delivered now): channel state of every snapshot recording
+        ``channel``.  Copied (``deliver_overtaken=False``: still queued at the driver):
+        channel state of ``n`` only.  Another snapshot recording ``channel`` has its barrier
+        further down the channel (FIFO), so it meets the same records again, delivered or
+        copied ahead of its own barrier, and records them then: recorded now as well, they
+        would be in its channel state twice (two checkpoints open at once: a savepoint
+        beside a periodic checkpoint, or ``max_concurrent`` > 1)."""
+        if self._deliver_overtaken:
+            return self._record_and_deliver(channel, records)
+        if records and n in self._recording_on.get(channel, ()):
+            return [RecordChannelState(n, channel, records)]
+        return []
 
     def _channel_done(self, n: int, channel: Channel) -> list[Action]:
         rec = self._recordings[n]

@@ -82,7 +82,7 @@ class _Recording(_Policy):
             return h._late(channel, overtaken)
         unaligned = h.mode is Mode.UNALIGNED
         actions = h._take_snapshot(n, unaligned, h._open)
-        actions += h._overtaken(channel, overtaken)
+        actions += h._overtaken(n, channel, overtaken)
         actions += h._channel_done(n, channel)
         return actions
 
@@ -163,7 +163,7 @@ class _Aligned(_Policy):
                 )
             # Upstream already gave up aligning: so do we, at once.
             actions += self._switch()
-            actions += h._overtaken(channel, overtaken)
+            actions += h._overtaken(n, channel, overtaken)
             actions += h._channel_done(n, channel)
             return actions
         self.received[channel] = None
