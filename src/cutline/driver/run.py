@@ -64,13 +64,14 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
             timeout: float | None, on_start: Any, progress: Any,
             faults: tuple[tuple[str, int, int], ...],
             allow_non_restored_state: bool, dashboard: Any = None,
-            restart_timeout: float | None = None) -> JobResult:
+            restart_timeout: float | None = None,
+            start_timeout: float | None = None) -> JobResult:
     """``engine``: :class:`~cutline.spark.stage.SparkStage` or
     :class:`~cutline.driver.threads.ThreadsEngine`.  ``dashboard``: serve the live
     dashboard (:func:`~cutline.driver.dashboard.dashboard_port` says when).
-    ``restart_timeout``: the recovery watchdog's deadline
-    (:class:`~cutline.protocol.job.JobController`), on an engine that can resubmit its
-    stage."""
+    ``restart_timeout`` / ``start_timeout``: the watchdog's deadlines after a loss and at
+    the start (:class:`~cutline.protocol.job.JobController`), on an engine that can
+    resubmit its stage."""
     for node in pipeline.nodes:  # what a source can tell before anything runs
         check = getattr(node.fn, "check", None) if node.kind == "source" else None
         warning = check() if callable(check) else None
@@ -78,7 +79,8 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
             log.warning("cutline: source %r: %s", node.uid, warning)
     cfg = pipeline.checkpoint
     driver = JobDriver(plan, cfg, pipeline.name, restore_from, host=engine.driver_host,
-                       restart_timeout=restart_timeout if engine.restarts else None)
+                       restart_timeout=restart_timeout if engine.restarts else None,
+                       start_timeout=start_timeout if engine.restarts else None)
     driver.on_resubmit = getattr(engine, "resubmit", None)
     driver.check_restore(allow_non_restored_state)
     spec = JobSpec(plan=plan, job=pipeline.name, secret=driver.secret,
