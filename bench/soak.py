@@ -242,7 +242,7 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         wait_for_executors(spark, 2)
         p, sink = soak_job(work, mode, rate=args.rate)
         chaos = Chaos(kills=10**9, seed=args.seed, mean_delay=args.kill_every,
-                      early=0.25, executors=args.executors)
+                      early=0.25, executors=args.executors, after_start=True)
         sampler = Sampler(cluster, args.sample_every)
         sampler.start()
         drivers: list = []
@@ -279,11 +279,20 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                         "completed": round(r.completed - t0, 3),
                         "duration": round(r.duration, 4), "bytes": r.bytes,
                         "in_flight": r.in_flight} for r in result.checkpoints]
-        kills = [{**k, "at": round(k["time"] - wall0, 1)} for k in chaos.killed]
+        starts = [a.at - t0 for a in c.attempt_log]
+        kills = []
+        for k in chaos.killed:
+            at = k["time"] - wall0
+            # to the next attempt's start, and to its first completed checkpoint
+            up = next((s for s in starts if s > at), None)
+            done = next((x["completed"] for x in checkpoints if x["completed"] > at), None)
+            kills.append({**k, "at": round(at, 1),
+                          "restarted_in": round(up - at, 1) if up is not None else None,
+                          "checkpoint_in": round(done - at, 1) if done is not None else None})
         warmup = seconds / 5
         flat = flatness(sampler.samples, warmup)
         durations = drift(checkpoints, warmup)
-        all_d = sorted(x["duration"] for x in checkpoints)
+        all_d = [x["duration"] for x in checkpoints]
         out = {
             "mode": mode, "minutes": round(seconds / 60, 2), "rate": args.rate,
             "kill_every": args.kill_every, "seed": args.seed,
@@ -292,11 +301,10 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                         for t in ("worker", "executor")},
             "during_recovery": sum(1 for k in kills if k["delay"] < 0.05),
             "attempts": result.attempts, "resubmitted": c.resubmitted,
+            "restart_seconds": _quantiles([k["restarted_in"] for k in kills]),
+            "kill_to_checkpoint_seconds": _quantiles([k["checkpoint_in"] for k in kills]),
             "checkpoints": len(checkpoints), "failed_checkpoints": len(c.failed_checkpoints),
-            "checkpoint_seconds": {
-                "p50": all_d[len(all_d) // 2] if all_d else None,
-                "p95": all_d[int(len(all_d) * 0.95)] if all_d else None,
-                "max": all_d[-1] if all_d else None},
+            "checkpoint_seconds": _quantiles(all_d),
             **check, "savepoint": savepoint,
             "checks": {"output": check["exact"], "flat": all(x["ok"] for x in flat.values()),
                        "durations": durations["ok"]},
@@ -309,6 +317,13 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         if spark is not None:
             spark.stop()
         cluster.stop()
+
+
+def _quantiles(xs: list) -> dict[str, float | None]:
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return {"p50": None, "p95": None, "max": None}
+    return {"p50": xs[len(xs) // 2], "p95": xs[int(len(xs) * 0.95)], "max": xs[-1]}
 
 
 def plot(out: dict[str, Any], path: Path) -> None:
@@ -355,6 +370,10 @@ def summary(out: dict[str, Any], totals: dict[str, Any] | None) -> str:
         f"({out['targets']['worker']} Python workers, {out['targets']['executor']} executor "
         f"JVMs; {out['during_recovery']} while a new attempt restored), "
         f"{out['attempts']} attempts, {out['resubmitted']} resubmitted by the driver",
+        f"from a kill to the next attempt's start: median {out['restart_seconds']['p50']} s, "
+        f"max {out['restart_seconds']['max']} s; to its next checkpoint: median "
+        f"{out['kill_to_checkpoint_seconds']['p50']} s, "
+        f"max {out['kill_to_checkpoint_seconds']['max']} s",
         f"checkpoints: {out['checkpoints']} completed, {out['failed_checkpoints']} failed; "
         f"median {d.get('first_median')} s after warm-up, {d.get('last_median')} s at the end "
         f"(bound {d.get('bound')}): {'no drift' if d['ok'] else 'DRIFT'}",
@@ -369,6 +388,18 @@ def summary(out: dict[str, Any], totals: dict[str, Any] | None) -> str:
         lines.append(f"kills survived in all (bench/results/kills.json): "
                      f"{totals['kills_survived']:,} {totals['by_mode']}")
     return "\n".join(lines)
+
+
+def dump(out: dict[str, Any]) -> str:
+    """JSON with one line per key, and per row of the long logs (samples, kills, checkpoints)."""
+    rows = []
+    for k, v in out.items():
+        if isinstance(v, list) and v:
+            body = ",\n".join(f"  {json.dumps(x)}" for x in v)
+            rows.append(f" {json.dumps(k)}: [\n{body}\n ]")
+        else:
+            rows.append(f" {json.dumps(k)}: {json.dumps(v)}")
+    return "{\n" + ",\n".join(rows) + "\n}\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -396,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    args.out.write_text(dump(out))
     plot(out, args.out.with_suffix(".png"))
     totals = None if args.no_tally else record({
         "kind": "soak", "mode": out["mode"], "kills": out["kills"], "lost": out["lost"],

@@ -103,8 +103,9 @@ class Kill:
 
 
 class DieBeforeCommit:
-    """``kill -9`` of this driver process the moment checkpoint ``n`` is complete in
-    storage (``_metadata`` written), before any sink was told to commit it."""
+    """``kill -9`` of this driver process the moment a checkpoint from ``n`` on is complete
+    in storage (``_metadata`` written), before any sink was told to commit it; not the
+    final one (a new run would have nothing left to do)."""
 
     fired: list = []
 
@@ -118,7 +119,7 @@ class DieBeforeCommit:
         def perform(driver, commands):
             for cmd in commands:
                 if type(cmd) is Send and type(cmd.msg) is m.Complete \
-                        and cmd.msg.checkpoint >= n:
+                        and cmd.msg.checkpoint >= n and not cmd.msg.final:
                     print("DRIVER KILLED at checkpoint", cmd.msg.checkpoint, flush=True)
                     os.kill(os.getpid(), signal.SIGKILL)
             return original(driver, commands)
@@ -165,7 +166,7 @@ def main() -> None:
         if case == "executor":  # mid-run, then the next attempt's, while it restores
             fault = Kill(1.0, executor(1), recovery=executor(0))
         elif case == "driver_dies":  # this process: a run on another one resumes
-            fault = DieBeforeCommit(2)
+            fault = DieBeforeCommit(1)
         elif case == "driver_rerun":
             from cutline.storage.checkpoints import CheckpointStorage
 

@@ -41,6 +41,10 @@ class Chaos:
     mean_delay: float = 1.0
     early: float = 0.25  # share of kills that come while the new attempt restores
     executors: float = 0.0
+    # count the delay from the attempt's start (every task registered), not from its first
+    # registered task: on a cluster an executor JVM starts slowly, and a kill before the
+    # attempt runs would keep a job from ever making progress (the soak)
+    after_start: bool = False
     # attempt, slot, pid, target ("worker" / "executor"), delay, started, time
     killed: list[dict] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -58,7 +62,8 @@ class Chaos:
 
         while len(self.killed) < self.kills and not over():
             # the next attempt, with at least one task registered (pids known)
-            while not over() and (driver.attempt.number <= attempt or not driver.task_pids):
+            while not over() and (driver.attempt.number <= attempt or not driver.task_pids
+                                  or (self.after_start and not driver.attempt.started)):
                 time.sleep(0.005)
             if over():
                 return
