@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -40,9 +41,11 @@ def run_cases(cluster: Cluster, tmp: Path, *cases: str,
     (``kill -9``), so it reports nothing and the process ends with -9."""
     env = dict(cluster_env(), PYTHONPATH=str(HERE), CUTLINE_LOG_DIR=str(tmp / "logs"))
     env.pop("PYTEST_CURRENT_TEST", None)
+    t0 = time.monotonic()
     proc = subprocess.run([sys.executable, str(HERE / "cluster_script.py"), cluster.url,
                            str(cluster.root), str(tmp), *cases], capture_output=True,
                           text=True, env=env, timeout=900, cwd=tmp)
+    print(f"{' '.join(cases)}: {time.monotonic() - t0:.0f} s")  # -s shows where time goes
     log = tmp / f"script-{cases[0]}.log"
     log.write_text(proc.stdout + proc.stderr)  # for a failure's story
     results = {ln.split()[1]: json.loads(ln.split(" ", 2)[2])
