@@ -162,10 +162,15 @@ def flatness(samples: list[dict], warmup: float) -> dict[str, dict]:
                 get = lambda s: s["cluster_procs"]  # noqa: E731
             else:
                 get = lambda s, r=role, m=metric: s[r][m]  # noqa: E731
-            if not first:
+            # a role's memory, files and threads while it has processes (tasks have none
+            # between a kill and the next attempt)
+            has = (lambda s: True) if role == "cluster_procs" or metric == "n" else \
+                (lambda s, r=role: s[r]["n"] > 0)  # noqa: E731
+            a_rows, b_rows = [x for x in first if has(x)], [x for x in last if has(x)]
+            if not a_rows or not b_rows:
                 continue
-            a = statistics.median(map(get, first))
-            b = statistics.median(map(get, last))
+            a = statistics.median(map(get, a_rows))
+            b = statistics.median(map(get, b_rows))
             bound = max(absolute, share * a)
             checks[f"{role}.{metric}"] = {"first": a, "last": b, "growth": round(b - a, 2),
                                           "bound": round(bound, 2), "ok": b - a <= bound}
@@ -290,8 +295,6 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                           "restarted_in": round(up - at, 1) if up is not None else None,
                           "checkpoint_in": round(done - at, 1) if done is not None else None})
         warmup = seconds / 5
-        flat = flatness(sampler.samples, warmup)
-        durations = drift(checkpoints, warmup)
         all_d = [x["duration"] for x in checkpoints]
         out = {
             "mode": mode, "minutes": round(seconds / 60, 2), "rate": args.rate,
@@ -305,18 +308,25 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "kill_to_checkpoint_seconds": _quantiles([k["checkpoint_in"] for k in kills]),
             "checkpoints": len(checkpoints), "failed_checkpoints": len(c.failed_checkpoints),
             "checkpoint_seconds": _quantiles(all_d),
-            **check, "savepoint": savepoint,
-            "checks": {"output": check["exact"], "flat": all(x["ok"] for x in flat.values()),
-                       "durations": durations["ok"]},
-            "flatness": flat, "durations": durations,
+            **check, "savepoint": savepoint, "warmup": round(warmup, 1),
             "kill_log": kills, "checkpoint_log": checkpoints, "samples": sampler.samples,
         }
-        out["ok"] = all(out["checks"].values())
-        return out
+        return judge(out)
     finally:
         if spark is not None:
             spark.stop()
         cluster.stop()
+
+
+def judge(out: dict[str, Any]) -> dict[str, Any]:
+    """The checks of a run (``out`` as written to the JSON file: they can be run again)."""
+    flat = flatness(out["samples"], out["warmup"])
+    durations = drift(out["checkpoint_log"], out["warmup"])
+    out.update(checks={"output": out["exact"], "flat": all(x["ok"] for x in flat.values()),
+                       "durations": durations["ok"]},
+               flatness=flat, durations=durations)
+    out["ok"] = all(out["checks"].values())
+    return out
 
 
 def _quantiles(xs: list) -> dict[str, float | None]:
@@ -370,10 +380,6 @@ def summary(out: dict[str, Any], totals: dict[str, Any] | None) -> str:
         f"({out['targets']['worker']} Python workers, {out['targets']['executor']} executor "
         f"JVMs; {out['during_recovery']} while a new attempt restored), "
         f"{out['attempts']} attempts, {out['resubmitted']} resubmitted by the driver",
-        f"from a kill to the next attempt's start: median {out['restart_seconds']['p50']} s, "
-        f"max {out['restart_seconds']['max']} s; to its next checkpoint: median "
-        f"{out['kill_to_checkpoint_seconds']['p50']} s, "
-        f"max {out['kill_to_checkpoint_seconds']['max']} s",
         f"checkpoints: {out['checkpoints']} completed, {out['failed_checkpoints']} failed; "
         f"median {d.get('first_median')} s after warm-up, {d.get('last_median')} s at the end "
         f"(bound {d.get('bound')}): {'no drift' if d['ok'] else 'DRIFT'}",
@@ -384,6 +390,11 @@ def summary(out: dict[str, Any], totals: dict[str, Any] | None) -> str:
         f"{out['lost']} lost, {out['duplicated']} duplicated"
         + (" -> exactly once" if out["exact"] else " -> NOT EXACT"),
     ]
+    if "restart_seconds" in out:
+        up, cp = out["restart_seconds"], out["kill_to_checkpoint_seconds"]
+        lines.insert(1, f"from a kill to the next attempt's start: median {up['p50']} s, max "
+                        f"{up['max']} s; to the next checkpoint: median {cp['p50']} s, max "
+                        f"{cp['max']} s")
     if totals is not None:
         lines.append(f"kills survived in all (bench/results/kills.json): "
                      f"{totals['kills_survived']:,} {totals['by_mode']}")
@@ -420,7 +431,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-tally", action="store_true",
                     help="do not add the kills to bench/results/kills.json")
     ap.add_argument("--verbose", action="store_true", help="a line a minute")
+    ap.add_argument("--check", type=Path, metavar="SOAK.json",
+                    help="run the checks again on a saved result (no soak)")
     args = ap.parse_args(argv)
+    if args.check:
+        out = json.loads(args.check.read_text())
+        out.setdefault("warmup", out["minutes"] * 60 / 5)
+        print(summary(judge(out), None))
+        return 0 if out["ok"] else 1
     work = Path(tempfile.mkdtemp(prefix="cutline-soak-"))
     try:
         out = soak(args, work)
