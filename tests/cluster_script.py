@@ -177,7 +177,7 @@ def main() -> None:
             fault = KillDaemon(delay=1.0, kill=1)
         elif case == "worker_gone":  # capacity below the parallelism for good
             # (the start has its own deadline: a busy machine's slow start is no failure)
-            fault, restart_timeout = Kill(1.0, worker(1)), 20.0
+            fault, restart_timeout = Kill(1.0, worker(1)), 12.0
         elif case == "worker_back":  # ... and back in time
             fault = Kill(1.0, worker(1), then=lambda: cluster.start_worker(9))
         else:

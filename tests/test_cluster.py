@@ -89,7 +89,7 @@ def test_driver_executor_daemon_and_worker_faults_on_a_cluster(cluster, tmp_path
     gone = r["worker_gone"]
     assert gone["fired"] == ["worker", "executor"], gone
     assert gone["error"] == (
-        "JobFailed: job 'worker_gone' failed: no attempt of the stage started within 20 s "
+        "JobFailed: job 'worker_gone' failed: no attempt of the stage started within 12 s "
         "after attempt 0 lost slot 1, nor after the driver resubmitted it 2 times (the "
         "stage needs 2 free task slots at once: is capacity missing, or a task Spark "
         "cannot end holding one?)")
