@@ -2,6 +2,7 @@
 #   make demo   - create .venv, install cutline, run the main demo
 #   make test   - create .venv if needed, run the test suite
 #   make lint   - ruff, mypy and the import-layering contracts (lint-imports)
+#   make docs   - the docs site from docs/ into site/ (mkdocs build --strict)
 #   make soak   - one job for SOAK_MINUTES (60) on a loopback Spark cluster, a kill -9 every
 #                 ~30 s, output exact and memory / files / threads flat (bench/soak.py)
 #   make test-spark-versions - the Spark tests below on the oldest and newest PySpark cutline
@@ -12,7 +13,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean venv test-spark-versions soak
+.PHONY: demo test lint docs bench clean venv test-spark-versions soak
 
 venv: $(STAMP)
 
@@ -26,11 +27,19 @@ demo: $(STAMP)
 	$(VENV)/bin/python examples/wordcount.py --kill
 	$(VENV)/bin/cutline simulate lecture --diagram out/lecture.png
 
-test: lint
-	$(PY) -m pytest -q
+# Two pytest-xdist workers, each with its own embedded Spark session (most of the suite waits
+# on Spark, not the CPU); TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
+
+test: lint docs
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# The docs site (mkdocs-material) from docs/ into site/; --strict fails on a broken link.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff check src tests bench examples mkdocs_hooks.py
 	$(VENV)/bin/mypy src
 	$(VENV)/bin/lint-imports
 
@@ -70,5 +79,5 @@ soak: $(STAMP)
 	$(PY) bench/soak.py --verbose
 
 clean:
-	rm -rf $(VENV) .venv-spark-* build src/*.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache \
+	rm -rf $(VENV) .venv-spark-* build site src/*.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache \
 		.import_linter_cache

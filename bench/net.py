@@ -295,7 +295,11 @@ def load_old(base: str, tmp: Path):
     for name in ("channels", "control"):
         src = subprocess.run(["git", "show", f"{base}:src/cutline/runtime/{name}.py"], cwd=ROOT,
                              check=True, capture_output=True, text=True).stdout
-        src = src.replace("from ..protocol.events import", "from cutline.protocol.events import")
+        for rel, mod in (("..protocol.events", "cutline.protocol.events"),
+                         ("..connectors.base", "cutline.connectors.base"),
+                         ("..protocol", "cutline.protocol"),
+                         (".net", "cutline.runtime.net"), (".", "cutline.runtime")):
+            src = src.replace(f"from {rel} import", f"from {mod} import")
         (tmp / f"old_{name}.py").write_text(src)
         spec = importlib.util.spec_from_file_location(f"old_{name}", tmp / f"old_{name}.py")
         mod = importlib.util.module_from_spec(spec)

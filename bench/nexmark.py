@@ -1,4 +1,5 @@
-"""Nexmark on cutline and on Spark Structured Streaming: throughput at saturation, side by side.
+"""Nexmark on cutline and on Spark Structured Streaming, side by side: throughput at saturation,
+latency at a fixed rate, checkpoint duration, and kill -9 to caught up.
 
 Run ``python bench/nexmark.py`` (``--quick``: a small input, one round).  The input is
 ``--events`` Nexmark events (``cutline nexmark generate``: the reference's mix and
@@ -16,6 +17,32 @@ systems' results are equal) runs:
   whole backlog in one micro-batch: Spark's best case), into the ``noop`` sink.  Processing
   time: the first micro-batch's trigger -> the end of the last micro-batch.
 
+**Latency** (``--only latency``; ``--rate`` events/s, default 500, for
+``--latency-seconds``, default 20, quick 8; ``--warmup`` s not counted): a writer thread
+writes Nexmark events as a Parquet file every 0.1 s into a directory both systems follow,
+event time following the wall clock (out of order within groups of 10; a file holds whole
+groups) and notes when each file became visible.  A result row's latency is *committed -
+determined*: determined is when the first file holding the event time the row needs became
+visible (its own event's; q3: the later of the person and the auction; windows: the end + the
+watermark delay, the first moment a watermark could pass it; q4: its auction's expiry + the
+delay).  *Committed*: cutline exactly-once at a 0.1 s checkpoint interval into a
+``CollectSink`` (its part file appears when the checkpoint commits); Spark through
+``foreachBatch`` (rows collected and pickled), committed when ``<checkpoint>/commits/<id>``
+appears.  Spark's triggers: the default (as fast as possible) and ``processingTime`` 100 ms;
+real-time mode is probed once (PySpark 4.3 has it, but it takes Kafka sources and
+allowlisted sinks only, so it does not run these queries) and used if it runs.
+**Checkpoint duration**: cutline's checkpoint stats in the latency runs; Spark's per
+micro-batch ``walCommit`` + ``commitOffsets`` + its state stores' ``commitTimeMs``, and
+``addBatch``.
+
+**Kill to caught up** (``--only kill``; ``--kill-seconds`` of input, default 60, the kill at
+30%): cutline: ``kill -9`` of one task's Spark Python worker (Spark restarts the barrier stage,
+the job restores its latest checkpoint).  Spark: the query runs in a child process with its
+own session; ``kill -9`` of its process group (the driver's Python and JVM, which runs the
+query in local mode) and a new child restarts it from its checkpoint location at once, as a
+Spark user recovers.  Caught up: the first commit after which every result is within twice
+that system's failure-free p99 (its default trigger for Spark; at least 0.5 s).
+
 Records/s = events in the backlog / processing time.  One unmeasured warm-up run of each
 system goes first; rounds rotate the order of the cases; medians are reported, with the
 noise (half the spread of the per-round ratios).  The ratio
@@ -25,17 +52,27 @@ nexmark.json``.
 
 from __future__ import annotations
 
+import bisect
+import collections
+import contextlib
+import dataclasses
 import importlib.util
+import json
 import os
+import pickle
+import signal
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from _common import (
     RESULTS, AttemptWatcher, Runner, Workdir, bench_parser, fmt, git_state, median, noise_of,
-    parse_bench_args, positive_int, rotated, spark_processing, spark_session, stamp,
-    stop_quietly, table, write_results,
+    parse_bench_args, percentile, positive_float, positive_int, pyplot, rotated,
+    spark_processing, spark_session, stamp, stop_quietly, styled, table, verdict,
+    write_results,
 )
 from _common import console as make_console
 
@@ -48,6 +85,7 @@ EVENTS = (1_000_000, 100_000)  # full, quick
 PER_FILE = 50_000
 OUT_OF_ORDER = 100
 JOB_TIMEOUT = 900.0
+TARGET_P99 = 0.25  # cutline at a 0.1 s checkpoint interval / Spark's best trigger
 CUTLINE, COLUMNAR, SPARK = "cutline", "cutline columnar", "spark"
 
 
@@ -136,13 +174,641 @@ def summarise(runs: dict, queries: list[str]) -> list[dict]:
     return rows
 
 
+# --------------------------------------------------------------------------- latency
+
+WRITE_PERIOD = 0.1  # latency runs: one input file every 0.1 s
+POLL = 0.02  # cutline's file source: listing period when idle (Spark's polls every 10 ms)
+LATENCY_INTERVAL = 0.1  # cutline's checkpoint interval in latency and kill runs (the target's)
+LATENCY_OUT_OF_ORDER = 10  # events shuffled within groups of 10 (a file holds whole groups)
+CUT_EO = "cutline EO 0.1 s"
+SPARK_DEFAULT, SPARK_SHORT, SPARK_RT = "default trigger", "processingTime 100 ms", "real-time"
+SPARK_TRIGGERS = {SPARK_DEFAULT: {}, SPARK_SHORT: {"processingTime": "100 milliseconds"},
+                  SPARK_RT: {"realTime": "5 seconds"}}
+CAUGHT_UP_FACTOR, CAUGHT_UP_FLOOR = 2.0, 0.5  # bound: 2x the failure-free p99, >= 0.5 s
+
+
+class LiveInput(threading.Thread):
+    """Writes Nexmark events at ``rate`` events/s as Parquet files, one every 0.1 s, into
+    ``directory``, and notes when each became visible and the event times it holds.
+
+    Event time follows the wall clock (``base_time_ms`` = the start, ``events_per_second``
+    = ``rate``); a file holds whole out-of-order groups, so the files' event-time ranges do
+    not overlap and :meth:`visible` maps an event time to the moment an event at or after
+    it could first be read.  What the latency of a result row needs is kept (auctions,
+    persons, q2's bids, bids per auction for q4)."""
+
+    def __init__(self, directory: Path, rate: float, seconds: float,
+                 done_after: float | None = None) -> None:
+        super().__init__(daemon=True, name="nexmark-input")
+        from cutline.connectors.nexmark import Nexmark, NexmarkConfig
+
+        self.directory, self.rate, self.seconds, self.done_after = \
+            directory, rate, seconds, done_after
+        per_file = int(round(rate * WRITE_PERIOD))
+        if per_file % LATENCY_OUT_OF_ORDER:
+            raise ValueError(f"--rate must make files of whole groups of "
+                             f"{LATENCY_OUT_OF_ORDER} events (rate x {WRITE_PERIOD} s), "
+                             f"got {rate:g}")
+        self.per_file = per_file
+        self.t0 = time.time()  # set again by start()
+        self.config = NexmarkConfig(events_per_second=rate, out_of_order=LATENCY_OUT_OF_ORDER)
+        self.gen = Nexmark(self.config)
+        self.visible_at: list[float] = []  # per file: renamed into place (wall clock)
+        self.max_ts: list[int] = []  # per file: its newest event time (ms)
+        self.auctions: dict[int, tuple] = {}  # id -> (dateTime, seller, category, expires)
+        self.persons: dict[int, int] = {}  # id -> dateTime
+        self.q2: dict[tuple, int] = {}  # (auction, price) -> dateTime, q2's bids
+        self.bids: dict[int, list[int]] = collections.defaultdict(list)  # auction -> times
+        self.events = 0
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        """Event time starts now (a file's events are at most 0.1 s older than it)."""
+        from cutline.connectors.nexmark import Nexmark
+
+        self.t0 = time.time()
+        base = int(self.t0 * 1000) - int(WRITE_PERIOD * 1000)
+        self.config = dataclasses.replace(self.config, base_time_ms=base)
+        self.gen = Nexmark(self.config)
+        super().start()
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # noqa: BLE001 - reported by the run
+            self.error = exc
+
+    def _run(self) -> None:
+        import numpy as np
+        import pyarrow.parquet as pq
+
+        k = 0
+        while k * WRITE_PERIOD < self.seconds - 1e-9:
+            delay = self.t0 + k * WRITE_PERIOD - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            numbers = np.arange(k * self.per_file, (k + 1) * self.per_file, dtype=np.int64)
+            name = f"ev-{k:06d}.parquet"
+            tmp = self.directory / f".{name}.tmp"
+            pq.write_table(pa_table(self.gen.batch(numbers)), tmp)
+            os.rename(tmp, self.directory / name)
+            self.visible_at.append(time.time())
+            self._note(self.gen.records(numbers))
+            self.events += len(numbers)
+            k += 1
+        if self.done_after is not None:
+            time.sleep(self.done_after)
+            (self.directory / "_DONE").write_text("")
+
+    def _note(self, records: list[dict]) -> None:
+        newest = 0
+        for e in records:
+            if e["person"] is not None:
+                p = e["person"]
+                self.persons[p["id"]] = p["dateTime"]
+                newest = max(newest, p["dateTime"])
+            elif e["auction"] is not None:
+                a = e["auction"]
+                self.auctions[a["id"]] = (a["dateTime"], a["seller"], a["category"],
+                                          a["expires"])
+                newest = max(newest, a["dateTime"])
+            else:
+                b = e["bid"]
+                self.bids[b["auction"]].append(b["dateTime"])
+                if b["auction"] % Q.SKIP == 0:
+                    self.q2.setdefault((b["auction"], b["price"]), b["dateTime"])
+                newest = max(newest, b["dateTime"])
+        self.max_ts.append(max(newest, self.max_ts[-1] if self.max_ts else 0))
+
+    def visible(self, ts_ms: float | None) -> float | None:
+        """When the first file holding an event time >= ``ts_ms`` became visible (None: no
+        file did, the result is made only by the end of the input)."""
+        if ts_ms is None:
+            return None
+        k = bisect.bisect_left(self.max_ts, ts_ms)
+        return self.visible_at[k] if k < len(self.visible_at) else None
+
+    def q4_closings(self) -> dict[int, list[int]]:
+        """Category -> the expiry times of its auctions that close with a price (a bid
+        between start and end), in order: q4's n-th row of a category needs the n-th."""
+        out: dict[int, list[int]] = collections.defaultdict(list)
+        for aid, (start, _, category, end) in self.auctions.items():
+            if any(start <= t <= end for t in self.bids.get(aid, ())):
+                out[category].append(end)
+        return {c: sorted(v) for c, v in out.items()}
+
+
+def pa_table(batch: Any) -> Any:
+    import pyarrow as pa
+
+    return pa.Table.from_batches([batch])
+
+
+def determined_ms(query: str, row: tuple, inp: LiveInput, closings: dict) -> float | None:
+    """The event time from which on result ``row`` of ``query`` can exist: its own event's
+    (per-event results), both sides' (q3's join), a window's end + the watermark delay
+    (windows: only an event that late moves a watermark past the end), q4: its auction's
+    expiry + the delay."""
+    delay = inp.config.max_delay * 1000
+    if query in ("q0", "q1"):
+        return row[3]
+    if query == "q2":
+        return inp.q2.get((row[0], row[1]))
+    if query == "q3":
+        a = inp.auctions.get(row[3])
+        if a is None or a[1] not in inp.persons:
+            return None
+        return max(a[0], inp.persons[a[1]])
+    if query == "q4":
+        ends = closings.get(row[0], [])
+        n = int(row[2])
+        return ends[n - 1] + delay if 0 < n <= len(ends) else None
+    if query == "q5":
+        return row[1] + delay
+    if query in ("q7", "q8"):
+        return row[0 if query == "q7" else 2] + Q.WINDOW * 1000 + delay
+    if query == "q11":
+        return row[3] + delay
+    if query == "q18":
+        return row[2]
+    raise ValueError(query)
+
+
+def latencies(query: str, committed: list[tuple[float, list[tuple]]], inp: LiveInput,
+              warmup: float) -> list[tuple[float, float]]:
+    """(committed, latency) of every result row the input made after the warm-up:
+    ``committed`` is (when committed, rows) per commit, in order."""
+    closings = inp.q4_closings() if query == "q4" else {}
+    out = []
+    for when, rows in committed:
+        for row in rows:
+            seen = inp.visible(determined_ms(query, row, inp, closings))
+            if seen is not None and seen - inp.t0 >= warmup:
+                out.append((when, when - seen))
+    return out
+
+
+def latency_summary(points: list[tuple[float, float]]) -> dict:
+    lat = [x for _, x in points]
+    return {"n": len(lat), "p50": percentile(lat, 50), "p99": percentile(lat, 99),
+            "max": max(lat) if lat else None,
+            "cdf": [round(percentile(lat, q / 2) or 0, 4) for q in range(201)] if lat else []}
+
+
+def caught_up(points: list[tuple[float, float]], kill: float, bound: float) -> float | None:
+    """Seconds from ``kill`` to the first commit after which every result is within
+    ``bound`` (None: never, in the run)."""
+    after = sorted(p for p in points if p[0] >= kill)
+    last_bad = max((i for i, (_, lat) in enumerate(after) if lat > bound), default=-1)
+    if last_bad + 1 >= len(after):
+        return None
+    return after[last_bad + 1][0] - kill
+
+
+class Stamps(threading.Thread):
+    """Stamps each file of ``directory`` (recursively one level: ``glob``) when first seen."""
+
+    def __init__(self, directory: Path, pattern: str) -> None:
+        super().__init__(daemon=True, name="stamps")
+        self.directory, self.pattern = directory, pattern
+        self.seen: dict[Path, float] = {}
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            now = time.time()
+            for f in self.directory.glob(self.pattern):
+                if f not in self.seen and not f.name.startswith("."):
+                    self.seen[f] = now
+            self._halt.wait(0.01)
+
+    def stop(self) -> None:
+        time.sleep(0.03)
+        self._halt.set()
+        self.join(timeout=5)
+
+
+def cutline_live(ctx: dict, query: str, kill_at: float | None = None) -> dict:
+    """``query`` on cutline over live input, exactly-once (``CollectSink``) at a 0.1 s
+    checkpoint interval: the latency of every result row; ``kill_at``: ``kill -9`` of one
+    task's Spark Python worker that many seconds into the input."""
+    from cutline import CheckpointConfig, Pipeline
+    from cutline.connectors import CollectSink
+    from vs_spark import FollowUntilDone
+
+    seconds = ctx["kill_seconds"] if kill_at is not None else ctx["latency_seconds"]
+    with Workdir() as d:
+        (d / "in").mkdir()
+        inp = LiveInput(d / "in", ctx["rate"], seconds, done_after=1.0)
+        p = Pipeline(f"nexmark-live-{query}", parallelism=PARALLELISM,
+                     checkpoint=CheckpointConfig(interval=LATENCY_INTERVAL,
+                                                 storage=f"file://{d}/ck"))
+        source = FollowUntilDone(str(d / "in"), format="parquet", follow=True,
+                                 poll_interval=POLL, step=POLL / 2)
+        sink = CollectSink(str(d / "out"))
+        Q.build(query, p.source(source, uid="events"), inp.config.max_delay).sink(sink,
+                                                                                   uid="out")
+        stamps = Stamps(d / "out" / "committed", "*/part-*.pkl")
+        killed: dict = {}
+
+        def kill(driver: Any) -> None:
+            time.sleep(max(0.0, inp.t0 + kill_at - time.time()))
+            pids = driver.task_pids
+            slot = sorted(pids)[0]
+            killed.update(time=time.time(), slot=slot, pid=pids[slot])
+            os.kill(pids[slot], signal.SIGKILL)
+
+        def begin(driver: Any) -> None:
+            stamps.start()
+            inp.start()
+            if kill_at is not None:
+                threading.Thread(target=kill, args=(driver,), daemon=True).start()
+
+        Q.ship_by_value()
+        result = p.run(ctx["spark"], on_start=AttemptWatcher(begin), timeout=JOB_TIMEOUT)
+        inp.join(timeout=30)
+        stamps.stop()
+        if inp.error is not None:
+            raise RuntimeError(f"input writer failed: {inp.error!r}")
+        committed = []
+        for f, when in sorted(stamps.seen.items(), key=lambda kv: kv[1]):
+            with open(f, "rb") as fh:
+                committed.append((when, [tuple(r) for r in pickle.load(fh)["records"]]))
+    points = latencies(query, committed, inp, ctx["warmup"])
+    durations = [c.duration for c in result.checkpoints if not c.final]
+    out = latency_summary(points) | {
+        "events": inp.events, "checkpoints": len(result.checkpoints),
+        "attempts": result.attempts,
+        "checkpoint_p50": percentile(durations, 50), "checkpoint_p99": percentile(durations, 99),
+        "checkpoint_max": max(durations, default=None)}
+    if kill_at is not None:
+        out |= {"killed": killed, "points": points}
+    return out
+
+
+def start_spark_live(spark: Any, query: str, inp: Path, out: Path, ck: Path,
+                     max_delay: float, trigger: dict) -> Any:
+    """``query`` as a Spark streaming query over the live input directory ``inp``: every
+    micro-batch's rows pickled to ``out/batch-<id>.pkl`` by ``foreachBatch`` (a batch
+    counts as committed when Spark writes ``<ck>/commits/<id>``, right after)."""
+    Q.ship_by_value()
+    for k, v in Q.SPARK_CONF.get(query, {}).items():
+        spark.conf.set(k, v)
+    df, mode = Q.spark_query(query, Q.spark_events(spark, str(inp)), max_delay)
+
+    def write(batch_df: Any, batch_id: int) -> None:
+        rows = [tuple(r) for r in batch_df.collect()]
+        tmp = out / f".batch-{batch_id:06d}.tmp"
+        tmp.write_bytes(pickle.dumps(rows))
+        os.replace(tmp, out / f"batch-{batch_id:06d}.pkl")
+
+    w = (df.writeStream.foreachBatch(write).outputMode(mode)
+         .option("checkpointLocation", str(ck)))
+    return (w.trigger(**trigger) if trigger else w).start()
+
+
+def spark_committed(query: str, out: Path, commits: dict[Path, float]
+                    ) -> list[tuple[float, list[tuple]]]:
+    """(committed, rows) per micro-batch, in order; complete mode (q4, q18): the rows that
+    changed since the previous batch's table."""
+    got: list[tuple[float, list[tuple]]] = []
+    before: set = set()
+    for f, when in sorted(commits.items(), key=lambda kv: int(kv[0].name)):
+        path = out / f"batch-{int(f.name):06d}.pkl"
+        if not path.exists():
+            continue
+        rows = pickle.loads(path.read_bytes())
+        if query in Q.FINAL:
+            now = set(rows)
+            rows, before = [r for r in rows if r not in before], now
+        got.append((when, rows))
+    return got
+
+
+def spark_durations(progress: list[dict]) -> dict:
+    """Per micro-batch with input: its checkpoint work (offset log ``walCommit``, commit log
+    ``commitOffsets``, state stores' ``commitTimeMs``), ``addBatch`` and the whole trigger."""
+    ck, add, total = [], [], []
+    for p in progress:
+        if p["numInputRows"] <= 0:
+            continue
+        d = p["durationMs"]
+        state = sum(s.get("commitTimeMs", 0) for s in p.get("stateOperators", []))
+        ck.append((d.get("walCommit", 0) + d.get("commitOffsets", 0) + state) / 1000)
+        add.append(d.get("addBatch", 0) / 1000)
+        total.append(d.get("triggerExecution", 0) / 1000)
+    return {"micro_batches": len(total), "checkpoint_p50": percentile(ck, 50),
+            "checkpoint_p99": percentile(ck, 99), "add_batch_p50": percentile(add, 50),
+            "batch_p50": percentile(total, 50), "batch_p99": percentile(total, 99)}
+
+
+def input_files(inp: LiveInput) -> dict[str, None]:
+    return {f"ev-{k:06d}.parquet": None for k in range(len(inp.visible_at))}
+
+
+def wait_committed(ck: Path, inp: LiveInput, failed: Any, busy: Any,
+                   timeout: float = 180.0) -> None:
+    """Until Spark committed a micro-batch holding every input file, and the batch after it
+    (``busy()``: a micro-batch is running)."""
+    from vs_spark import _all_committed
+
+    deadline = time.monotonic() + timeout
+    while not _all_committed(ck, input_files(inp)):
+        error = failed()
+        if error:
+            raise RuntimeError(f"Spark query failed: {error}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Spark did not commit every input file within {timeout:.0f} s "
+                               "of the last")
+        time.sleep(0.05)
+    # then one more micro-batch (without input: what the last watermark closed), unless
+    # the query stays idle for 3 s (its watermark did not move)
+    done = len(list((ck / "commits").glob("[0-9]*")))
+    idle_since = time.monotonic()
+    while len(list((ck / "commits").glob("[0-9]*"))) <= done:
+        if busy():
+            idle_since = time.monotonic()
+        if time.monotonic() - idle_since > 3.0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+
+
+def spark_live(ctx: dict, query: str, trigger: str) -> dict:
+    """``query`` on Spark over live input with ``trigger``: the latency of every result row
+    and the micro-batches' durations."""
+    spark = ctx["spark"]
+    with Workdir() as d:
+        for sub in ("in", "out"):
+            (d / sub).mkdir()
+        inp = LiveInput(d / "in", ctx["rate"], ctx["latency_seconds"])
+        q = start_spark_live(spark, query, d / "in", d / "out", d / "ck",
+                             inp.config.max_delay, SPARK_TRIGGERS[trigger])
+        stamps = Stamps(d / "ck" / "commits", "[0-9]*")
+        try:
+            deadline = time.monotonic() + 60
+            while q.lastProgress is None and time.monotonic() < deadline:
+                time.sleep(0.01)  # its first (empty) trigger: the query is up and listing
+            stamps.start()
+            inp.start()
+            inp.join()
+            if inp.error is not None:
+                raise RuntimeError(f"input writer failed: {inp.error!r}")
+            wait_committed(d / "ck", inp, lambda: q.exception(),
+                           lambda: q.status["isTriggerActive"])
+        finally:
+            q.stop()
+            if stamps.is_alive():
+                stamps.stop()
+        committed = spark_committed(query, d / "out", stamps.seen)
+        progress = [json.loads(p.json) if hasattr(p, "json") else p for p in q.recentProgress]
+    points = latencies(query, committed, inp, ctx["warmup"])
+    return latency_summary(points) | {"events": inp.events} | spark_durations(progress)
+
+
+def spark_child(argv: list[str]) -> int:
+    """``--spark-child QUERY INPUT OUT CK MAX_DELAY``: run ``query`` in this process's own
+    Spark session (default trigger) until killed; ``OUT/_ready`` once it is up."""
+    query, inp, out, ck, max_delay = argv
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = spark_session(SLOTS, shuffle_partitions=PARALLELISM)
+    q = start_spark_live(spark, query, Path(inp), Path(out), Path(ck), float(max_delay), {})
+    while q.lastProgress is None and q.exception() is None:
+        time.sleep(0.01)
+    (Path(out) / "_ready").write_text("")
+    q.awaitTermination()
+    return 1
+
+
+def spark_kill(ctx: dict, query: str, kill_at: float) -> dict:
+    """``query`` on Spark (default trigger) in a child process of its own, over live input;
+    ``kill_at`` seconds into the input the child's whole process group (the Spark driver's
+    Python and JVM, which runs the query in local mode, and its Python workers) gets
+    ``kill -9``, and a new child restarts the query from its checkpoint location at once."""
+    with Workdir() as d:
+        for sub in ("in", "out"):
+            (d / sub).mkdir()
+        inp = LiveInput(d / "in", ctx["rate"], ctx["kill_seconds"])
+        args = [sys.executable, str(Path(__file__).resolve()), "--spark-child", query,
+                str(d / "in"), str(d / "out"), str(d / "ck"), str(inp.config.max_delay)]
+
+        def child() -> subprocess.Popen:
+            return subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL,
+                                    stderr=open(d / f"child-{time.time():.0f}.log", "w"))
+
+        proc = child()
+        stamps = Stamps(d / "ck" / "commits", "[0-9]*")
+        killed: dict = {}
+        try:
+            deadline = time.monotonic() + 180
+            while not (d / "out" / "_ready").exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the Spark child process did not start its query")
+                time.sleep(0.05)
+            stamps.start()
+            inp.start()
+            time.sleep(max(0.0, inp.t0 + kill_at - time.time()))
+            killed = {"time": time.time(), "pid": proc.pid,
+                      "what": "the Spark application's process group (driver Python + JVM)"}
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            proc = child()
+            inp.join()
+            if inp.error is not None:
+                raise RuntimeError(f"input writer failed: {inp.error!r}")
+            wait_committed(d / "ck", inp,
+                           lambda: proc.poll() is not None and f"exit {proc.returncode}",
+                           lambda: False)
+            restart = (d / "out" / "_ready").stat().st_mtime
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            if stamps.is_alive():
+                stamps.stop()
+        committed = spark_committed(query, d / "out", stamps.seen)
+    points = latencies(query, committed, inp, ctx["warmup"])
+    return latency_summary(points) | {"events": inp.events, "killed": killed,
+                                      "restarted_ready": restart - killed["time"],
+                                      "points": points}
+
+
+def probe_real_time(spark: Any, directory: str) -> dict:
+    """Whether Spark's real-time mode runs a Nexmark query here: q0 over the event files
+    (update mode, a ``foreach`` sink: real-time mode's allowlist has it), for 10 s."""
+    with Workdir() as d:
+        try:
+            df, _ = Q.spark_query("q0", Q.spark_events(spark, directory), 0.0)
+            q = (df.writeStream.foreach(lambda row: None).outputMode("update")
+                 .option("checkpointLocation", str(d / "ck"))
+                 .trigger(**SPARK_TRIGGERS[SPARK_RT]).start())
+            ok = not q.awaitTermination(10) and q.exception() is None
+            error = None if ok else str(q.exception())
+            q.stop()
+        except Exception as exc:  # noqa: BLE001 - reported: real-time mode is not usable
+            ok, error = False, str(exc)
+    first = (error or "").strip().splitlines()[:3]
+    return {"usable": ok, "error": " ".join(first)[:400] if error else None}
+
+
+def latency_cases(ctx: dict) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    triggers = [SPARK_DEFAULT, SPARK_SHORT] + ([SPARK_RT] if ctx["real_time"]["usable"]
+                                               else [])
+    for q in ctx["latency_queries"]:
+        out.append((f"lat {q} {CUT_EO}", lambda q=q: cutline_live(ctx, q)))
+        for t in triggers:
+            out.append((f"lat {q} spark {t}", lambda q=q, t=t: spark_live(ctx, q, t)))
+    return out
+
+
+def kill_cases(ctx: dict) -> list[tuple[str, Any]]:
+    at = ctx["kill_seconds"] * 0.3
+    out: list[tuple[str, Any]] = []
+    for q in ctx["kill_queries"]:
+        out.append((f"kill {q} cutline", lambda q=q: cutline_live(ctx, q, kill_at=at)))
+        out.append((f"kill {q} spark", lambda q=q: spark_kill(ctx, q, at)))
+    return out
+
+
+def describe(o: dict) -> str:
+    if "rate" in o:
+        return f"{o['rate']:>10,.0f} records/s"
+    return f"p50 {fmt(o['p50'], '.3f')} s  p99 {fmt(o['p99'], '.3f')} s  n {o['n']:,}"
+
+
+def summarise_latency(runs: dict, queries: list[str], triggers: list[str]) -> list[dict]:
+    rows = []
+    for q in queries:
+        def med(name: str, key: str) -> float | None:
+            return median([r.get(key) for r in runs.get(name, []) if r])
+
+        spark = {t: med(f"lat {q} spark {t}", "p99") for t in triggers}
+        measured = {t: v for t, v in spark.items() if v is not None}
+        best = min(measured, key=lambda t: measured[t]) if measured else None
+        mine = med(f"lat {q} {CUT_EO}", "p99")
+        cut_runs = runs.get(f"lat {q} {CUT_EO}", [])
+        best_runs = runs.get(f"lat {q} spark {best}", []) if best else []
+        per = [a["p99"] / b["p99"] for a, b in zip(cut_runs, best_runs)
+               if a and b and a["p99"] and b["p99"]]
+        ratio = mine / spark[best] if mine and best and spark[best] else None
+        rows.append({
+            "query": q, "cutline_p50": med(f"lat {q} {CUT_EO}", "p50"), "cutline_p99": mine,
+            "cutline_checkpoint_p50": med(f"lat {q} {CUT_EO}", "checkpoint_p50"),
+            "cutline_checkpoint_p99": med(f"lat {q} {CUT_EO}", "checkpoint_p99"),
+            "spark_p50": {t: med(f"lat {q} spark {t}", "p50") for t in triggers},
+            "spark_p99": spark, "spark_best": best,
+            "spark_checkpoint_p50": {t: med(f"lat {q} spark {t}", "checkpoint_p50")
+                                     for t in triggers},
+            "spark_add_batch_p50": {t: med(f"lat {q} spark {t}", "add_batch_p50")
+                                    for t in triggers},
+            "spark_batch_p50": {t: med(f"lat {q} spark {t}", "batch_p50") for t in triggers},
+            "ratio": ratio, "noise": noise_of(per), "per_round": per,
+            "verdict": verdict(ratio, TARGET_P99, False, noise_of(per), median(per))})
+    return rows
+
+
+def summarise_kills(runs: dict, queries: list[str], latency: list[dict]) -> list[dict]:
+    """Seconds from the kill to caught up: back under twice the system's failure-free p99
+    (its best configuration's; at least 0.5 s) for good."""
+    p99 = {r["query"]: r for r in latency}
+    rows = []
+    for q in queries:
+        row: dict = {"query": q}
+        for system in ("cutline", "spark"):
+            lat = p99.get(q, {})
+            base = lat.get("cutline_p99") if system == "cutline" else \
+                (lat.get("spark_p99") or {}).get(SPARK_DEFAULT)
+            bound = max(CAUGHT_UP_FLOOR, CAUGHT_UP_FACTOR * base) if base else None
+            times = []
+            for r in runs.get(f"kill {q} {system}", []):
+                if r and bound is not None and r.get("killed"):
+                    times.append(caught_up([tuple(p) for p in r["points"]],
+                                           r["killed"]["time"], bound))
+            row[system] = {"bound": bound, "caught_up": median(times), "per_round": times}
+        rows.append(row)
+    return rows
+
+
+def plot(result: dict, stem: Path) -> list[str]:
+    """Latency CDFs per query (cutline and every Spark trigger) and the ratio bars."""
+    plt = pyplot()
+    paths = []
+    runs, lat = result["runs"], result.get("latency") or []
+    if lat:
+        n = len(lat)
+        cols = min(5, n)
+        fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(3.2 * cols,
+                                 2.6 * ((n + cols - 1) // cols)), squeeze=False)
+        for ax, row in zip(axes.flat, lat):
+            q = row["query"]
+            names = [(CUT_EO, f"lat {q} {CUT_EO}")] + [
+                (f"Spark {t}", f"lat {q} spark {t}") for t in row["spark_p99"]]
+            for label, name in names:
+                got = [r for r in runs.get(name, []) if r and r.get("cdf")]
+                if got:
+                    ax.plot(got[0]["cdf"], [i / 2 for i in range(201)], label=label)
+            ax.set_xscale("log")
+            ax.set_title(q, fontsize=9)
+            ax.set_xlabel("latency, s", fontsize=8)
+            ax.tick_params(labelsize=7)
+        for ax in list(axes.flat)[n:]:
+            ax.axis("off")
+        axes.flat[0].set_ylabel("percentile", fontsize=8)
+        axes.flat[0].legend(fontsize=6)
+        fig.suptitle(f"Nexmark event-to-committed-result latency at {result['rate']:,.0f} "
+                     "events/s (first round)", fontsize=10)
+        fig.tight_layout()
+        path = stem.with_name(stem.name + "-latency.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(str(path))
+    tp = {r["query"]: r["ratio"] for r in result.get("summary") or []}
+    p99 = {r["query"]: r["ratio"] for r in lat}
+    queries = [q for q in Q.QUERIES if tp.get(q) or p99.get(q)]
+    if queries:
+        fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.4))
+        a.bar(queries, [tp.get(q) or 0 for q in queries], color="tab:blue")
+        a.axhline(2.0, color="grey", ls="--", lw=1)
+        a.set_title("throughput, cutline / Spark (higher is better)", fontsize=9)
+        b.bar(queries, [p99.get(q) or 0 for q in queries], color="tab:orange")
+        b.axhline(TARGET_P99, color="grey", ls="--", lw=1)
+        b.set_title("p99 latency, cutline / Spark's best trigger (lower is better)",
+                    fontsize=9)
+        for ax in (a, b):
+            ax.tick_params(labelsize=8)
+        fig.tight_layout()
+        path = stem.with_name(stem.name + "-ratios.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(str(path))
+    return paths
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--spark-child"]:
+        return spark_child(argv[1:])
     ap = bench_parser(__doc__, DEFAULT_OUT, (3, 1))
     ap.add_argument("--events", type=positive_int, default=None,
                     help=f"events in the backlog (default {EVENTS[0]:,}, quick {EVENTS[1]:,})")
     ap.add_argument("--queries", nargs="*", default=list(Q.QUERIES), choices=Q.QUERIES,
                     metavar="QUERY")
+    ap.add_argument("--only", choices=["throughput", "latency", "kill"], action="append",
+                    help="run only these parts (default: all three)")
+    ap.add_argument("--rate", type=positive_float, default=500.0,
+                    help="latency and kill runs: events/s written (default 500)")
+    ap.add_argument("--latency-seconds", type=positive_float, default=None,
+                    help="latency runs: seconds of input (default 20, quick 8)")
+    ap.add_argument("--kill-seconds", type=positive_float, default=None,
+                    help="kill runs: seconds of input, the kill at 30%% (default 60, quick 40)")
+    ap.add_argument("--warmup", type=positive_float, default=None,
+                    help="latency runs: seconds of input not counted (default 3, quick 2)")
+    ap.add_argument("--latency-queries", nargs="*", default=None, choices=Q.QUERIES,
+                    metavar="QUERY", help="latency runs (default --queries; quick q0 q7)")
+    ap.add_argument("--kill-queries", nargs="*", default=None, choices=Q.QUERIES,
+                    metavar="QUERY", help="kill runs (default --queries; quick q0)")
     args = parse_bench_args(ap, argv)
+    only = set(args.only or ["throughput", "latency", "kill"])
     events = args.events or EVENTS[1 if args.quick else 0]
     console = make_console()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -150,7 +816,12 @@ def main(argv: list[str] | None = None) -> int:
     for conf in Q.SPARK_CONF.values():
         for k, v in conf.items():
             spark.conf.set(k, v)
-    runner = Runner(console, width=24)
+    runner = Runner(console, width=34)
+    lat_queries = args.latency_queries if args.latency_queries is not None else (
+        ["q0", "q7"] if args.quick else args.queries)
+    kill_queries = args.kill_queries if args.kill_queries is not None else (
+        ["q0"] if args.quick else args.queries)
+    load0 = os.getloadavg()
     try:
         with Workdir("cutline-nexmark-") as d:
             t = time.monotonic()
@@ -159,32 +830,91 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"{events:,} Nexmark events written in "
                           f"{time.monotonic() - t:.1f} s; {args.rounds} round(s)")
             ctx = {"spark": spark, "input": str(d / "in"), "events": events + 1,
-                   "max_delay": cfg.max_delay}
-            todo = cases(args.queries)
+                   "max_delay": cfg.max_delay, "rate": args.rate,
+                   "latency_seconds": args.latency_seconds or (8.0 if args.quick else 20.0),
+                   "kill_seconds": args.kill_seconds or (40.0 if args.quick else 60.0),
+                   "warmup": args.warmup or (2.0 if args.quick else 3.0),
+                   "latency_queries": lat_queries if "latency" in only else [],
+                   "kill_queries": kill_queries if "kill" in only else []}
+            ctx["real_time"] = probe_real_time(spark, str(d / "in"))
+            console.print(f"Spark real-time mode: {ctx['real_time']}", style="dim")
+            todo: list[tuple[str, Any]] = []
+            if "throughput" in only:
+                todo += [(name, lambda q=q, s=system: run_case(ctx, q, s))
+                         for q, system, name in cases(args.queries)]
+            todo += latency_cases(ctx) + kill_cases(ctx)
             # warm-up, not measured: Spark's JIT and Python workers, cutline's imports
             runner.run("warm-up spark", lambda: spark_case(ctx, "q1"))
             runner.run("warm-up cutline", lambda: cutline_case(ctx, "q1", False))
             for r in range(args.rounds):
-                for q, system, name in rotated(todo, r):
-                    runner.run(name, lambda q=q, s=system: run_case(ctx, q, s), r,
-                               args.rounds,
-                               describe=lambda o: f"{o['rate']:>10,.0f} records/s")
+                for name, fn in rotated(todo, r):
+                    runner.run(name, fn, r, args.rounds, describe=describe)
     finally:
         stop_quietly(spark)
-    rows = summarise(runner.runs, args.queries)
-    t = table(f"Nexmark, {events:,} events: records/s at saturation (median of "
-              f"{args.rounds} round(s))",
-              ["query", "cutline", "cutline columnar", "Spark", "cutline / Spark", "noise",
-               "cutline checkpoint p50"], left=("query",))
-    for row in rows:
-        t.add_row(row["query"], fmt(row["cutline"], ",.0f"),
-                  fmt(row["cutline_columnar"], ",.0f"), fmt(row["spark"], ",.0f"),
-                  fmt(row["ratio"], ".2f", "x"), fmt(row["noise"], ".2f"),
-                  fmt(row["checkpoint_p50"] and row["checkpoint_p50"] * 1000, ".0f", " ms"))
-    console.print(t)
+    load1 = os.getloadavg()
+    triggers = [SPARK_DEFAULT, SPARK_SHORT] + ([SPARK_RT] if ctx["real_time"]["usable"]
+                                               else [])
+    rows = summarise(runner.runs, args.queries) if "throughput" in only else []
+    lat_rows = summarise_latency(runner.runs, ctx["latency_queries"], triggers)
+    kill_rows = summarise_kills(runner.runs, ctx["kill_queries"], lat_rows)
+    if rows:
+        tab = table(f"Nexmark, {events:,} events: records/s at saturation (median of "
+                  f"{args.rounds} round(s))",
+                  ["query", "cutline", "cutline columnar", "Spark", "cutline / Spark",
+                   "noise", "cutline checkpoint p50"], left=("query",))
+        for row in rows:
+            tab.add_row(row["query"], fmt(row["cutline"], ",.0f"),
+                      fmt(row["cutline_columnar"], ",.0f"), fmt(row["spark"], ",.0f"),
+                      fmt(row["ratio"], ".2f", "x"), fmt(row["noise"], ".2f"),
+                      fmt(row["checkpoint_p50"] and row["checkpoint_p50"] * 1000, ".0f",
+                          " ms"))
+        console.print(tab)
+    if lat_rows:
+        tab = table(f"Nexmark latency, event -> committed result, at {args.rate:,.0f} events/s "
+                  f"(p50 / p99, s; cutline exactly-once at a {LATENCY_INTERVAL} s checkpoint "
+                  "interval)", ["query", "cutline", *[f"Spark {x}" for x in triggers],
+                                "best", "p99 cutline / best", "target <= 0.25"],
+                  left=("query", "best"))
+        for row in lat_rows:
+            tab.add_row(row["query"], f"{fmt(row['cutline_p50'])} / {fmt(row['cutline_p99'])}",
+                      *[f"{fmt(row['spark_p50'][x])} / {fmt(row['spark_p99'][x])}"
+                        for x in triggers], row["spark_best"] or "-",
+                      fmt(row["ratio"], ".3f"), styled(row["verdict"]))
+        console.print(tab)
+        tab = table("Checkpoint duration, p50 (s): cutline's checkpoints (0.1 s interval, live "
+                  "input); Spark's per micro-batch walCommit + commitOffsets + state commit, "
+                  "and addBatch", ["query", "cutline p50", "cutline p99",
+                                   *[f"Spark {x} ckpt / addBatch" for x in triggers]],
+                  left=("query",))
+        for row in lat_rows:
+            tab.add_row(row["query"], fmt(row["cutline_checkpoint_p50"]),
+                      fmt(row["cutline_checkpoint_p99"]),
+                      *[f"{fmt(row['spark_checkpoint_p50'][x])} / "
+                        f"{fmt(row['spark_add_batch_p50'][x])}" for x in triggers])
+        console.print(tab)
+    if kill_rows:
+        tab = table("kill -9 to caught up (s): back under 2x the failure-free p99 (>= 0.5 s) "
+                  "for good.  cutline: one task's Spark Python worker; Spark: the "
+                  "application (driver Python + JVM), restarted from its checkpoint",
+                  ["query", "cutline", "cutline bound", "Spark", "Spark bound"],
+                  left=("query",))
+        for row in kill_rows:
+            c, s_ = row["cutline"], row["spark"]
+            tab.add_row(row["query"], fmt(c["caught_up"], ".2f"), fmt(c["bound"], ".2f"),
+                      fmt(s_["caught_up"], ".2f"), fmt(s_["bound"], ".2f"))
+        console.print(tab)
     result = {"stamp": stamp(), "git": git_state(), "events": events, "rounds": args.rounds,
-              "quick": args.quick, "summary": rows, "runs": runner.runs,
-              "errors": runner.errors}
+              "quick": args.quick, "rate": args.rate, "load": {"before": load0,
+                                                               "after": load1},
+              "latency_seconds": ctx["latency_seconds"], "kill_seconds": ctx["kill_seconds"],
+              "warmup": ctx["warmup"], "real_time": ctx["real_time"],
+              "summary": rows, "latency": lat_rows, "kills": kill_rows,
+              "runs": runner.runs, "errors": runner.errors}
+    try:
+        result["plots"] = plot(result, args.out.with_suffix(""))
+    except Exception as exc:  # noqa: BLE001 - the numbers matter more than the pictures
+        console.print(f"plots failed: {exc!r}", style="yellow")
+        result["plots"] = []
     write_results(args.out, result, console)
     return 0
 

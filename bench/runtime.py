@@ -30,6 +30,10 @@ Spark case.  Cases:
    failure: kill -> new attempt started, kill -> first checkpoint of the new attempt
    completed ("caught up", as the brief defines it), total job duration of both, and the
    committed output checked row for row against the failure-free result.  No target.
+6. **TLS**: case 1's "on" pipeline with ``Pipeline(tls=True)`` (every channel between the
+   tasks and every control connection in TLS 1.3, a certificate made for the run) against
+   case 1's "on" runs of the same round: throughput ratio, TLS / plaintext.  No target
+   (reported): the price of encryption on this machine.
 
 **Throughput** is records / *processing time*; for Spark, processing time runs from the
 moment the driver started attempt 0 (every task registered and was told to start; a watcher
@@ -149,9 +153,9 @@ def expected_rows(n: int) -> collections.Counter:
 
 def throughput_pipeline(name: str, n: int, interval: float, storage: str,
                         rate: float | None = None, sink: Any = None,
-                        parallelism: int = PARALLELISM) -> Pipeline:
+                        parallelism: int = PARALLELISM, tls: bool = False) -> Pipeline:
     cfg = CheckpointConfig(interval=interval, storage=storage)
-    p = Pipeline(name, parallelism=parallelism, checkpoint=cfg)
+    p = Pipeline(name, parallelism=parallelism, checkpoint=cfg, tls=tls)
     (p.source(GeneratorSource(count=n, fn=make_record, rate=rate), uid="lines")
        .map(parse, uid="parse")
        .key_by(key_of)
@@ -244,6 +248,13 @@ def case_on(ctx: dict) -> dict:
         return run_spark(p, ctx["spark"], ctx["records"])
 
 
+def case_tls(ctx: dict) -> dict:
+    with Workdir() as d:
+        p = throughput_pipeline("bench-tls", ctx["records"], ON_INTERVAL, f"file://{d}/ck",
+                                tls=True)
+        return run_spark(p, ctx["spark"], ctx["records"])
+
+
 def case_bare(ctx: dict) -> dict:
     n = ctx["records"]
     c0, t0 = time.process_time(), time.perf_counter()
@@ -322,12 +333,13 @@ def case_kill(ctx: dict) -> dict:
 
 OFF, ON, BARE, THREADS = "checkpoints off", "checkpoints on (1 s)", "bare loop", "threads engine"
 ONE = "one task (parallelism 1)"
+TLS = "checkpoints on (1 s), TLS"
 ALIGNED, UNALIGNED = "aligned (backpressure)", "unaligned (backpressure)"
 NOFAIL, KILLED = "rate-limited, no failure", "rate-limited, kill -9"
 
 GROUPS: list[list[tuple[str, Any]]] = [
     [(OFF, case_off), (ON, case_on), (BARE, case_bare), (THREADS, case_threads),
-     (ONE, case_one_task)],
+     (ONE, case_one_task), (TLS, case_tls)],
     [(ALIGNED, case_aligned), (UNALIGNED, case_unaligned)],
     [(NOFAIL, case_nofail), (KILLED, case_kill)],
 ]
@@ -367,8 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=int, default=None,
                     help="records per throughput run (default 3,000,000; quick 600,000)")
     ap.add_argument("--only", choices=sorted(GROUP_NAMES), action="append", default=None,
-                    help="run only these case groups (repeatable): throughput = cases 1, 2 "
-                         "and 4, backpressure = case 3, recovery = case 5")
+                    help="run only these case groups (repeatable): throughput = cases 1, 2, "
+                         "4 and 6, backpressure = case 3, recovery = case 5")
     args = parse_bench_args(ap, argv)
     groups = [GROUPS[GROUP_NAMES[g]] for g in sorted(set(args.only), key=GROUP_NAMES.get)] \
         if args.only else GROUPS
@@ -470,6 +482,20 @@ def main(argv: list[str] | None = None) -> int:
     n4o, p4o = noise_of(r4o_rounds), median(r4o_rounds)
     v4o = verdict(r4o, TARGET_PER_TASK, True, n4o, p4o)
 
+    # 6. TLS: throughput with every channel and control connection in TLS / without.
+    tls_rate = med_of(TLS, "rate")
+    r6 = tls_rate / on_rate if tls_rate and on_rate else None
+    r6_rounds = paired(TLS, ON, lambda t, on: t["rate"] / on["rate"])
+    n6, p6 = noise_of(r6_rounds), median(r6_rounds)
+    tls_cpu = med_of(TLS, "rate_per_cpu")
+    # per CPU-second of the tasks' processes: what TLS costs them, whatever else the
+    # machine is running (wall clock on a shared 2-core box is mostly noise)
+    r6c_rounds = [x for x in paired(TLS, ON, lambda t, on: t["rate_per_cpu"] / on["rate_per_cpu"]
+                                    if t.get("rate_per_cpu") and on.get("rate_per_cpu")
+                                    else None) if x is not None]
+    r6c = tls_cpu / on_cpu_rate if tls_cpu and on_cpu_rate else None
+    n6c, p6c = noise_of(r6c_rounds), median(r6c_rounds)
+
     # 5. Recovery.
     kills = [x for x in ok[KILLED] if x.get("killed")]
     to_restart = median([x.get("kill_to_restart") for x in kills])
@@ -497,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         runs_t.add_row(
             name, f"{v[0]['records']:,}", f"{median([x['processing'] for x in v]):.2f} s",
             f"{rate:,.0f}",
-            f"{rate / SLOTS:,.0f}" if name in (ON, OFF, THREADS) else
+            f"{rate / SLOTS:,.0f}" if name in (ON, OFF, THREADS, TLS) else
             (f"{rate:,.0f} (1 process)" if name == BARE else
              f"{rate:,.0f} (1 task)" if name == ONE else "-"),
             fmt(e2e, ",.0f"), fmt(ncp, ".0f"),
@@ -576,6 +602,12 @@ def main(argv: list[str] | None = None) -> int:
                      f"{fmt(to_caught_up, '.2f', ' s')}; output "
                      f"{'exact' if exact else 'n/a' if exact is None else 'DIFFERS'}",
          "ratio": r5, "target": "- (reported)", "noise": None, "verdict": "-"},
+        {"case": "6. TLS: records/s with TLS / without",
+         "measured": f"{fmt(tls_rate, ',.0f')} vs {fmt(on_rate, ',.0f')} records/s",
+         "ratio": r6, "paired": p6, "target": "- (reported)", "noise": n6, "verdict": "-"},
+        {"case": "6. TLS: records/CPU-s with TLS / without",
+         "measured": f"{fmt(tls_cpu, ',.0f')} vs {fmt(on_cpu_rate, ',.0f')} per CPU-s",
+         "ratio": r6c, "paired": p6c, "target": "- (reported)", "noise": n6c, "verdict": "-"},
     ]
     def noise_text(row: dict) -> str:
         if row["noise"] is not None:
@@ -607,7 +639,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = {
         "benchmark": "cutline runtime on embedded Spark: checkpoint overhead, durations, "
-                     "unaligned vs aligned, per-task rate, recovery",
+                     "unaligned vs aligned, per-task rate, recovery, TLS",
         **stamp(),
         "spark": spark.version,
         "master": spark.sparkContext.master,
@@ -653,6 +685,11 @@ def main(argv: list[str] | None = None) -> int:
                               "spark_rate_per_cpu": on_cpu_rate, "ratio_per_cpu": r4c,
                               "per_round_per_cpu": r4c_rounds, "noise_per_cpu": n4c,
                               "verdict_per_cpu": v4c},
+            "tls": {"tls_rate": tls_rate, "plain_rate": on_rate, "ratio": r6,
+                    "per_round": r6_rounds, "paired": p6, "noise": n6,
+                    "tls_rate_per_cpu": tls_cpu, "plain_rate_per_cpu": on_cpu_rate,
+                    "ratio_per_cpu": r6c, "per_round_per_cpu": r6c_rounds,
+                    "paired_per_cpu": p6c, "noise_per_cpu": n6c},
             "recovery": {"kill_at_median": kill_at, "kill_to_restart_median": to_restart,
                          "kill_to_caught_up_median": to_caught_up,
                          "duration_killed_median": dur_kill,

@@ -3,6 +3,24 @@ import sys
 
 import pytest
 
+# `make test` runs the suite on two pytest-xdist workers, one test file at a time each
+# (`--dist loadfile`: a module's shared failure-free run stays in one process), in collection
+# order (`--no-loadscope-reorder`).  The longest files go first so that neither worker is
+# left with one of them at the end while the other idles.
+LONGEST_FIRST = (
+    "test_cluster.py", "test_bench_vs_spark_smoke.py", "test_nexmark_queries.py",
+    "test_bench_ab_smoke.py", "test_explore_time.py", "test_failures.py",
+    "test_bench_runtime_smoke.py", "test_chaos.py", "test_event_time_spark.py",
+    "test_columnar_spark.py", "test_tls.py", "test_net_faults_spark.py", "test_docs.py",
+    "test_cluster_daemon.py", "test_driver_death.py", "test_net_faults.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order kept
+
+
 
 @pytest.fixture(scope="session")
 def spark():

@@ -24,6 +24,7 @@ class Rule:
     pattern: re.Pattern
     status: int | None = None  # respond with this S3 error status
     delay: float = 0.0         # then (or only) wait this long
+    times: int | None = None   # apply to the first this many matching requests only
     hits: int = 0
 
 
@@ -36,8 +37,8 @@ class Faults:
         self.lock = threading.Lock()
 
     def add(self, method: str, pattern: str, *, status: int | None = None,
-            delay: float = 0.0) -> Rule:
-        rule = Rule(method, re.compile(pattern), status, delay)
+            delay: float = 0.0, times: int | None = None) -> Rule:
+        rule = Rule(method, re.compile(pattern), status, delay, times)
         with self.lock:
             self.rules.append(rule)
         return rule
@@ -50,7 +51,8 @@ class Faults:
         method, path = environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", "")
         with self.lock:
             rule = next((r for r in self.rules
-                         if r.method == method and r.pattern.search(path)), None)
+                         if r.method == method and r.pattern.search(path)
+                         and (r.times is None or r.hits < r.times)), None)
             if rule is not None:
                 rule.hits += 1
         if rule is None:

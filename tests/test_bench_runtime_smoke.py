@@ -25,7 +25,8 @@ def test_runtime_bench_quick(tmp_path):
     assert proc.returncode == 0, proc.stderr[-5000:]
     assert "cutline runtime benchmark: summary" in proc.stdout, proc.stdout
     for case in ("1. throughput", "2. checkpoint duration", "3. backpressure",
-                 "4a. records/s, 1 task", "4b. records/CPU-s per task", "5. recovery"):
+                 "4a. records/s, 1 task", "4b. records/CPU-s per task", "5. recovery",
+                 "6. TLS"):
         assert case in proc.stdout, proc.stdout
     result = json.loads(out.read_text())
     assert result["quick"] is True
@@ -33,6 +34,7 @@ def test_runtime_bench_quick(tmp_path):
     s = result["summary"]
     assert s["checkpoint_overhead"]["ratio"] > 0
     assert s["unaligned_vs_aligned"]["ratio"] > 0
+    assert s["tls"]["ratio"] > 0
     per_task = s["per_task_rate"]
     for key in ("ratio_spark", "ratio_threads", "ratio_one_task", "ratio_per_cpu"):
         assert per_task[key] > 0, (key, per_task)

@@ -147,6 +147,29 @@ def ids(records):
     return [int(r["id"]) for r in records]
 
 
+def test_file_source_rate_paces_reads_and_loses_nothing(data_dir):
+    # 60 records/s over 2 subtasks -> 30/s each; the 30 records take ~0.5 s (the bucket
+    # starts empty), with positions as exact as without a rate.
+    src = FileSource(str(data_dir / "jsonl"), rate=60)
+    readers = [opened(src, s, 2) for s in range(2)]
+    got, live, start = [], set(range(2)), time.monotonic()
+    while live:
+        for k in sorted(live):
+            batch = readers[k].read_batch(1000)
+            if batch is None:
+                live.discard(k)
+            else:
+                assert len(batch) <= 4  # never more than ~0.1 s worth at once
+                got += batch
+    assert sorted(ids(got)) == list(range(30))
+    assert time.monotonic() - start >= 0.4
+    for bad in (0, -1, float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match="rate must be a positive"):
+            FileSource(str(data_dir / "jsonl"), rate=bad)
+    with pytest.raises(ValueError, match="leave rate None"):
+        src.batches()
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
 def test_file_source_reads_everything(data_dir, fmt):
     records = drain(opened(FileSource(str(data_dir / fmt), format=fmt)))

@@ -143,7 +143,9 @@ def test_simulate_alignment_diagram_says_why_it_draws_none(tmp_path, capsys):
 
 @pytest.mark.parametrize("scenario", ["lecture", "tokens", "termination", "inconsistent"])
 def test_json_with_a_diagram_keeps_stdout_pure_json(tmp_path, capsys, scenario):
-    out = tmp_path / f"{scenario}.png"
+    deep = tmp_path / ("a-directory-name-long-enough-to-wrap-" * 3)  # a path is never wrapped
+    deep.mkdir()
+    out = deep / f"{scenario}.png"
     main(["simulate", scenario, "--format", "json", "--diagram", str(out)])
     captured = capsys.readouterr()
     json.loads(captured.out)

@@ -287,41 +287,45 @@ def q18_last(ctx: Any, e: dict) -> list:
     return [(b["bidder"], b["auction"], *mine)]
 
 
-def build(query: str, events: Any, max_delay: float) -> Any:
-    """Query ``query`` on the cutline stream ``events`` (event dicts): its result stream."""
+def build(query: str, events: Any, max_delay: float, prefix: str = "") -> Any:
+    """Query ``query`` on the cutline stream ``events`` (event dicts): its result stream.
+    ``prefix`` goes before every operator's uid (several queries on one source)."""
+    def u(name: str) -> str:
+        return prefix + name
+
     def timed() -> Any:
-        return events.assign_timestamps(event_time, max_delay=max_delay, uid="event-time")
+        return events.assign_timestamps(event_time, max_delay=max_delay, uid=u("event-time"))
 
     if query == "q0":
-        return events.filter(is_bid, uid="bids").map(bid_row, uid="q0")
+        return events.filter(is_bid, uid=u("bids")).map(bid_row, uid=u("q0"))
     if query == "q1":
-        return events.filter(is_bid, uid="bids").map(euro_row, uid="q1")
+        return events.filter(is_bid, uid=u("bids")).map(euro_row, uid=u("q1"))
     if query == "q2":
-        return events.filter(q2_keep, uid="q2-filter").map(q2_row, uid="q2")
+        return events.filter(q2_keep, uid=u("q2-filter")).map(q2_row, uid=u("q2"))
     if query == "q3":
-        return events.filter(q3_keep, uid="q3-filter").key_by(q3_key).process(
-            q3_join, uid="q3")
+        return events.filter(q3_keep, uid=u("q3-filter")).key_by(q3_key).process(
+            q3_join, uid=u("q3"))
     if query == "q4":
-        return (timed().filter(q4_keep, uid="q4-filter").key_by(q4_key)
-                .process(q4_close, on_timer=q4_closed, uid="closing-prices")
-                .key_by(q4_category).process(q4_average, uid="q4"))
+        return (timed().filter(q4_keep, uid=u("q4-filter")).key_by(q4_key)
+                .process(q4_close, on_timer=q4_closed, uid=u("closing-prices"))
+                .key_by(q4_category).process(q4_average, uid=u("q4")))
     if query == "q5":
-        return (timed().filter(is_bid, uid="bids").key_by(bid_auction)
-                .window(sliding(WINDOW, SLIDE)).count(uid="bids-per-auction")
-                .key_by(window_of).window(tumbling(SLIDE)).apply(q5_hottest, uid="q5"))
+        return (timed().filter(is_bid, uid=u("bids")).key_by(bid_auction)
+                .window(sliding(WINDOW, SLIDE)).count(uid=u("bids-per-auction"))
+                .key_by(window_of).window(tumbling(SLIDE)).apply(q5_hottest, uid=u("q5")))
     if query == "q7":
-        return (timed().filter(is_bid, uid="bids").key_by(everything)
-                .window(tumbling(WINDOW)).aggregate(q7_create, q7_add, q7_merge, uid="q7")
-                .map(q7_row, uid="q7-rows"))
+        return (timed().filter(is_bid, uid=u("bids")).key_by(everything)
+                .window(tumbling(WINDOW)).aggregate(q7_create, q7_add, q7_merge, uid=u("q7"))
+                .map(q7_row, uid=u("q7-rows")))
     if query == "q8":
-        return (timed().filter(q8_keep, uid="q8-filter").key_by(q8_key)
-                .window(tumbling(WINDOW)).aggregate(q8_create, q8_add, q8_merge, uid="q8")
-                .flat_map(q8_rows, uid="q8-rows"))
+        return (timed().filter(q8_keep, uid=u("q8-filter")).key_by(q8_key)
+                .window(tumbling(WINDOW)).aggregate(q8_create, q8_add, q8_merge, uid=u("q8"))
+                .flat_map(q8_rows, uid=u("q8-rows")))
     if query == "q11":
-        return (timed().filter(is_bid, uid="bids").key_by(bid_bidder)
-                .window(session(GAP)).count(uid="q11").map(q11_row, uid="q11-rows"))
+        return (timed().filter(is_bid, uid=u("bids")).key_by(bid_bidder)
+                .window(session(GAP)).count(uid=u("q11")).map(q11_row, uid=u("q11-rows")))
     if query == "q18":
-        return events.filter(is_bid, uid="bids").key_by(q18_key).process(q18_last, uid="q18")
+        return events.filter(is_bid, uid=u("bids")).key_by(q18_key).process(q18_last, uid=u("q18"))
     raise ValueError(f"unknown Nexmark query {query!r}; one of {', '.join(QUERIES)}")
 
 

@@ -44,8 +44,9 @@ from .protocol.windows import (
     window_time,
 )
 
-__all__ = ["BatchKeyedStream", "BatchStream", "CheckpointConfig", "IterativeStream", "Pipeline",
-           "Stream", "KeyedStream", "Node", "WindowedResults", "WindowedStream"]
+__all__ = ["BatchKeyedStream", "BatchStream", "BatchWindowedResults", "CheckpointConfig",
+           "IterativeStream", "Pipeline", "Stream", "KeyedStream", "Node", "WindowedResults",
+           "WindowedStream"]
 
 _UID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -164,11 +165,15 @@ class Pipeline:
     error type, message and traceback) and the job keeps running.  Dead letters are written
     exactly once, through the sink's two-phase commit like any output.  Operators opt out
     with ``on_error="fail"``.
+
+    ``tls``: the job's data channels, control and admin ports (and dashboard) speak TLS 1.3
+    with a certificate made for the run.  None (default): when the Spark session encrypts
+    its own traffic (``spark.network.crypto.enabled`` or ``spark.ssl.enabled``).
     """
 
     def __init__(self, name: str, parallelism: int = 2,
                  checkpoint: CheckpointConfig | None = None, max_parallelism: int = 128,
-                 dead_letter: Any = None):
+                 dead_letter: Any = None, tls: bool | None = None):
         if not isinstance(name, str) or not _UID.match(name):
             raise ValueError(f"pipeline name must be 1-64 letters, digits, '.', '_' or '-', "
                              f"got {name!r}")
@@ -182,7 +187,11 @@ class Pipeline:
         if dead_letter is not None and not hasattr(dead_letter, "create_writer"):
             raise TypeError(f"dead_letter must be a cutline sink (e.g. CollectSink, "
                             f"ParquetSink), got {dead_letter!r}")
+        if tls not in (None, True, False):
+            raise ValueError(f"tls must be True, False or None (on when Spark encrypts its "
+                             f"own traffic), got {tls!r}")
         self.dead_letter = dead_letter
+        self.tls = tls
         self.name = name
         self.parallelism = parallelism
         self.max_parallelism = max_parallelism
@@ -936,11 +945,33 @@ class BatchWindowedStream(_Aggregations):
                              "name the aggregates (or keys) otherwise")
         spec = BatchWindowSpec(keys, aggs, self.assigner, self.lateness, self.column,
                                columns(aggs))
-        stream = self.keyed.stream._then("window_agg", spec, uid=uid, parallelism=parallelism,
-                                         partitioning=HASH, key_fn=self.keyed.key_fn)
+        win = self.keyed.stream._then("window_agg", spec, uid=uid, parallelism=parallelism,
+                                      partitioning=HASH, key_fn=self.keyed.key_fn)
+        results = win._then("window_results", spec, uid=None, parallelism=parallelism)
         # rows of windows: their event time is no column of theirs (assign_timestamps again)
-        stream.node.timestamp_fn = stream.node.timestamps_from = None
-        return stream  # type: ignore[return-value]
+        results.node.timestamp_fn = results.node.timestamps_from = None
+        return BatchWindowedResults(results.pipeline, results.node, win.node, spec)
+
+
+class BatchWindowedResults(BatchStream):
+    """The rows of a batch stream's windows, one per key and window (and again per row
+    within ``allowed_lateness`` of a fired window); :meth:`late` is a second output."""
+
+    def __init__(self, pipeline: Pipeline, node: Node, window_node: Node,
+                 spec: BatchWindowSpec) -> None:
+        super().__init__(pipeline, node)
+        self.window_node, self.spec = window_node, spec
+
+    def late(self, *, uid: str | None = None) -> BatchStream:
+        """The rows that came later than ``allowed_lateness`` for all their windows, as
+        they came (the input's columns): a batch stream to route to any sink, written
+        exactly once like the windows' rows."""
+        self.spec.emit_late = True
+        w = self.window_node
+        node = self.pipeline._add("window_late", self.spec, [w.id], uid=uid,
+                                  parallelism=w.parallelism, partitioning=FORWARD)
+        node.columnar = True
+        return BatchStream(self.pipeline, node)
 
 
 class BatchKeyedStream(_Aggregations):
@@ -965,18 +996,17 @@ class BatchKeyedStream(_Aggregations):
 
     def window(self, assigner: WindowAssigner, *,
                allowed_lateness: Any = 0) -> "BatchWindowedStream":
-        """Event-time windows per key, ``tumbling(size)`` or ``sliding(size, slide)``,
-        fired by the watermark of the ``assign_timestamps(column)`` upstream; then
-        ``agg(...)`` (or ``count()``, ``sum(col)``, ...).  Each window emits one row per
-        key once, when the watermark reaches its end: ``(keys..., start, end,
-        aggregates...)``, ``start`` / ``end`` in seconds.  ``allowed_lateness`` as for
-        records (a fired window's row is emitted again, updated)."""
+        """Event-time windows per key, ``tumbling(size)``, ``sliding(size, slide)`` or
+        ``session(gap)`` (sessions merge), fired by the watermark of the
+        ``assign_timestamps(column)`` upstream; then ``agg(...)`` (or ``count()``,
+        ``sum(col)``, ...).  Each window emits one row per key once, when the watermark
+        reaches its end: ``(keys..., start, end, aggregates...)``, ``start`` / ``end`` in
+        seconds.  ``allowed_lateness`` as for records: each row within it of a fired
+        window updates it and emits its row again; later rows are dropped, or go to
+        ``.late()`` of the result.  The output is the per-record window's, row for row."""
         if not isinstance(assigner, WindowAssigner):
-            raise TypeError("window() takes tumbling(size) or sliding(size, slide) (from "
-                            f"cutline), got {assigner!r}")
-        if assigner.merging:
-            raise ValueError(f"{assigner!r} windows on a batch stream: session windows are "
-                             "per record; use .rows() first")
+            raise TypeError("window() takes tumbling(size), sliding(size, slide) or "
+                            f"session(gap) (from cutline), got {assigner!r}")
         lateness = duration(allowed_lateness, "window(allowed_lateness=...)", positive=False)
         ts = self.stream.node.timestamp_fn
         if self.stream.node.timestamps_from is None or not isinstance(ts, ColumnTime):

@@ -51,7 +51,9 @@ err_console = Console(stderr=True)
 
 
 def _say(args: argparse.Namespace, text: str) -> None:
-    (err_console if getattr(args, "format", "table") == "json" else console).print(text)
+    """A one-line message: never hard-wrapped (a path in it must stay one copyable string)."""
+    (err_console if getattr(args, "format", "table") == "json" else console).print(
+        text, soft_wrap=True)
 
 
 def _draw(args: argparse.Namespace, sim, title: str, **kw) -> None:

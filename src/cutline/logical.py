@@ -123,7 +123,7 @@ class AggSpec:
     aggs: tuple[tuple[str, str | None, str], ...]
 
 
-@dataclass(frozen=True)
+@dataclass
 class BatchWindowSpec:
     """``key_by(cols).window(assigner).agg(...)`` on a batch stream: the key columns, the
     named aggregates (as :class:`AggSpec`), the windows, the event-time column and

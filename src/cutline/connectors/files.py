@@ -11,6 +11,7 @@ import zlib
 from typing import Any
 
 from .base import RecordError, get_fs
+from .generator import Pacer
 
 FORMATS = ("jsonl", "csv", "parquet")
 _BLOCK = 1 << 20  # jsonl: bytes read at a time
@@ -37,6 +38,9 @@ class FileSource:
       the position stays at the start of the bad record.
     - ``files_at_once``: how many of its files a subtask reads at a time, a batch from each
       in turn (default 1: one after the other).
+    - ``rate``: at most that many records/s over all subtasks (each gets ``rate / p``), as
+      ``GeneratorSource(rate=)``: to replay files at a set pace.  Default: as fast as the
+      pipeline takes them.
     - Event time: files are the source's *splits*.  ``assign_timestamps`` right after the
       source keeps a watermark per file (a batch then comes from one file); the files read
       now (``files_at_once``, and any begun) hold it back, each until it is finished: a file
@@ -48,7 +52,13 @@ class FileSource:
     def __init__(self, path: str, format: str = "jsonl", follow: bool = False,
                  poll_interval: float = 1.0, name: str | None = None, *,
                  encoding: str = "utf-8", fieldnames: list[str] | None = None,
-                 delimiter: str = ",", step: float = 0.05, files_at_once: int = 1):
+                 delimiter: str = ",", step: float = 0.05, files_at_once: int = 1,
+                 rate: float | None = None):
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))
+                                 or not rate > 0 or rate == float("inf")):
+            raise ValueError(f"rate must be a positive, finite number of records/s or None, "
+                             f"got {rate!r}")
+        self.rate = rate
         if not isinstance(files_at_once, int) or files_at_once < 1:
             raise ValueError(f"files_at_once must be an int >= 1, got {files_at_once!r}")
         self.files_at_once = files_at_once
@@ -96,6 +106,9 @@ class FileSource:
         restore resumes at the record).  See :mod:`cutline.connectors.arrow_files`."""
         from .arrow_files import ColumnarFileSource
 
+        if self.rate is not None:
+            raise ValueError("FileSource(rate=...) paces records; batches() reads whole blocks "
+                             "of files: leave rate None")
         return ColumnarFileSource(self, schema, batch_bytes)
 
     def __repr__(self) -> str:
@@ -128,6 +141,8 @@ class FileReader:
         self._header: list[str] | None = None
         # jsonl: C scanner of json.loads, called directly (one per reader: not shared by threads)
         self._scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+        rate = getattr(self._src, "rate", None)
+        self._pacer = None if rate is None else Pacer(rate / parallelism, self._src.step)
         self._reset_lines()
         self._list()
         self._next_poll = time.monotonic() + self._src.poll_interval
@@ -234,6 +249,10 @@ class FileReader:
     def read_batch(self, max_records: int) -> list | None:
         if self._parallelism is None:
             raise RuntimeError("FileReader.read_batch() before open()")
+        if self._pacer is not None:
+            max_records = self._pacer.allowance(max_records)
+            if not max_records:
+                return []  # none due yet (the end of input shows on a later call)
         out: list = []
         # where each file's records in this batch start: (index in out, file, offset, line)
         self._marks: list[tuple[int, str, int, int]] = []

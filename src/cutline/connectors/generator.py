@@ -10,6 +10,35 @@ def _identity(i: int) -> int:
     return i
 
 
+class Pacer:
+    """A token bucket for a source subtask: at most ``per_sec`` records a second.
+
+    It starts empty, refills at ``per_sec`` and holds at most ~0.1 s worth (>= 1), so a slow
+    consumer does not cause a burst above the rate afterwards.  :meth:`allowance` sleeps at
+    most ``step`` seconds, so a reader is never blocked for long."""
+
+    def __init__(self, per_sec: float, step: float) -> None:
+        self.per_sec, self.step = per_sec, step
+        self._cap = max(1.0, per_sec * 0.1)
+        self._tokens, self._last = 0.0, time.monotonic()
+
+    def allowance(self, want: int) -> int:
+        """How many records may be emitted now (sleeping up to ``step`` to let one come due)."""
+        deadline = time.monotonic() + self.step
+        while True:
+            now = time.monotonic()
+            self._tokens = min(self._cap, self._tokens + (now - self._last) * self.per_sec)
+            self._last = now
+            if self._tokens >= 1.0:
+                n = min(want, int(self._tokens))
+                self._tokens -= n
+                return n
+            wait = min((1.0 - self._tokens) / self.per_sec, deadline - now)
+            if wait <= 0:
+                return 0
+            time.sleep(wait)
+
+
 class GeneratorSource:
     """Subtask ``s`` of ``p`` emits ``fn(i)`` for ``i % p == s``, ``i < count``, in order
     (after a rescaled restore, its share of the old subtasks' remaining indices).
@@ -83,14 +112,7 @@ class GeneratorReader:
         self._subtask, self._parallelism = subtask, parallelism
         self._splits = [[subtask, parallelism]]
         rate = self._src.rate
-        # Token bucket: starts empty, refills at _per_sec, holds at most ~0.1 s worth (>= 1)
-        # so a slow consumer does not cause a burst above the rate afterwards.
-        self._per_sec: float | None = None
-        self._cap = 1.0
-        if rate is not None:
-            self._per_sec = rate / parallelism
-            self._cap = max(1.0, self._per_sec * 0.1)
-        self._tokens, self._last = 0.0, time.monotonic()
+        self._pacer = None if rate is None else Pacer(rate / parallelism, self._src.step)
 
     def _left(self, split: list[int]) -> int | None:
         count = self._src.count
@@ -103,25 +125,6 @@ class GeneratorReader:
         if self._src.count is None:
             return None if self._splits else 0
         return sum(self._left(sp) or 0 for sp in self._splits)  # ints: count is known
-
-    def _allowance(self, want: int) -> int:
-        """How many records may be emitted now (sleeping up to ``step`` to let one come due)."""
-        per_sec = self._per_sec
-        if per_sec is None:
-            return want
-        deadline = time.monotonic() + self._src.step
-        while True:
-            now = time.monotonic()
-            self._tokens = min(self._cap, self._tokens + (now - self._last) * per_sec)
-            self._last = now
-            if self._tokens >= 1.0:
-                n = min(want, int(self._tokens))
-                self._tokens -= n
-                return n
-            wait = min((1.0 - self._tokens) / per_sec, deadline - now)
-            if wait <= 0:
-                return 0
-            time.sleep(wait)
 
     def read_batch(self, max_records: int) -> list | None:
         if self._parallelism is None:
@@ -136,7 +139,7 @@ class GeneratorReader:
         if self._src.batch_fn is not None:
             max_records = self._src.batch_rows
         want = max_records if left is None else min(max_records, left)
-        n = self._allowance(max(0, want))
+        n = max(0, want) if self._pacer is None else self._pacer.allowance(max(0, want))
         i, stride = split
         self._last_split = self._key(split)
         self._last_batch = (i, stride, n)

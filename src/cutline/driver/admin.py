@@ -6,6 +6,10 @@ with its own token, and announces itself in
 ``<storage>/<job>/_job.json`` (address, token, pid).  Whoever can read the job's checkpoint
 storage can already read and restore its state; that is who may ask for a savepoint.  The
 file is removed when the run ends; a stale one (the driver died) gives a clear error.
+
+With the job's TLS on, the admin port speaks TLS with the job's certificate, which the file
+also holds (the certificate, never its key): the client pins it; the token, checked inside
+TLS, is what admits it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 from ..protocol import messages as m
 from ..runtime import net
 from ..runtime.control import FrameConnection, HandshakeError
+from ..runtime.tls import JobSecret
 
 log = logging.getLogger("cutline.admin")
 
@@ -35,7 +40,12 @@ class AdminServer:
     def __init__(self, driver: Any, host: str) -> None:
         self.driver = driver
         self.token = secrets.token_bytes(32)
-        self._listener = net.Listener(host, self.token, admit=net.only(ADMIN), serve=self._serve,
+        job = getattr(driver, "secret", None)
+        self._cert = job.cert if isinstance(job, JobSecret) else None
+        key: JobSecret | bytes = self.token
+        if isinstance(job, JobSecret) and job.tls:
+            key = job.sibling(self.token, mutual=False)
+        self._listener = net.Listener(host, key, admit=net.only(ADMIN), serve=self._serve,
                                       name="cutline-admin", log=log,
                                       refusal="refused admin connection")
         self.address = self._listener.address
@@ -44,12 +54,12 @@ class AdminServer:
     def start(self) -> None:
         info = {"job": self.driver.job, "host": self.address[0], "port": self.address[1],
                 "token": self.token.hex(), "pid": os.getpid()}
+        if self._cert is not None:
+            info["cert"] = self._cert.decode()
         fs = self.driver.storage.fs
         try:
             fs.pipe_file(self._path, json.dumps(info).encode())
-            if hasattr(fs, "chmod"):
-                fs.chmod(self._path, 0o600)
-            elif fs.protocol in ("file", ("file", "local")) or "file" in fs.protocol:
+            if "file" in fs.protocol:  # an object store's own permissions guard the rest
                 os.chmod(self._path, 0o600)
         except Exception as exc:  # noqa: BLE001 - the job runs without outside control
             log.warning("could not write %s (cutline savepoint will not find the job): %s",
@@ -103,9 +113,11 @@ def request_savepoint(storage: Any, stop: bool = False, timeout: float = 600.0) 
         raise RuntimeError(f"job {storage.job!r} is not running: no {JOB_FILE} under "
                            f"{storage.fs.unstrip_protocol(storage.dir)}") from None
     address = (info["host"], int(info["port"]))
+    cert = info.get("cert")
+    key = JobSecret(bytes.fromhex(info["token"]), cert.encode() if cert else None,
+                    mutual=False)
     try:
-        conn = FrameConnection(net.connect(address, bytes.fromhex(info["token"]), ADMIN,
-                                           timeout=10.0))
+        conn = FrameConnection(net.connect(address, key, ADMIN, timeout=10.0))
     except (OSError, HandshakeError) as exc:
         raise RuntimeError(f"job {storage.job!r} is not running: its driver (pid {info.get('pid')}"
                            f") at {address[0]}:{address[1]} does not answer ({exc}); "

@@ -13,7 +13,9 @@ restarted them.
 
 The server listens on loopback only, on a thread of the driver, and answers only requests
 that carry the job's token (``?token=...``, or ``Authorization: Bearer ...`` for a
-Prometheus scrape config); anyone else gets 403.  It stops with the job.
+Prometheus scrape config); anyone else gets 403, and is logged.  With the job's TLS on it
+serves HTTPS with the job's certificate (its SHA-256 fingerprint is printed with the URL; a
+client that cannot pin it must be told to trust it).  It stops with the job.
 
 On by default where the progress line is (an interactive terminal, not CI); ``p.run(
 dashboard=True)`` or ``CUTLINE_DASHBOARD=1`` turn it on anywhere, ``False`` / ``0`` off; a
@@ -38,6 +40,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ..protocol.watermarks import decode_ts
 from ..report import format_event_time
+from ..runtime.tls import JobSecret
 
 log = logging.getLogger("cutline.dashboard")
 
@@ -330,6 +333,15 @@ class _Collector:
 # ---------------------------------------------------------------------------- the server
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection that failed before a request (a plaintext client at the HTTPS
+        port, a TLS handshake that failed): logged on one line, no traceback."""
+        exc = sys.exc_info()[1]
+        log.warning("refused dashboard connection from %s: %s: %s", client_address[0],
+                    type(exc).__name__, exc)
+
+
 class Dashboard:
     """Serves a job's :class:`JobView` on ``127.0.0.1:port`` (0: a free port) until
     :meth:`stop`.  :attr:`url` (with the token) is what the user opens."""
@@ -342,10 +354,17 @@ class Dashboard:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(view))
         self._page = (resources.files(__package__) / "dashboard.html").read_bytes()
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
+        self.server = _Server(("127.0.0.1", port), self._handler())
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}/?token={self.token}"
+        secret = getattr(view.driver, "secret", None)
+        self.fingerprint = secret.fingerprint if isinstance(secret, JobSecret) else None
+        if isinstance(secret, JobSecret) and secret.tls:  # handshake: in the request's thread
+            context = secret.sibling(secret.key, mutual=False).server_context()
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True,
+                                                     do_handshake_on_connect=False)
+        scheme = "https" if self.fingerprint else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.port}/?token={self.token}"
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
@@ -372,6 +391,9 @@ class Dashboard:
         print(f"cutline: dashboard of job {self.view.driver.job!r}: {self.url}  "
               f"(Prometheus: {self.url.replace('/?', '/metrics?')})",
               file=out or sys.stderr, flush=True)
+        if self.fingerprint:
+            print(f"cutline: the dashboard's TLS certificate (made for this run): SHA-256 "
+                  f"{self.fingerprint}", file=out or sys.stderr, flush=True)
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         board = self
@@ -386,7 +408,13 @@ class Dashboard:
                 auth = self.headers.get("Authorization", "")
                 if auth.startswith("Bearer "):
                     given = given or auth[len("Bearer "):].strip()
+                if url.path == "/favicon.ico":  # a browser asks without the token
+                    self._reply(404, b"not found\n", "text/plain; charset=utf-8")
+                    return
                 if not hmac.compare_digest(given.encode(), board.token.encode()):
+                    log.warning("refused dashboard request from %s: %s",
+                                self.client_address[0],
+                                "wrong token" if given else "no token")
                     self._reply(403, b"forbidden: this dashboard needs its job's token\n",
                                 "text/plain; charset=utf-8")
                     return

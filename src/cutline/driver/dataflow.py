@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import logging
 import queue
-import secrets
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from collections.abc import Callable
+
 from ..api import CheckpointConfig
 from ..plan import PhysicalPlan
+from ..protocol import messages as m
 from ..protocol.coordinator import CheckpointPolicy
 from ..protocol.job import (
     Attempt,
@@ -33,8 +35,11 @@ from ..protocol.job import (
     SavepointReady,
     Send,
 )
+from ..protocol.liveness import HEARTBEAT_TIMEOUT
 from ..runtime.control import CLOSED, ControlService
+from ..runtime.heartbeats import Heartbeats
 from ..runtime.restore import check_compatible, plan_summary, read_states
+from ..runtime.tls import JobSecret
 from ..storage.checkpoints import CheckpointStorage
 
 log = logging.getLogger("cutline.driver")
@@ -44,6 +49,11 @@ __all__ = ["CheckpointRecord", "FinishedJobError", "JobDriver", "JobFailed", "Sa
 
 STAGE_ENDED = object()
 """Put on a driver's queue as ``(None, STAGE_ENDED)`` when Spark's stage call returned."""
+
+ROUTE: Callable[[str, tuple[str, int]], tuple[str, int] | None] | None = None
+"""Test-only: where tasks connect.  Called with what a connection is for (``"control"``,
+or a channel id such as ``"files.0->per-key.1"``) and the real address, it returns the
+address to use instead (a fault-injecting proxy, ``tests/netfaults.py``) or None."""
 
 
 class JobFailed(RuntimeError):
@@ -72,10 +82,12 @@ class JobDriver:
     def __init__(self, plan: PhysicalPlan, config: CheckpointConfig, job: str,
                  restore_from: str | None = None, host: str = "127.0.0.1",
                  restart_timeout: float | None = None,
-                 start_timeout: float | None = None) -> None:
+                 start_timeout: float | None = None, tls: bool = False,
+                 heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> None:
         self.plan, self.config, self.job = plan, config, job
         self.storage = CheckpointStorage(config.storage, job, config.storage_options)
-        self.secret = secrets.token_bytes(32)
+        # the handshake key (and TLS certificate) of this run: shipped to the tasks only
+        self.secret = JobSecret.new(tls)
         first_id = 1
         if restore_from is not None:
             handle = self.storage.open(restore_from)
@@ -106,8 +118,12 @@ class JobDriver:
         self.error: str | None = None
         self.cancel_requested: str | None = None  # RunningJob.cancel(): why
         self.dashboard_url: str | None = None  # the live dashboard's, with its token
-        self._control = ControlService(host, self.secret, self.events, "cutline-driver")
+        # the tasks' control connections: a task silent for heartbeat_timeout is lost
+        self.heartbeats = Heartbeats(heartbeat_timeout, "cutline-driver-heartbeats")
+        self._control = ControlService(host, self.secret, self.events, "cutline-driver",
+                                       heartbeats=self.heartbeats)
         self.address = self._control.address
+        self._routes_of: tuple[int, dict] = (-1, {})  # an attempt's Start addresses, routed
 
     # ------------------------------------------------------------------ what callers read
 
@@ -163,6 +179,7 @@ class JobDriver:
             self.controller.restore = latest.path if latest is not None else None
         self.admin = AdminServer(self, self.address[0])  # cutline savepoint from outside
         self.admin.start()
+        self.heartbeats.start()
         self._control.start()
         self._perform(self.controller.on_submitted(time.monotonic()))
         self._thread = threading.Thread(target=self._main_loop, name="cutline-driver",
@@ -188,7 +205,7 @@ class JobDriver:
                 else:
                     now = time.monotonic()
                     if msg is CLOSED:
-                        self._perform(c.on_closed(conn, now))
+                        self._perform(c.on_closed(conn, now, conn.silence))
                     elif msg is STAGE_ENDED:
                         self._perform(c.on_stage_ended(now))
                     elif type(msg) is _SavepointWanted:
@@ -205,8 +222,11 @@ class JobDriver:
         for cmd in commands:
             t = type(cmd)
             if t is Send:
+                msg = cmd.msg
+                if ROUTE is not None and type(msg) is m.Start:
+                    msg = self._routed(msg)
                 try:
-                    cmd.conn.send(cmd.msg)
+                    cmd.conn.send(msg)
                 except OSError:
                     pass
             elif t is CommitCheckpoint:
@@ -224,6 +244,25 @@ class JobDriver:
                 if self.on_resubmit is not None:
                     self.on_resubmit()
 
+    def route(self, what: str, address: tuple[str, int]) -> tuple[str, int]:
+        """Where tasks connect for ``what`` (:data:`ROUTE`, tests only)."""
+        return (ROUTE(what, address) if ROUTE is not None else None) or address
+
+    def _routed(self, start: m.Start) -> m.Start:
+        """``start`` with each channel that :data:`ROUTE` reroutes under its own key (asked
+        once per attempt: every slot gets the same routes)."""
+        if self._routes_of[0] != start.attempt:
+            addresses = dict(start.addresses)
+            for chain, i in self.plan.tasks():
+                for ch in self.plan.inputs(chain, i):
+                    real = start.addresses.get(ch.dst_task)
+                    if real:
+                        routed = self.route(str(ch), (real[0], real[1]))
+                        if routed != tuple(real):
+                            addresses[str(ch)] = list(routed)
+            self._routes_of = (start.attempt, addresses)
+        return m.Start(start.attempt, self._routes_of[1], start.restore, start.t0)
+
     def _commit(self, cmd: CommitCheckpoint) -> list:
         n = cmd.checkpoint_id
         try:
@@ -232,7 +271,12 @@ class JobDriver:
         except Exception as exc:  # noqa: BLE001 - the coordinator counts it
             return self.controller.commit_failed(n, str(exc), time.monotonic())
         commands = self.controller.committed(n, path, time.monotonic())
-        self.storage.retain(self.config.retained)
+        try:
+            self.storage.retain(self.config.retained)
+        except Exception as exc:  # noqa: BLE001 - the next commit retries; nothing is lost
+            log.warning("job %r: retention after checkpoint %d failed, old checkpoints are "
+                        "kept until the next one (%s: %s)", self.job, n,
+                        type(exc).__name__, exc)
         return commands
 
     def _metadata(self, n: int, attempt: int, stats: dict) -> dict:
@@ -293,4 +337,5 @@ class JobDriver:
             thread.join(timeout=2)
         self._perform(self.controller.shutdown("the job stopped"))
         self._control.close()  # and every task connection, of this attempt or older ones
+        self.heartbeats.stop()
 

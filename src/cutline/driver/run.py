@@ -15,6 +15,7 @@ from typing import Any
 
 from ..plan import PhysicalPlan
 from ..protocol.job import CheckpointRecord
+from ..protocol.liveness import HEARTBEAT_TIMEOUT
 from ..runtime.failures import SetupError, report_setup_failure
 from ..runtime.task import JobSpec, Slot
 from .dataflow import STAGE_ENDED, JobDriver, JobFailed
@@ -65,29 +66,35 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
             faults: tuple[tuple[str, int, int], ...],
             allow_non_restored_state: bool, dashboard: Any = None,
             restart_timeout: float | None = None,
-            start_timeout: float | None = None) -> JobResult:
+            start_timeout: float | None = None,
+            heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> JobResult:
     """``engine``: :class:`~cutline.spark.stage.SparkStage` or
     :class:`~cutline.driver.threads.ThreadsEngine`.  ``dashboard``: serve the live
     dashboard (:func:`~cutline.driver.dashboard.dashboard_port` says when).
     ``restart_timeout`` / ``start_timeout``: the watchdog's deadlines after a loss and at
     the start (:class:`~cutline.protocol.job.JobController`), on an engine that can
-    resubmit its stage."""
+    resubmit its stage.  ``heartbeat_timeout``: a task, driver or channel peer silent this
+    long is failed (:mod:`cutline.protocol.liveness`)."""
     for node in pipeline.nodes:  # what a source can tell before anything runs
         check = getattr(node.fn, "check", None) if node.kind == "source" else None
         warning = check() if callable(check) else None
         if warning:
             log.warning("cutline: source %r: %s", node.uid, warning)
     cfg = pipeline.checkpoint
+    tls = getattr(pipeline, "tls", None)
     driver = JobDriver(plan, cfg, pipeline.name, restore_from, host=engine.driver_host,
                        restart_timeout=restart_timeout if engine.restarts else None,
-                       start_timeout=start_timeout if engine.restarts else None)
+                       start_timeout=start_timeout if engine.restarts else None,
+                       tls=bool(engine.tls if tls is None else tls),
+                       heartbeat_timeout=heartbeat_timeout)
     driver.on_resubmit = getattr(engine, "resubmit", None)
     driver.check_restore(allow_non_restored_state)
     spec = JobSpec(plan=plan, job=pipeline.name, secret=driver.secret,
-                   coordinator=driver.address, mode=cfg.protocol_mode.value,
+                   coordinator=driver.route("control", driver.address),
+                   mode=cfg.protocol_mode.value,
                    aligned_timeout=cfg.aligned_timeout, storage_url=cfg.storage,
                    storage_options=cfg.storage_options, host=engine.task_host,
-                   faults=tuple(faults))
+                   faults=tuple(faults), heartbeat_timeout=heartbeat_timeout)
     board = _start_dashboard(driver, dashboard, engine)
     driver.start()
     t0 = time.monotonic()
@@ -155,7 +162,8 @@ def _wait(driver: JobDriver, engine: Any, name: str, t0: float,
             display.update(driver)
         if engine.failure():
             # the engine gave up; a task's own report of why may still be on its way
-            driver.done.wait(1.0)
+            if not driver.controller.failure_reported:
+                driver.done.wait(1.0)
             raise _failed(name, driver, engine)
         if timeout is not None and time.monotonic() - t0 > timeout:
             raise JobCancelled(f"job {name!r} cancelled: not finished within {timeout}s")

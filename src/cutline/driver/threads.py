@@ -23,6 +23,7 @@ class ThreadsEngine:
     task_host = "127.0.0.1"
     local = True
     restarts = False  # a failed slot fails the run: no stage to resubmit
+    tls = False  # one process: TLS only when the pipeline asks for it
 
     def __init__(self, slots: int) -> None:
         self.slots = slots

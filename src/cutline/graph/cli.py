@@ -218,7 +218,7 @@ def _run(graph: Any, args: argparse.Namespace) -> int:
     if args.diagram:
         out = result.diagram(args.diagram, snapshot=args.snapshot, window=args.window)
         if args.format == "table":
-            console.print(f"space-time diagram written to [bold]{out}[/]")
+            console.print(f"space-time diagram written to [bold]{out}[/]", soft_wrap=True)
     if args.view:
         out = result.view(args.view, snapshot=args.snapshot)
         if args.format == "table":

@@ -31,7 +31,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..protocol import (
@@ -69,7 +69,7 @@ class GraphSpec:
     edges: list[tuple[str, str]]
     placement: dict[str, int]  # process -> host
     hosts: int
-    secret: bytes
+    secret: bytes = field(repr=False)  # never in a repr or a log line
     coordinator: tuple[str, int]
     trace: bool = False
     seed: int | None = None

@@ -260,8 +260,9 @@ class JobController:
         self.started_attempts = 0
         self.done = False
         self.error: str | None = None
-        # the last task failure a retry may not repeat (Spark restarts), and the Python
-        # traceback of that or of the fatal one (for the log file, not the terminal)
+        # the last attempt's first task failure (its cause: later ones are often peers
+        # losing their channels to it), and the Python traceback of that or of the fatal
+        # one (for the log file, not the terminal)
         self.last_failure: str | None = None
         self.trace = ""
         self.stopped_with_savepoint: str | None = None
@@ -283,6 +284,7 @@ class JobController:
         self.final: int | None = None
         self.triggered: dict[int, float] = {}
         self._acked: dict[int, dict[str, float]] = {}  # checkpoint -> task -> when
+        self._cause_known = False  # a task failure of this attempt was reported
 
     # ------------------------------------------------------------------ queries
 
@@ -293,6 +295,11 @@ class JobController:
     @property
     def running(self) -> bool:
         return self.attempt.started and not self.done
+
+    @property
+    def failure_reported(self) -> bool:
+        """A task failure of the current attempt was reported (:attr:`last_failure`)."""
+        return self._cause_known
 
     def source_records(self) -> int:
         """Records read by the sources in the current attempt."""
@@ -350,7 +357,7 @@ class JobController:
                 self._finish(None, cmds)
         elif t is m.Failed:
             log.warning("task %s failed: %s", msg.who, msg.error)
-            self.last_failure, self.trace = f"task {msg.who}: {msg.error}", msg.trace
+            self._note_failure(f"task {msg.who}: {msg.error}", msg.trace)
         else:
             log.error("job %s: unexpected %r from a task dropped", self.job, msg)
         return cmds
@@ -361,12 +368,13 @@ class JobController:
         self._wait_for_attempt(now, "the stage was submitted", self.start_timeout)
         return []
 
-    def on_closed(self, conn: Conn, now: float) -> list[JobCommand]:
-        """A task connection closed.  During a running attempt its task is lost: the
-        attempt is over.  Its other tasks are told to stop now rather than left to Spark:
-        Spark kills them through the PySpark daemon, and with the daemon gone (``kill -9``,
-        the OOM killer) they would run on, holding the task slots the stage's next attempt
-        needs, while they wait for a driver that waits for Spark."""
+    def on_closed(self, conn: Conn, now: float, cause: str | None = None) -> list[JobCommand]:
+        """A task connection closed (``cause``: why, when the driver closed it: its task
+        went silent).  During a running attempt its task is lost: the attempt is over.
+        Its other tasks are told to stop now rather than left to Spark: Spark kills them
+        through the PySpark daemon, and with the daemon gone (``kill -9``, the OOM killer)
+        they would run on, holding the task slots the stage's next attempt needs, while
+        they wait for a driver that waits for Spark."""
         a = self.attempt
         slot = a.slot_of(conn)
         if slot is None:
@@ -377,7 +385,9 @@ class JobController:
         cmds: list[JobCommand] = []
         if a.started and not a.lost and not self.done:
             a.lost = True
-            why = f"attempt {a.number} lost slot {slot}"
+            why = f"attempt {a.number} lost slot {slot}" + (f": {cause}" if cause else "")
+            if cause:
+                self._note_failure(f"slot {slot}: {cause}", "")
             cmds.extend(Send(c, m.Stop(abandoned=why)) for s, c in sorted(a.conns.items())
                         if s != slot)
             self._wait_for_attempt(now, why, self.restart_timeout)
@@ -544,6 +554,11 @@ class JobController:
         log.warning("%s", reason)
         self.waiting_since = now
         cmds.append(Resubmit(reason))
+
+    def _note_failure(self, failure: str, trace: str) -> None:
+        if not self._cause_known:
+            self._cause_known = True
+            self.last_failure, self.trace = failure, trace
 
     def _note_cpu(self, conn: Conn, cpu: float) -> None:
         slot = self.attempt.slot_of(conn)

@@ -4,19 +4,32 @@
   stream): the watermark generator sees each record batch's largest timestamp (the
   bounded-out-of-orderness watermark is the same as record by record); per source split,
   idleness and checkpoints as :class:`~.operators.AssignTimestamps`.
-* :class:`BatchWindowAggregate` (``key_by(cols).window(tumbling(...) | sliding(...))
-  .agg(...)``): the per-record window operator (:class:`~.windows.WindowOperator`: its
-  state, firing by watermark, allowed lateness, rescaling by key group and per-key-group
-  watermarks are reused as they are) with a vectorised ``process``: per record batch, rows
-  are assigned their windows with numpy, ``Table.group_by(keys + window start)`` computes
-  one partial aggregate per key and window, and each is merged into the key's window
-  accumulator (:func:`cutline.protocol.windows.columns`).  Fired windows leave as one
-  record batch per watermark: ``(key columns..., start, end, aggregates...)``, one row per
-  key and window, in the order the per-record operator emits them (by end, start).
+* :class:`BatchWindowAggregate` (``key_by(cols).window(assigner).agg(...)``): the
+  per-record window operator (:class:`~.windows.WindowOperator`: its state, firing by
+  watermark, allowed lateness, late rows, rescaling by key group and per-key-group
+  watermarks are reused as they are) with a vectorised ``process`` that gives its output
+  row for row.  Per record batch:
+
+  - tumbling / sliding: numpy assigns rows their windows; for the windows still open,
+    ``Table.group_by(keys + window start)`` computes one partial aggregate per key and
+    window, merged into the key's window accumulator
+    (:func:`cutline.protocol.windows.columns`); nothing is emitted.  A row for a fired
+    window (within ``allowed_lateness``) is added on its own and emits the window again,
+    as a record does;
+  - sessions: a key whose rows all open windows past the watermark has them merged into
+    sessions first (sorted by key and time; order does not matter, nothing fires), one
+    partial per session merged into the key's sessions.  A key with a row at or behind
+    the watermark takes its rows one at a time, in order (:meth:`_add_merging`): such a
+    row may be late alone and not after another row bridged it to a later session.
+
+  Rows late for all their windows are counted, and with ``.late()`` leave as one record
+  batch (the input's columns, wrapped in a :class:`~.windows.LateRecord`) per batch.
+  Fired windows leave as one record batch per watermark: ``(key columns..., start, end,
+  aggregates...)``, one row per key and window, in the order the per-record operator
+  emits them (by end, start).
 
 Timestamps are seconds (int or float columns) or Arrow timestamps (any unit, converted to
-seconds); a null timestamp fails the job naming the operator and the batch.  Session
-windows (merging) are not vectorised: ``rows()`` first.
+seconds); a null timestamp fails the job naming the operator and the batch.
 """
 
 from __future__ import annotations
@@ -25,17 +38,18 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..logical import BatchWindowSpec, Node
-from ..protocol.windows import Tumbling, WindowResult
+from ..protocol.windows import Session, Tumbling
 from ..state.arrow_keys import key_groups
 from .batches import Described, Partials
 from .operators import AssignTimestamps, UserFunctionError
-from .windows import WindowOperator
+from .windows import LateRecord, WindowOperator
 
 __all__ = ["BatchAssignTimestamps", "BatchWindowAggregate", "seconds"]
 
-_START = "__window_start"
+_START, _ROW, _SESSION = "__window_start", "__row", "__session"
 _PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 
 
@@ -85,6 +99,20 @@ def _whole(x: float) -> Any:
     return int(x) if x.is_integer() else x
 
 
+def _key_ids(rb: pa.RecordBatch, columns: list[str]) -> np.ndarray:
+    """A dense id per row of ``rb``, equal for rows with equal keys (the ``columns``)."""
+    ids: np.ndarray | None = None
+    for c in columns:
+        enc = pc.dictionary_encode(rb.column(c), null_encoding="encode")
+        col = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        if ids is None:
+            ids = col
+        else:
+            ids = np.unique(ids * len(enc.dictionary) + col, return_inverse=True)[1]
+    assert ids is not None
+    return ids.reshape(-1)
+
+
 class BatchWindowAggregate(WindowOperator):
     """``key_by(cols).window(assigner).agg(...)`` on a batch stream (see the module
     docstring)."""
@@ -98,7 +126,9 @@ class BatchWindowAggregate(WindowOperator):
         self.partials = Partials(spec.aggs)
         self.kinds = [fn for _, _, fn in spec.aggs]
         a = self.assigner
-        if type(a) is Tumbling:
+        if type(a) is Session:
+            self.gap = a.gap
+        elif type(a) is Tumbling:
             self.size, self.slide, self.offset, self.copies = a.size, a.size, a.offset, 1
         else:  # sliding: a row is in up to ceil(size / slide) windows
             self.size, self.slide, self.offset = a.size, a.slide, a.offset  # type: ignore
@@ -111,56 +141,123 @@ class BatchWindowAggregate(WindowOperator):
         for rb in batch:
             if rb.num_rows:
                 try:
-                    self._one(rb, out)
+                    late = self._sessions(rb, out) if self.assigner.merging else \
+                        self._fixed(rb, out)
                 except UserFunctionError:
                     raise
                 except (KeyError, ValueError, TypeError, pa.ArrowInvalid,
                         pa.ArrowNotImplementedError) as exc:
                     raise UserFunctionError(self.uid, "window", Described(rb), exc) from exc
+                if len(late):
+                    self.late_records += len(late)
+                    if self.spec.emit_late:
+                        out.append(LateRecord(rb.take(pa.array(late))))
         self.state.after_batch()
         return out
 
-    def _windows(self, rb: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
-        """Each row's windows: (row index, window start) pairs."""
-        ts = seconds(rb, self.column)
-        last = ts - np.mod(ts - self.offset, self.slide)  # the latest window start <= ts
-        if self.copies == 1:
-            return np.arange(len(ts)), last
-        rows, starts = [], []
-        for i in range(self.copies):
-            s = last - i * self.slide
-            keep = np.nonzero(s + self.size > ts)[0]
-            rows.append(keep)
-            starts.append(s[keep])
-        return np.concatenate(rows), np.concatenate(starts)
-
-    def _one(self, rb: pa.RecordBatch, out: list) -> None:
-        rows, starts = self._windows(rb)
-        table = pa.table({**{k: rb.column(k) for k in self.keys},
-                          **{c: rb.column(c) for c, _ in self.partials.parts if c}})
-        if self.copies > 1:
-            table = table.take(pa.array(rows))
-        # the watermark each row meets: the operator's, or its key group's (after a rescale)
-        cur = np.full(len(starts), self.wm)
+    def _marks(self, rb: pa.RecordBatch) -> np.ndarray:
+        """The watermark each row meets: the operator's, or its key group's (after a
+        rescale)."""
+        cur = np.full(rb.num_rows, self.wm)
         if self.ahead:
             marks = np.full(self.max_parallelism, -np.inf)
             for g, v in self.ahead.items():
                 marks[g] = v
-            cur = np.maximum(cur, marks[key_groups(table, self.keys, self.max_parallelism)])
-        live = starts + self.size + self.lateness > cur
-        if not live.all():
-            self.late_records += int(len(live) - live.sum())
-            table, starts = table.filter(pa.array(live)), starts[live]
-            if not table.num_rows:
-                return
+            cur = np.maximum(cur, marks[key_groups(rb, self.keys, self.max_parallelism)])
+        return cur
+
+    def _table(self, rb: pa.RecordBatch, rows: np.ndarray | None = None) -> pa.Table:
+        """The key and partial-aggregate columns of ``rb`` (of ``rows`` of it)."""
+        table = pa.table({**{k: rb.column(k) for k in self.keys},
+                          **{c: rb.column(c) for c, _ in self.partials.parts if c}})
+        return table if rows is None else table.take(pa.array(rows))
+
+    def _key(self, kw: tuple, extra: int) -> Any:
+        """The key of a group of ``keys + extra`` columns."""
+        return kw[0] if len(kw) == extra + 1 else kw[:-extra]
+
+    def _per_row(self, table: pa.Table, starts: np.ndarray, ends: np.ndarray,
+                 cur: np.ndarray, out: list) -> np.ndarray:
+        """Rows (of ``table``, each for window ``[starts[i], ends[i])``, meeting watermark
+        ``cur[i]``) one at a time, in order, exactly as the per-record operator takes
+        records: each row that lands in a fired window (within the lateness) emits it
+        again.  Returns which rows were late for their window."""
+        n = table.num_rows
+        table = table.append_column(_ROW, pa.array(np.arange(n)))
+        _, keys, _, part_cols = self.partials.group(table, [*self.keys, _ROW])
+        order = np.argsort([kw[-1] for kw in keys], kind="stable")
+        late = np.zeros(n, dtype=bool)
+        again: list = []
+        add = self._add_merging if self.assigner.merging else self._add_fixed
+        of, key = self.partials.of, self._key
+        for j in order:
+            i = keys[j][-1]
+            w = (_whole(float(starts[i])), _whole(float(ends[i])))
+            if not add(key(keys[j], 1), w, of(part_cols, j), float(cur[i]), again.append):
+                late[i] = True
+        if again:
+            out.append(self._rows(again))
+        return late
+
+    def _add_fixed(self, key: Any, w: tuple, parts: Any, cur: float,
+                   emit: Any) -> bool:
+        """One row's partial into a fired (tumbling or sliding) window, as the per-record
+        operator adds a record; False if it is too late for it."""
+        end = w[1]
+        if end + self.lateness <= cur:
+            return False
+        m = self.windows.mutable(key, dict)
+        acc = m.get(w)
+        if acc is None:
+            acc = self.agg.create()
+            if self.lateness:
+                self._at(end + self.lateness, key)
+        m[w] = acc = self.agg.add(acc, parts)
+        self._fire(key, w, acc, emit)
+        return True
+
+    def _windows(self, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's windows: (row index, window start) pairs, by row and start."""
+        last = ts - np.mod(ts - self.offset, self.slide)  # the latest window start <= ts
+        if self.copies == 1:
+            return np.arange(len(ts)), last
+        rows, starts = [], []
+        for i in range(self.copies - 1, -1, -1):
+            s = last - i * self.slide
+            keep = np.nonzero(s + self.size > ts)[0]
+            rows.append(keep)
+            starts.append(s[keep])
+        r, s = np.concatenate(rows), np.concatenate(starts)
+        order = np.argsort(r, kind="stable")
+        return r[order], s[order]
+
+    def _fixed(self, rb: pa.RecordBatch, out: list) -> np.ndarray:
+        """Tumbling and sliding windows: the indices of the rows late for all theirs."""
+        ts = seconds(rb, self.column)
+        rows, starts = self._windows(ts)
+        cur = self._marks(rb)[rows]
+        ends = starts + self.size
+        fresh = ends > cur  # open windows: vectorised, nothing is emitted
+        late = np.zeros(0, dtype=np.int64)
+        if not fresh.all():  # fired ones: row by row, as the per-record operator does
+            stale = np.flatnonzero(~fresh)
+            dropped = self._per_row(self._table(rb, rows[stale]), starts[stale], ends[stale],
+                                    cur[stale], out)
+            live = np.bincount(rows[fresh], minlength=rb.num_rows) + np.bincount(
+                rows[stale[~dropped]], minlength=rb.num_rows)
+            late = np.flatnonzero(live == 0)
+            rows, starts = rows[fresh], starts[fresh]
+            if not len(rows):
+                return late
+        table = self._table(rb, None if len(rows) == rb.num_rows and self.copies == 1
+                            else rows)
         table = table.append_column(_START, pa.array(starts))
         _, keys, _, part_cols = self.partials.group(table, [*self.keys, _START])
         mutable, fast, lateness = self.windows.mutable, self.windows.fast, self.lateness
-        create, add, at = self.agg.create, self.agg.add, self._at
-        size, ahead, of = self.size, self.ahead, self.partials.of
-        again: list = []
+        create, add, at, key = self.agg.create, self.agg.add, self._at, self._key
+        size, of = self.size, self.partials.of
         for i, kw in enumerate(keys):
-            k = kw[0] if len(kw) == 2 else kw[:-1]
+            k = key(kw, 1)
             start = _whole(kw[-1])
             end = _whole(float(start + size))
             w = (start, end)
@@ -168,18 +265,63 @@ class BatchWindowAggregate(WindowOperator):
             if m is None:
                 m = mutable(k, dict)
             acc = m.get(w)
-            now = self._watermark_of(k) if ahead else self.wm
             if acc is None:
                 acc = create()
-                if end > now:
-                    at(end, k)
+                at(end, k)
                 if lateness:
                     at(end + lateness, k)
-            m[w] = acc = add(acc, of(part_cols, i))
-            if end <= now:  # a fired window, within the lateness: emitted again
-                again.append(WindowResult(k, start, end, self.agg.result(acc)))
-        if again:
-            out.append(self._rows(again))
+            m[w] = add(acc, of(part_cols, i))
+        return late
+
+    def _sessions(self, rb: pa.RecordBatch, out: list) -> np.ndarray:
+        """Session windows: the indices of the rows too late for theirs.  A key whose rows
+        all open windows past the watermark takes them merged into sessions first
+        (vectorised; nothing fires, so their order does not matter); a key with a row at
+        or behind the watermark takes its rows one at a time, in order, as the per-record
+        operator does (a row may be late alone and not once another row bridged it to a
+        later session)."""
+        ts = seconds(rb, self.column)
+        gap = self.gap
+        ends = ts + gap
+        cur = self._marks(rb)
+        stale = ends <= cur
+        kid = _key_ids(rb, self.keys)
+        late = np.zeros(0, dtype=np.int64)
+        rows = np.arange(rb.num_rows)
+        if stale.any():
+            slow = np.zeros(int(kid.max()) + 1, dtype=bool)
+            slow[kid[stale]] = True
+            exact = slow[kid]
+            one = np.flatnonzero(exact)
+            dropped = self._per_row(self._table(rb, one), ts[one], ends[one], cur[one], out)
+            late = one[dropped]
+            rows = np.flatnonzero(~exact)
+            if not len(rows):
+                return late
+            kid = kid[rows]
+        # the rest: per key, its rows' windows merged into sessions (sorted by key, time)
+        t = ts[rows]
+        order = np.lexsort((t, kid))
+        t, k_sorted = t[order], kid[order]
+        first = np.ones(len(t), dtype=bool)
+        first[1:] = (k_sorted[1:] != k_sorted[:-1]) | (t[1:] > t[:-1] + gap)
+        sid = np.cumsum(first) - 1
+        heads = np.flatnonzero(first)
+        tails = np.append(heads[1:], len(t)) - 1
+        session_of = np.empty(len(t), dtype=np.int64)
+        session_of[order] = sid
+        table = self._table(rb, rows).append_column(_SESSION, pa.array(session_of))
+        _, sids, _, part_cols = self.partials.group(table, [_SESSION])
+        key_rows = pa.table({k: rb.column(k) for k in self.keys}).take(
+            pa.array(rows[order[heads]])).to_pylist()
+        of, add, keys = self.partials.of, self._add_merging, self.keys
+        wm, ahead = self.wm, self.ahead
+        for j, s in enumerate(sids):
+            r = key_rows[s]
+            k = r[keys[0]] if len(keys) == 1 else tuple(r[c] for c in keys)
+            w = (_whole(float(t[heads[s]])), _whole(float(t[tails[s]] + gap)))
+            add(k, w, of(part_cols, j), self._watermark_of(k) if ahead else wm, out.append)
+        return late
 
     # ------------------------------------------------------------------ time
 

@@ -363,7 +363,9 @@ class BatchRouting:
 
     def _add(self, ch: str, part: list) -> None:
         self.buffers[ch].extend(part)
-        self.bytes[ch] += sum(b.nbytes for b in part)
+        # (a window's late rows travel wrapped, as a LateRecord of a record batch)
+        self.bytes[ch] += sum(b.nbytes if type(b) is pa.RecordBatch else b.record.nbytes
+                              for b in part)
 
     def emit(self, batch: list) -> None:
         for edge, chans, dst_p, dst_uid, cols in self.edges:

@@ -10,7 +10,11 @@ HMAC challenge/response with the job secret), purpose ``channel '<channel id>'``
 WELCOME the gate sends CREDIT(initial credits), or REJECT(reason) (unknown or already
 connected channel) and closes.  Then RECORDS(pickle), BARRIER(msgpack [checkpoint_id,
 unaligned]) and EOF flow downstream and CREDIT(n) upstream.  A batch costs one credit,
-control frames none.  Peers are authenticated once at connect; frames are not encrypted.
+control frames none.  Peers are authenticated once at connect; with the job's TLS on
+(:mod:`.net`), everything after STARTTLS travels in TLS 1.3.  With a heartbeat monitor
+(:mod:`.heartbeats`), both ends send HEARTBEAT frames while idle (a sender without credit,
+a receiver with none to return) and a peer silent for the heartbeat timeout breaks the
+channel, naming it; after EOF neither end is watched.
 
 Encoding, ``python bench/encoding.py`` (1,000-record batches, encode+decode, median of 5
 rounds; Python 3.11.7, pyarrow 26.0.1, shared 2-core box), records/s, pickle-5 vs Arrow IPC:
@@ -52,6 +56,7 @@ import msgpack
 from ..connectors.base import PICKLING_ERRORS, unpicklable
 from ..protocol.events import Barrier
 from . import net
+from .heartbeats import Heartbeats
 from .net import HELLO, MAX_HELLO, REJECT, WELCOME
 
 log = logging.getLogger(__name__)
@@ -66,11 +71,13 @@ _UNBOUNDED = 2**31  # credits of a feedback channel: never runs out
 
 
 class ChannelError(RuntimeError):
-    """A channel broke: connection lost or refused, or the peer broke the protocol."""
+    """A channel broke: connection lost or refused, or the peer broke the protocol.
+    ``silent``: the heartbeat monitor found the other end silent (this end saw the cause,
+    not a consequence of it)."""
 
-    def __init__(self, channel_id: str, message: str) -> None:
+    def __init__(self, channel_id: str, message: str, silent: bool = False) -> None:
         super().__init__(f"channel {channel_id!r}: {message}")
-        self.channel_id = channel_id
+        self.channel_id, self.silent = channel_id, silent
 
 
 def encode_records(batch: list) -> bytes:
@@ -102,11 +109,7 @@ def _wait(cond: threading.Condition, deadline: float | None) -> bool:
     return True
 
 
-def _shutdown(sock: socket.socket, how: int = socket.SHUT_RDWR) -> None:
-    try:
-        sock.shutdown(how)
-    except OSError:
-        pass
+_shutdown = net.shutdown
 
 
 class _Closing:
@@ -126,7 +129,7 @@ def channel_purpose(channel_id: str) -> str:
     return f"channel {channel_id!r}"
 
 
-def channel_mac(secret: bytes, channel_id: str, nonce: bytes) -> bytes:
+def channel_mac(secret: net.JobSecret | bytes, channel_id: str, nonce: bytes) -> bytes:
     return net.make_mac(secret, channel_purpose(channel_id), nonce)
 
 
@@ -148,12 +151,14 @@ class _Input:
 class InputGate(_Closing):
     """All input channels of one task.  Upstream tasks connect to :attr:`address`."""
 
-    def __init__(self, task_id: str, channel_ids: list[str], secret: bytes,
+    def __init__(self, task_id: str, channel_ids: list[str], secret: net.JobSecret | bytes,
                  host: str = "127.0.0.1", credits: int = 8,
-                 unbounded: frozenset[str] = frozenset()) -> None:
+                 unbounded: frozenset[str] = frozenset(),
+                 heartbeats: Heartbeats | None = None) -> None:
         if credits < 1 or len(set(channel_ids)) != len(channel_ids):
             raise ValueError(f"need credits >= 1 and distinct channel ids: {channel_ids}")
         self.task_id, self.credits, self._secret = task_id, credits, secret
+        self._heartbeats = heartbeats
         # Feedback edges of an iteration never block their sender: a loop whose every
         # channel waits for credit would deadlock (Flink's iteration heads queue feedback
         # without bound for the same reason).
@@ -311,13 +316,13 @@ class InputGate(_Closing):
         if self._closed:
             raise RuntimeError(f"input gate of task {self.task_id} is closed")
 
-    def _fail(self, cid: str, message: str) -> None:
+    def _fail(self, cid: str, message: str, silent: bool = False) -> None:
         with self._cond:
             if self._closed or self._ch[cid].eof:
                 return
             # the task raises it (and reports it, unless the job is ending anyway)
             log.info("task %s: input channel %r broke: %s", self.task_id, cid, message)
-            self._error = self._error or ChannelError(cid, message)
+            self._error = self._error or ChannelError(cid, message, silent)
             self._cond.notify_all()
 
     def _grant(self, cid: str, n: int) -> None:
@@ -362,7 +367,14 @@ class InputGate(_Closing):
         except OSError as exc:
             self._fail(cid, f"connection lost after handshake: {exc}")
             return
-        self._read_loop(conn, cid)
+        hb = self._heartbeats
+        if hb is not None:
+            hb.watch(conn, "the sender")
+        try:
+            self._read_loop(conn, cid)
+        finally:
+            if hb is not None:
+                hb.forget(conn)
 
     def _enqueue(self, st: _Input, cid: str, item: tuple) -> None:
         with self._cond:
@@ -387,11 +399,10 @@ class InputGate(_Closing):
 
     def _read_loop(self, conn: net.Connection, cid: str) -> None:
         st = self._ch[cid]
-        sock = conn.sock
-        read_frame = net.read_frame
+        recv = conn.recv
         try:
             while not st.eof:
-                kind, payload = read_frame(sock)
+                kind, payload = recv()
                 if kind == RECORDS:
                     item = ("records", decode_records(payload), 1)
                 elif kind == ARROW:
@@ -406,11 +417,15 @@ class InputGate(_Closing):
                 else:
                     raise ValueError(f"unexpected frame type {kind}")
                 self._enqueue(st, cid, item)
-            sock.recv(1)  # after EOF: wait for the sender's close, then close ours
+            if self._heartbeats is not None:
+                self._heartbeats.forget(conn)  # done: the sender may linger, unwatched
+            conn.sock.recv(1)  # after EOF: wait for the sender's close, then close ours
         except EOFError as exc:
-            self._fail(cid, f"{exc} by the sender before EOF")
+            self._fail(cid, conn.silence or f"{exc} by the sender before EOF",
+                       conn.silence is not None)
         except Exception as exc:
-            self._fail(cid, f"{type(exc).__name__}: {exc}")
+            self._fail(cid, conn.silence or f"{type(exc).__name__}: {exc}",
+                       conn.silence is not None)
 
 
 class OutputChannel(_Closing):
@@ -418,9 +433,12 @@ class OutputChannel(_Closing):
     granted no credit.  Thread-safe, but the order of batches sent concurrently from
     several threads is whatever order they took credit in."""
 
-    def __init__(self, channel_id: str, address: tuple[str, int], secret: bytes,
-                 connect_timeout: float = 30.0) -> None:
+    def __init__(self, channel_id: str, address: tuple[str, int], secret: net.JobSecret | bytes,
+                 connect_timeout: float = 30.0, heartbeats: Heartbeats | None = None) -> None:
         self.channel_id = channel_id
+        self._heartbeats = heartbeats
+        # a receiver silent for the heartbeat timeout fails the handshake too
+        self._silent_after = heartbeats.timeout if heartbeats is not None else connect_timeout
         self.address: tuple[str, int] = (address[0], address[1])
         self._cond = threading.Condition()
         self._credits = 0
@@ -444,7 +462,9 @@ class OutputChannel(_Closing):
         except BaseException:
             sock.close()
             raise
-        self._sock = sock
+        self._sock = self._conn.sock  # a TLS socket when the job has TLS on
+        if heartbeats is not None:
+            heartbeats.watch(self._conn, "the receiver")
         self._reader = threading.Thread(target=self._read_loop, daemon=True,
                                         name=f"cutline-out-{channel_id}")
         self._reader.start()
@@ -453,13 +473,17 @@ class OutputChannel(_Closing):
     def credits(self) -> int:
         return self._credits
 
-    def _handshake(self, sock: socket.socket, secret: bytes,
+    def _handshake(self, sock: socket.socket, secret: net.JobSecret | bytes,
                    deadline: float) -> net.Connection:
         cid, where = self.channel_id, self.address
+        def left() -> float:
+            return min(max(deadline - time.monotonic(), 1.0), self._silent_after)
+
         try:
-            sock.settimeout(max(deadline - time.monotonic(), 1.0))
+            sock.settimeout(left())
             conn = net.client_handshake(sock, secret, channel_purpose(cid), where)
-            sock.settimeout(max(deadline - time.monotonic(), 1.0))
+            sock = conn.sock
+            sock.settimeout(left())
             kind, payload = conn.recv(MAX_HELLO)  # the initial credits, or REJECT
         except net.Refused as exc:
             raise ChannelError(cid, f"refused by {where}: {exc.reason}") from None
@@ -482,8 +506,9 @@ class OutputChannel(_Closing):
 
     def _read_loop(self) -> None:
         try:
+            recv = self._conn.recv
             while True:
-                kind, payload = net.read_frame(self._sock, MAX_HELLO)
+                kind, payload = recv(MAX_HELLO)
                 if kind != CREDIT or len(payload) != _COUNT.size:
                     raise ValueError(f"unexpected frame type {kind} from the receiver")
                 with self._cond:
@@ -492,12 +517,12 @@ class OutputChannel(_Closing):
         except (EOFError, OSError, ValueError) as exc:
             with self._cond:
                 if not self._closed and self._error is None:
-                    self._error = f"receiver connection lost ({exc})"
+                    self._error = self._conn.silence or f"receiver connection lost ({exc})"
                 self._cond.notify_all()
 
     def _check(self) -> None:  # with self._cond held
         if self._error is not None:
-            raise ChannelError(self.channel_id, self._error)
+            raise ChannelError(self.channel_id, self._error, self._conn.silence is not None)
         if self._closed or self._eof_sent:
             raise ChannelError(self.channel_id,
                                "send after " + ("close" if self._closed else "EOF"))
@@ -536,15 +561,21 @@ class OutputChannel(_Closing):
         with self._cond:
             self._check()
             self._eof_sent = True
+        self._unwatch()
         self._send(EOF)
+
+    def _unwatch(self) -> None:
+        if self._heartbeats is not None:
+            self._heartbeats.forget(self._conn)
 
     def _send(self, kind: int, payload: bytes = b"") -> None:
         try:
             self._conn.send(kind, payload)
         except OSError as exc:
             with self._cond:
-                self._error = self._error or f"send failed ({exc})"
-            raise ChannelError(self.channel_id, self._error) from exc
+                self._error = self._error or self._conn.silence or f"send failed ({exc})"
+            raise ChannelError(self.channel_id, self._error,
+                               self._conn.silence is not None) from exc
 
     def close(self) -> None:
         """After :meth:`send_eof` a graceful close (FIN behind the data, then wait up to
@@ -555,6 +586,7 @@ class OutputChannel(_Closing):
             graceful = self._eof_sent and self._error is None
             self._closed = True
             self._cond.notify_all()
+        self._unwatch()
         _shutdown(self._sock, socket.SHUT_WR if graceful else socket.SHUT_RDWR)
         self._reader.join(5.0 if graceful else 1.0)
         self._sock.close()

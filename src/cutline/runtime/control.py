@@ -5,6 +5,11 @@ the purpose ``"control"``, refused strangers never read); every MESSAGE frame ca
 message (:mod:`cutline.protocol.messages`, whose codec is the one place a message becomes
 bytes and back: msgpack, never pickle).  A frame that is no message of this codec version
 is logged and dropped; the connection stays up.
+
+With a heartbeat monitor (:mod:`.heartbeats`) on both ends, an idle control connection
+carries heartbeats both ways: the driver fails a task it hears nothing from for the
+heartbeat timeout (``(conn, CLOSED)`` with :attr:`FrameConnection.silence` saying so), and
+a task fails when its driver goes silent, instead of waiting for it forever.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any
 
 from ..protocol import messages
 from . import net
+from .heartbeats import Heartbeats
 from .net import HandshakeError
 
 _log = logging.getLogger("cutline.control")
@@ -41,8 +47,17 @@ class FrameConnection:
         self.conn = conn
         self.sock: socket.socket = conn.sock
 
+    @property
+    def silence(self) -> str | None:
+        """Why the heartbeat monitor ended this connection (its peer went silent), or None."""
+        return self.conn.silence
+
     def send_frame(self, frame: bytes) -> None:
         self.conn.send(MESSAGE, frame)
+
+    def try_send(self, msg: messages.Message) -> bool:
+        """Send ``msg`` only if that cannot block (:meth:`~.net.Connection.try_send`)."""
+        return self.conn.try_send(MESSAGE, messages.encode(msg))
 
     def recv_frame(self) -> bytes:
         """The next message's bytes; ConnectionError once the peer closed or broke the
@@ -50,7 +65,12 @@ class FrameConnection:
         try:
             kind, payload = self.conn.recv(MAX_FRAME)
         except EOFError:
-            raise ConnectionError("control connection closed by peer") from None
+            raise ConnectionError(self.conn.silence or "control connection closed by peer") \
+                from None
+        except OSError:
+            if self.conn.silence:  # shut down by the heartbeat monitor: say why
+                raise ConnectionError(self.conn.silence) from None
+            raise
         except ValueError as exc:  # too long
             raise ProtocolError(f"control {exc}") from None
         if kind != MESSAGE:
@@ -69,7 +89,8 @@ class FrameConnection:
         self.conn.close()
 
 
-def connect(address: tuple[str, int], secret: bytes, timeout: float = 30.0) -> FrameConnection:
+def connect(address: tuple[str, int], secret: net.JobSecret | bytes,
+            timeout: float = 30.0) -> FrameConnection:
     """A task's (or host's) connection to its driver; HandshakeError when refused."""
     try:
         return FrameConnection(net.connect(address, secret, CONTROL, timeout))
@@ -84,8 +105,10 @@ class ControlService:
     as ``(conn, msg)``, and a closed connection as ``(conn, CLOSED)``.
     :meth:`close` closes every connection still open, of any attempt."""
 
-    def __init__(self, host: str, secret: bytes, events: Any, name: str = "cutline") -> None:
+    def __init__(self, host: str, secret: net.JobSecret | bytes, events: Any,
+                 name: str = "cutline", heartbeats: Heartbeats | None = None) -> None:
         self.secret, self.events, self.name = secret, events, name
+        self._heartbeats = heartbeats
         self._listener = net.Listener(host, secret, admit=net.only(CONTROL), serve=self._serve,
                                       name=f"{name}-accept", log=_log,
                                       refusal=f"{name}: refused control connection")
@@ -99,6 +122,9 @@ class ControlService:
 
     def _serve(self, raw: net.Connection) -> None:
         conn = FrameConnection(raw)
+        hb = self._heartbeats
+        if hb is not None:
+            hb.watch(raw, "the task")
         try:
             while True:
                 try:
@@ -114,3 +140,6 @@ class ControlService:
             self.events.put((conn, CLOSED))
         except (ConnectionError, OSError):
             self.events.put((conn, CLOSED))
+        finally:
+            if hb is not None:
+                hb.forget(raw)

@@ -25,6 +25,7 @@ from ..protocol import messages as m
 from .channels import ChannelError
 from .control import connect
 from .operators import UserFunctionError
+from .tls import JobSecret
 
 log = logging.getLogger("cutline.task")
 
@@ -53,7 +54,7 @@ def setup_error(what: str, exc: BaseException) -> BaseException:
     return err
 
 
-def report_setup_failure(coordinator: tuple[str, int], secret: bytes, slot: int,
+def report_setup_failure(coordinator: tuple[str, int], secret: JobSecret | bytes, slot: int,
                          exc: BaseException, wait: float = 5.0) -> None:
     """Tell the driver that slot ``slot`` failed fatally before it registered, then wait
     (up to ``wait`` s) for the driver to end the job and close the connection, so that

@@ -3,20 +3,31 @@
 Data channels (:mod:`.channels`), the driver's control service (:mod:`.control`) and the
 admin port (``cutline.spark.admin``) all speak this, and only this, on TCP:
 
-* **Frames**: ``struct "!BI"`` (kind, payload length) and the payload.  Kinds 1-3 belong to
-  the handshake; a protocol on top picks its own from :data:`FIRST_KIND` up.
+* **Frames**: ``struct "!BI"`` (kind, payload length) and the payload.  Kinds 1-4 belong to
+  the handshake, 5 is a heartbeat; a protocol on top picks its own from :data:`FIRST_KIND` up.
 * **Handshake** (per-job secret, challenge/response, purpose bound into the MAC): the
   listener sends HELLO(16-byte random nonce); the client answers HELLO(mac + purpose) with
   ``mac = HMAC-SHA256(secret, b"cutline-net-1" + len(purpose) + purpose + nonce)``; the
   listener answers WELCOME, or REJECT(reason) and closes.  The purpose names what the
   connection is for (``"control"``, ``"admin"``, ``"channel 'a->b'"``), so an answer made
   for one purpose is refused for any other, and a nonce is never reused, so no answer can
-  be replayed.  Peers are authenticated once at connect; frames are not encrypted.
+  be replayed.  Peers are authenticated once at connect.
+* **TLS** (when the job's :class:`~.tls.JobSecret` carries a certificate): the listener
+  first sends STARTTLS (one empty frame, in the clear), then both sides run a TLS 1.3
+  handshake in which each presents the job's certificate and pins the other's (the admin
+  port: the listener only); the HELLO exchange above and every frame after it travel inside
+  TLS.  A client whose job has TLS off refuses a STARTTLS, and a client whose job has TLS on
+  refuses a listener that offers none (no downgrade): both say so.
 * **Accept loop** (:class:`Listener`): one thread accepts; each connection gets a thread
   that runs the handshake under a timeout (a silent stranger blocks nobody), logs and
   refuses a stranger after reading nothing but its HELLO (at most :data:`MAX_HELLO` bytes),
   and hands an authenticated connection to the ``serve`` callback.
   :meth:`Listener.close` closes every connection it accepted.
+* **Heartbeats**: a HEARTBEAT frame (empty) may come at any time after the handshake;
+  :meth:`Connection.recv` skips it.  :class:`Connection` counts what it receives (every
+  chunk of a frame, heartbeats too) and sends, which is all the heartbeat monitor
+  (:mod:`.heartbeats`) looks at; it sends heartbeats with :meth:`Connection.try_send`,
+  which never blocks, and ends a silent connection with :meth:`Connection.go_silent`.
 
 Why blocking sockets with a reader thread per connection, not ``multiprocessing.connection``
 or asyncio: ``python bench/net.py`` part 1 (1,000-dict pickled batches from a child process,
@@ -38,19 +49,25 @@ import hashlib
 import hmac
 import logging
 import secrets
+import select
 import socket
+import ssl
 import struct
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from .tls import JobSecret
+
 __all__ = [
-    "FIRST_KIND", "HELLO", "MAX_HELLO", "REJECT", "WELCOME", "Connection", "HandshakeError",
-    "Listener", "NotAListener", "Refused", "client_handshake", "connect", "make_mac",
+    "FIRST_KIND", "HEARTBEAT", "HELLO", "MAX_HELLO", "REJECT", "STARTTLS", "WELCOME",
+    "Connection", "HandshakeError", "JobSecret", "Listener", "NotAListener", "Refused",
+    "client_handshake", "connect", "make_mac",
 ]
 
-HELLO, WELCOME, REJECT = 1, 2, 3
+HELLO, WELCOME, REJECT, STARTTLS = 1, 2, 3, 4
+HEARTBEAT = 5  # "still here": empty, skipped by Connection.recv
 FIRST_KIND = 8  # the first frame kind free for a protocol on top
 HEADER = struct.Struct("!BI")
 NONCE_BYTES = 16
@@ -77,11 +94,21 @@ class NotAListener(HandshakeError):
     """What answered does not speak this protocol."""
 
 
-def make_mac(secret: bytes, purpose: str, nonce: bytes) -> bytes:
+def make_mac(secret: JobSecret | bytes, purpose: str, nonce: bytes) -> bytes:
     """The answer to ``nonce`` for ``purpose``; worthless for any other purpose or nonce."""
     p = purpose.encode()
     msg = _DOMAIN + len(p).to_bytes(4, "big") + p + nonce
-    return hmac.new(secret, msg, hashlib.sha256).digest()
+    key = secret.key if isinstance(secret, JobSecret) else secret
+    return hmac.new(key, msg, hashlib.sha256).digest()
+
+
+def shutdown(sock: socket.socket, how: int = socket.SHUT_RDWR) -> None:
+    """Shut the connection down (a TLS socket's too, whose own ``shutdown`` would drop its
+    TLS state under a thread still reading it); an error (already closed) is ignored."""
+    try:
+        socket.socket.shutdown(sock, how)
+    except OSError:
+        pass
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytearray:
@@ -121,13 +148,19 @@ def tune(sock: socket.socket) -> None:
 
 class Connection:
     """An authenticated connection carrying frames.  :meth:`send` is thread-safe (one
-    sender at a time); :meth:`recv` belongs to one reader thread."""
+    sender at a time); :meth:`recv` belongs to one reader thread.
 
-    __slots__ = ("_send_lock", "peer", "purpose", "sock")
+    ``received`` / ``sent`` count chunks read and frames sent (the heartbeat monitor only
+    looks whether they moved); ``silence`` says why the monitor ended a silent connection
+    (readers and writers then fail with it instead of a bare connection error)."""
+
+    __slots__ = ("_send_lock", "peer", "purpose", "received", "sent", "silence", "sock")
 
     def __init__(self, sock: socket.socket, peer: Any, purpose: str) -> None:
         self.sock, self.peer, self.purpose = sock, peer, purpose
         self._send_lock = threading.Lock()
+        self.received = self.sent = 0
+        self.silence: str | None = None
 
     def send(self, kind: int, payload: bytes | bytearray = b"") -> None:
         header = HEADER.pack(kind, len(payload))
@@ -137,33 +170,95 @@ class Connection:
             else:
                 self.sock.sendall(header)
                 self.sock.sendall(payload)
+            self.sent += 1
+
+    def try_send(self, kind: int, payload: bytes = b"") -> bool:
+        """Send a small frame only if that cannot block: no other sender busy and room in
+        the socket's buffer.  False: not sent (try again later)."""
+        if not self._send_lock.acquire(blocking=False):
+            return False
+        try:
+            poller = select.poll()
+            poller.register(self.sock, select.POLLOUT)
+            if not any(ev & select.POLLOUT for _, ev in poller.poll(0)):
+                return False  # Linux says POLLOUT only with plenty of room: no blocking
+            self.sock.sendall(HEADER.pack(kind, len(payload)) + payload)
+            self.sent += 1
+            return True
+        except (OSError, ValueError):  # closed meanwhile: its reader reports that
+            return False
+        finally:
+            self._send_lock.release()
 
     def recv(self, max_len: int = 2**32) -> tuple[int, bytearray]:
-        """The next ``(kind, payload)``; EOFError once the peer closed."""
-        return read_frame(self.sock, max_len)
+        """The next ``(kind, payload)``, heartbeats skipped; EOFError once the peer
+        closed."""
+        while True:
+            kind, length = HEADER.unpack(self._recv_exact(HEADER.size))
+            if length > max_len:
+                raise ValueError(f"frame of type {kind} too long ({length} bytes)")
+            payload = self._recv_exact(length)
+            if kind != HEARTBEAT:
+                return kind, payload
+
+    def _recv_exact(self, n: int) -> bytearray:
+        buf = bytearray(n)
+        view, got, recv_into = memoryview(buf), 0, self.sock.recv_into
+        while got < n:
+            k = recv_into(view[got:])
+            if k == 0:
+                raise EOFError("connection closed" + (" mid-frame" if got else ""))
+            got += k
+            self.received += 1  # progress, even inside one long frame
+        return buf
+
+    def go_silent(self, reason: str) -> None:
+        """The peer went silent: remember why, and shut the socket down, which wakes the
+        reader (and a writer blocked on a full buffer) with an error."""
+        self.silence = reason
+        self.shutdown()
 
     def shutdown(self, how: int = socket.SHUT_RDWR) -> None:
-        try:
-            self.sock.shutdown(how)
-        except OSError:
-            pass
+        shutdown(self.sock, how)
 
     def close(self) -> None:
         self.shutdown()
         self.sock.close()
 
 
-def client_handshake(sock: socket.socket, secret: bytes, purpose: str,
+def client_handshake(sock: socket.socket, secret: JobSecret | bytes, purpose: str,
                      address: tuple[str, int]) -> Connection:
-    """Authenticate an open ``sock`` for ``purpose``; raises :class:`Refused`,
-    :class:`NotAListener`, or HandshakeError for a connection lost on the way.  The caller
-    sets the socket's timeout; it is left blocking (no timeout) on success."""
-    where = f"{address[0]}:{address[1]}"
+    """Authenticate an open ``sock`` for ``purpose`` (in TLS when ``secret`` has a
+    certificate: the connection's socket is then a new, wrapped one); raises
+    :class:`Refused`, :class:`NotAListener`, or HandshakeError for a connection lost on the
+    way or a TLS mismatch.  The caller sets the socket's timeout; it is left blocking (no
+    timeout) on success."""
+    wrapped = [sock]
     try:
-        try:
-            kind, nonce = read_frame(sock, MAX_HELLO)
-        except ValueError:  # too long for a HELLO
-            kind, nonce = -1, bytearray()
+        return _client_handshake(wrapped, JobSecret.of(secret), purpose, address)
+    except BaseException:
+        if wrapped[0] is not sock:  # the TLS socket owns the connection now
+            wrapped[0].close()
+        raise
+
+
+def _client_handshake(wrapped: list[socket.socket], secret: JobSecret, purpose: str,
+                      address: tuple[str, int]) -> Connection:
+    where = f"{address[0]}:{address[1]}"
+    sock = wrapped[0]
+    try:
+        kind, nonce = _first_frame(sock)
+        if kind == STARTTLS and not nonce:
+            if not secret.tls:
+                raise HandshakeError(f"{where} requires TLS, and this job runs without")
+            try:
+                sock = wrapped[0] = secret.client_context().wrap_socket(sock)
+            except ssl.SSLCertVerificationError as exc:
+                raise HandshakeError(f"{where} presented a TLS certificate that is not this "
+                                     f"job's ({exc.verify_message})") from None
+            kind, nonce = _first_frame(sock)
+        elif kind == HELLO and secret.tls:
+            raise HandshakeError(f"{where} does not offer TLS, and this job requires it")
         if kind != HELLO or len(nonce) != NONCE_BYTES:
             raise NotAListener(f"{where} is not a cutline listener")
         send_frame(sock, HELLO, make_mac(secret, purpose, bytes(nonce)) + purpose.encode())
@@ -180,7 +275,17 @@ def client_handshake(sock: socket.socket, secret: bytes, purpose: str,
     return Connection(sock, address, purpose)
 
 
-def connect(address: tuple[str, int], secret: bytes, purpose: str,
+def _first_frame(sock: socket.socket) -> tuple[int, bytearray]:
+    """The listener's first frame; ``(-1, b"")`` for one too long to be a HELLO."""
+    try:
+        return read_frame(sock, MAX_HELLO)
+    except ssl.SSLError:  # (a certificate error is a ValueError too)
+        raise
+    except ValueError:
+        return -1, bytearray()
+
+
+def connect(address: tuple[str, int], secret: JobSecret | bytes, purpose: str,
             timeout: float = 30.0) -> Connection:
     """Open an authenticated connection to a :class:`Listener` for ``purpose``.  Raises
     OSError when nothing listens and :class:`HandshakeError` (an OSError too) when the
@@ -210,11 +315,12 @@ class Listener:
     ``serve`` returns.  Refusals are logged on ``log`` as ``"<refusal> from <peer>:
     <reason>"``.  Threads are named ``name`` (accept) and ``name-<peer>``."""
 
-    def __init__(self, host: str, secret: bytes, *, admit: Callable[[str], str | None],
+    def __init__(self, host: str, secret: JobSecret | bytes, *,
+                 admit: Callable[[str], str | None],
                  serve: Callable[[Connection], None], name: str, log: logging.Logger,
                  refusal: str = "refused connection", timeout: float = HANDSHAKE_TIMEOUT,
                  backlog: int = 128) -> None:
-        self._secret, self._admit, self._serve = secret, admit, serve
+        self._secret, self._admit, self._serve = JobSecret.of(secret), admit, serve
         self.name, self._log, self._refusal, self._timeout = name, log, refusal, timeout
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.create_server((host, 0), family=family, backlog=backlog)
@@ -255,10 +361,7 @@ class Listener:
         with self._lock:
             socks = list(self._open)
         for s in socks:  # wakes the connection threads; each closes its own socket
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            shutdown(s)
         for t in list(self._threads):
             if t is not me:
                 t.join(2.0)
@@ -298,8 +401,9 @@ class Listener:
             t.start()
 
     def _run(self, sock: socket.socket, peer: Any) -> None:
+        held = [sock]  # the connection's socket: a TLS one once wrapped
         try:
-            conn = self._handshake(sock, peer)
+            conn = self._handshake(held, peer)
             if conn is not None and not self._closed:
                 self._serve(conn)
         except Exception:  # noqa: BLE001 - a serve bug must not pass silently
@@ -307,17 +411,38 @@ class Listener:
         finally:
             with self._lock:
                 self._open.discard(sock)
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+                self._open.discard(held[0])
+            shutdown(held[0])
+            held[0].close()
             sock.close()
 
-    def _handshake(self, sock: socket.socket, peer: Any) -> Connection | None:
+    def _start_tls(self, held: list[socket.socket], peer: Any) -> bool:
+        """STARTTLS, then the server side of the TLS handshake; False: refused (logged)."""
+        sock = held[0]
+        try:
+            send_frame(sock, STARTTLS)
+            wrapped = self._secret.server_context().wrap_socket(sock, server_side=True)
+        except (OSError, EOFError) as exc:
+            if not self._closed:
+                self._log.warning("%s from %s: TLS handshake failed (%s)", self._refusal,
+                                  peer, exc)
+            return False
+        with self._lock:
+            self._open.discard(sock)
+            self._open.add(wrapped)
+        held[0] = wrapped
+        return True
+
+    def _handshake(self, held: list[socket.socket], peer: Any) -> Connection | None:
         nonce = secrets.token_bytes(NONCE_BYTES)
+        sock = held[0]
         try:
             sock.settimeout(self._timeout)
             tune(sock)
+            if self._secret.tls:
+                if not self._start_tls(held, peer):
+                    return None
+                sock = held[0]
             send_frame(sock, HELLO, nonce)
             kind, payload = read_frame(sock, MAX_HELLO)
             if kind != HELLO:

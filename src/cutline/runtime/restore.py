@@ -286,9 +286,9 @@ class RestoreView:
             if edge.partitioning == HASH and edge.columnar:
                 from .batches import rows_for_subtask  # record batches: split by key
 
-                # (batch streams carry no event time yet: no watermarks among them)
-                keep = rows_for_subtask([r for r in items if type(r) is not Watermark],
-                                        edge.key_fn.columns, index, p, maxp)
+                keep = [part for r in items for part in (
+                    [r] if type(r) is Watermark else
+                    rows_for_subtask([r], edge.key_fn.columns, index, p, maxp))]
             elif edge.partitioning == HASH:
                 kf = edge.key_fn
                 keep = [r for r in items if type(r) is Watermark or

@@ -44,6 +44,7 @@ from ..protocol import (
     UnblockChannel,
 )
 from ..protocol import messages as m
+from ..protocol.liveness import HEARTBEAT_TIMEOUT
 from ..protocol.watermarks import encode_ts
 from .chain import EventTime, OperatorChain
 from .channels import InputGate, OutputChannel
@@ -51,9 +52,11 @@ from .control import FrameConnection, connect
 from .deadletter import DeadLetters
 from .failures import repeats, setup_error
 from .faults import FaultPlan
+from .heartbeats import Heartbeats
 from .operators import UserFunctionError, build_operator
 from .restore import RestoreView, read_states
 from .routing import Router
+from .tls import JobSecret
 from .snapshots import Snapshots
 
 log = logging.getLogger("cutline.task")
@@ -67,7 +70,7 @@ class JobSpec:
 
     plan: PhysicalPlan
     job: str
-    secret: bytes
+    secret: JobSecret  # repr shows no key
     coordinator: tuple[str, int]
     mode: str
     aligned_timeout: float | None
@@ -80,6 +83,8 @@ class JobSpec:
     faults: tuple[tuple[str, int, int], ...] = ()
     # fsspec options for storage_url (CheckpointConfig.storage_options)
     storage_options: dict | None = None
+    # a peer (the driver, a channel's other end) silent this long is failed
+    heartbeat_timeout: float = HEARTBEAT_TIMEOUT
 
 
 class _Stop(Exception):
@@ -130,7 +135,8 @@ class Subtask:
         # never run out of credit
         self.back = frozenset(str(c) for c in plan.back_channels(chain, index))
         self.gate = InputGate(self.task_id, self.inputs, spec.secret, host=spec.host,
-                              unbounded=self.back) if self.inputs else None
+                              unbounded=self.back, heartbeats=slot.heartbeats) \
+            if self.inputs else None
         nodes = chain.nodes
         self.reader = None
         self.writer = None
@@ -192,14 +198,17 @@ class Subtask:
         return self.gate.address if self.gate else None
 
     def connect_outputs(self, addresses: dict[str, tuple[str, int]]) -> None:
+        """``addresses``: each task's input gate (a channel id as key: that channel's own
+        route, a test's fault-injecting proxy)."""
         for ch in self.router.buffers:
             dst_task = self.channel_ids[ch].dst_task
             local = self.slot.by_id.get(dst_task)
             if local is not None and local.gate is not None:  # same process: no socket
                 self.router.channels[ch] = local.gate.attach_local(ch)
             else:
-                self.router.channels[ch] = OutputChannel(ch, addresses[dst_task],
-                                                         self.spec.secret)
+                self.router.channels[ch] = OutputChannel(
+                    ch, addresses.get(ch) or addresses[dst_task], self.spec.secret,
+                    heartbeats=self.slot.heartbeats)
 
     def open(self, view: RestoreView | None) -> None:
         """Open the source and sink, and restore what ``view`` (a checkpoint) holds for this
@@ -376,7 +385,11 @@ class Subtask:
             fatal = repeats(exc)
             # a broken channel is news unless the job is ending (give a Stop in flight
             # half a second to arrive: peers stop in no particular order)
-            quiet = self.slot.ending.is_set() or (not fatal and self.slot.ending.wait(0.5))
+            # (a peer gone silent is news at once: this task found the cause, the peer's
+            # other partners only see it close)
+            silent = getattr(exc, "silent", False)
+            quiet = self.slot.ending.is_set() or (
+                not fatal and not silent and self.slot.ending.wait(0.5))
             self.slot.failed(self, fatal)
             if quiet:
                 log.debug("task %s ended: %s", self.task_id, exc)
@@ -495,6 +508,8 @@ class Slot:
         self.fatal = False  # a subtask failed in a way a retry repeats
         self.abandoned = ""  # the driver gave up this attempt: why
         self._lost = threading.Event()  # the control connection closed
+        self.driver_silent: str | None = None  # the heartbeat monitor gave the driver up
+        self.heartbeats = Heartbeats(spec.heartbeat_timeout, f"cutline-heartbeats-{slot}")
         self.subtasks: list[Subtask] = []
         try:
             for c, i in spec.plan.tasks_in_slot(slot):
@@ -537,13 +552,17 @@ class Slot:
         try:
             return self._run()
         finally:  # whatever happened, leave no listener, channel or connection behind
+            self.heartbeats.stop()
             for s in self.subtasks:
                 s.close()
             if self.conn is not None:
                 self.conn.close()
 
     def _run(self) -> dict:
-        self.conn = connect(self.spec.coordinator, self.spec.secret)
+        self.conn = connect(self.spec.coordinator, self.spec.secret,
+                            timeout=min(30.0, self.spec.heartbeat_timeout))
+        self.heartbeats.start()
+        self.heartbeats.watch(self.conn.conn, "the driver", self._driver_went_silent)
         self.send(m.Register(self.slot, os.getpid(),
                              {s.task_id: list(s.address) if s.address else None
                               for s in self.subtasks}))
@@ -580,6 +599,8 @@ class Slot:
             # a subtask failed: the others were told to end; a stuck one is left behind
             t.join(5.0 if self.failing else None)
         failed = [s.error for s in self.subtasks if s.error is not None]
+        if self.driver_silent and not self.fatal:  # a Spark task fails: Spark retries
+            raise ConnectionError(f"slot {self.slot}: {self.driver_silent}")
         if self.abandoned and not self.fatal:
             raise AttemptAbandoned(f"slot {self.slot}: {self.abandoned}")
         if self.fatal:
@@ -593,6 +614,13 @@ class Slot:
     def _wait_for_driver(self, timeout: float = 10.0) -> None:
         """After a fatal failure: the driver ends the job and closes our connection."""
         self._lost.wait(timeout)
+
+    def _driver_went_silent(self, reason: str) -> None:
+        """Tell the driver, if it still listens (one direction of a half-open connection
+        may work): its job error then says why this slot left."""
+        self.driver_silent = reason
+        if self.conn is not None:
+            self.conn.try_send(m.Failed(f"slot {self.slot}", False, reason))
 
     def _load_restore(self, path: str | None) -> RestoreView | None:
         if not path:

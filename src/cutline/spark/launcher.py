@@ -21,6 +21,7 @@ from ..driver.logs import new_log_file, redirect_output
 from ..driver.run import JobCancelled, JobResult, run_job
 from ..driver.threads import ThreadsEngine
 from ..plan import plan as make_plan
+from ..protocol.liveness import HEARTBEAT_TIMEOUT, check_timeout
 from ..runtime.restore import IncompatibleCheckpointError
 from .stage import SparkStage, ship_user_code
 
@@ -97,7 +98,8 @@ def _build_session(builder: Any, slots: int, max_failures: int, stage_attempts: 
 def run_threads(pipeline: Any, *, restore_from: str | None = None,
                 timeout: float | None = None,
                 allow_non_restored_state: bool = False, on_start: Any = None,
-                progress: Any = None, dashboard: Any = None) -> JobResult:
+                progress: Any = None, dashboard: Any = None,
+                heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> JobResult:
     """Run every slot on a thread of this process (no Spark): for tests and debugging.
 
     The same driver, tasks, channels and storage as on Spark; no fault tolerance beyond
@@ -106,7 +108,8 @@ def run_threads(pipeline: Any, *, restore_from: str | None = None,
     plan = make_plan(pipeline)
     return run_job(pipeline, plan, ThreadsEngine(plan.slots), restore_from=restore_from,
                    timeout=timeout, on_start=on_start, progress=progress, faults=(),
-                   allow_non_restored_state=allow_non_restored_state, dashboard=dashboard)
+                   allow_non_restored_state=allow_non_restored_state, dashboard=dashboard,
+                   heartbeat_timeout=check_timeout(heartbeat_timeout))
 
 
 def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None = None,
@@ -115,7 +118,8 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
                  faults: tuple[tuple[str, int, int], ...] = (),
                  allow_non_restored_state: bool = False, dashboard: Any = None,
                  restart_timeout: float = RESTART_TIMEOUT,
-                 start_timeout: float = START_TIMEOUT) -> JobResult:
+                 start_timeout: float = START_TIMEOUT,
+                 heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> JobResult:
     """Run ``pipeline`` to the end (bounded sources) and return what happened.
 
     ``restore_from`` starts from a checkpoint or savepoint path; otherwise the job resumes
@@ -144,6 +148,11 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
     stage to its first attempt (every task running and registered): a first start takes
     longer than a restart (executors launch, Python workers start), so a short
     ``restart_timeout`` does not fail a slow start.
+
+    ``heartbeat_timeout``: a task, the driver or a channel's other end that sends nothing
+    (not even a heartbeat: idle connections carry one every fifth of this) for this many
+    seconds is failed: a frozen process, a half-open connection.  The attempt fails and
+    the job recovers as after a lost worker (docs/network-faults.md).
     """
     for name, value in (("restart_timeout", restart_timeout),
                         ("start_timeout", start_timeout)):
@@ -151,10 +160,12 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
                 and math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be a positive, finite number of seconds, got "
                              f"{value!r}")
+    heartbeat_timeout = check_timeout(heartbeat_timeout)
     if engine == "threads":
         return run_threads(pipeline, restore_from=restore_from, timeout=timeout,
                            allow_non_restored_state=allow_non_restored_state,
-                           on_start=on_start, progress=progress, dashboard=dashboard)
+                           on_start=on_start, progress=progress, dashboard=dashboard,
+                           heartbeat_timeout=heartbeat_timeout)
     if engine != "spark":
         raise ValueError(f"engine must be 'spark' or 'threads', got {engine!r}")
     plan = make_plan(pipeline)
@@ -167,7 +178,8 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
     return run_job(pipeline, plan, stage, restore_from=restore_from, timeout=timeout,
                    on_start=on_start, progress=progress, faults=faults,
                    allow_non_restored_state=allow_non_restored_state, dashboard=dashboard,
-                   restart_timeout=restart_timeout, start_timeout=start_timeout)
+                   restart_timeout=restart_timeout, start_timeout=start_timeout,
+                   heartbeat_timeout=heartbeat_timeout)
 
 
 class RunningJob:

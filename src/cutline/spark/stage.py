@@ -115,6 +115,10 @@ class SparkStage:
         self.driver_host = "127.0.0.1" if self.local else spark.conf.get("spark.driver.host")
         # where tasks listen: loopback, or "" (each finds its address towards the driver)
         self.task_host = "127.0.0.1" if self.local else ""
+        # Spark encrypts its own traffic: the job's channels, control and admin ports too
+        conf = self.sc.getConf()
+        self.tls = any(conf.get(k, "false").strip().lower() == "true"
+                       for k in ("spark.network.crypto.enabled", "spark.ssl.enabled"))
         self._group = f"{group}-{os.getpid()}"
         self.group = self._group  # Spark job group: cancel() ends its tasks
         self.error: BaseException | None = None

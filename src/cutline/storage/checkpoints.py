@@ -40,7 +40,8 @@ import logging
 import os
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import fsspec
@@ -127,6 +128,15 @@ def _write(fs: fsspec.AbstractFileSystem, path: str, data: bytes, *, atomic: boo
     fs.pipe_file(target, data)
     if renames:
         fs.mv(target, path)
+
+
+def _cause(exc: BaseException) -> str:
+    """One line: the exception's type and the first line of its message (an OSError's
+    without the file name: the caller names the file)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{type(exc).__name__}: [Errno {exc.errno}] {exc.strerror}"
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 def _file_sha256(path: str) -> tuple[int, str]:
@@ -352,6 +362,25 @@ class CheckpointStorage:
                 f"checkpoint storage URL {self.url!r} is not writable "
                 f"({type(e).__name__}: {e})") from e
 
+    @contextmanager
+    def _writing(self, path: str, what: str, final: str | None = None) -> Iterator[None]:
+        """Whatever fails while writing ``path`` (a full disk, an upload cut short, an
+        object store's 5xx) becomes a :class:`CheckpointStorageError` naming the file's URL
+        and the cause; what was written of it is deleted (best effort: a partial file is
+        never listed by a ``_metadata``, so no restore reads it either way)."""
+        try:
+            yield
+        except CheckpointStorageError:
+            raise
+        except Exception as exc:
+            for leftover in {path, final or path}:
+                with suppress(Exception):
+                    self.fs.rm_file(leftover)
+            url = self.fs.unstrip_protocol(final or path)
+            raise CheckpointStorageError(
+                f"cannot write {what} {url} to checkpoint storage {self.url!r}: "
+                f"{_cause(exc)}") from exc
+
     # ------------------------------------------------------------------ layout
 
     def _dirname(self, checkpoint_id: int, savepoint: bool) -> str:
@@ -387,8 +416,9 @@ class CheckpointStorage:
             raise CheckpointStorageError(
                 f"{self.fs.unstrip_protocol(directory)} is committed; refusing to change it")
         data = bytes(data)
-        self.fs.makedirs(directory, exist_ok=True)
-        _write(self.fs, f"{directory}/{file}", data, atomic=False)
+        with self._writing(f"{directory}/{file}", "state file"):
+            self.fs.makedirs(directory, exist_ok=True)
+            _write(self.fs, f"{directory}/{file}", data, atomic=False)
         return {"path": self.fs.unstrip_protocol(f"{directory}/{file}"),
                 "size": len(data), "sha256": _sha256(data)}
 
@@ -440,8 +470,9 @@ class CheckpointStorage:
                      "checkpoint metadata")
         envelope = _pack({"format": FORMAT, "version": VERSION, "sha256": _sha256(body),
                           "body": body}, "envelope")
-        self.fs.makedirs(directory, exist_ok=True)
-        _write(self.fs, f"{directory}/{METADATA}", envelope, atomic=True)
+        with self._writing(f"{directory}/{METADATA}", "checkpoint metadata"):
+            self.fs.makedirs(directory, exist_ok=True)
+            _write(self.fs, f"{directory}/{METADATA}", envelope, atomic=True)
         if promoted is not None:
             self.fs.rm(promoted, recursive=True)
         return self.fs.unstrip_protocol(directory)
@@ -512,17 +543,19 @@ class CheckpointStorage:
                 return {"path": rel, "size": size, "sha256": sha, "uploaded": 0}
         except FileNotFoundError:
             pass
-        self.fs.makedirs(parent, exist_ok=True)
         tmp = f"{parent}/.{checkpoint_id}-{uuid.uuid4().hex}.tmp"
-        if _is_local(self.fs):
-            with open(local_path, "rb") as src, open(tmp, "wb") as out:
-                while chunk := src.read(_CHUNK):
-                    out.write(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, path)
-        else:  # object stores: the object appearing under its final name is atomic
-            self.fs.put_file(local_path, path)
+        local = _is_local(self.fs)
+        with self._writing(tmp if local else path, "shared file", final=path):
+            self.fs.makedirs(parent, exist_ok=True)
+            if local:
+                with open(local_path, "rb") as src, open(tmp, "wb") as out:
+                    while chunk := src.read(_CHUNK):
+                        out.write(chunk)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(tmp, path)
+            else:  # object stores: the object appearing under its final name is atomic
+                self.fs.put_file(local_path, path)
         return {"path": rel, "size": size, "sha256": sha, "uploaded": size}
 
     def _shared_files(self) -> dict[str, int | None]:

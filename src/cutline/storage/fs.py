@@ -16,9 +16,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import fsspec
 import fsspec.core
 
 __all__ = ["check_storage_options", "describe_open_error", "url_to_fs"]
+
+# a local directory that fills up and fails writes on purpose (tests, chaos): faulty.py
+fsspec.register_implementation("faulty", "cutline.storage.faulty.FaultyFileSystem",
+                               clobber=True)
 
 _EXTRAS = {"s3": "s3fs (pip install 'cutline[s3]')", "s3a": "s3fs (pip install 'cutline[s3]')",
            "gs": "gcsfs", "gcs": "gcsfs", "abfs": "adlfs", "az": "adlfs"}

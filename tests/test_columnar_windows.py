@@ -1,0 +1,177 @@
+"""Session windows and late data on batch streams (issue 15): the batch window operator
+gives the per-record window operator's output row for row.
+
+Random record batches and watermarks (hypothesis) go through both operators: the batch
+one with ``agg(n=count, total=sum, hi=max, avg=mean)``, the per-record one four times
+(``count()``, ``sum``, ``max``, ``mean``) on the same rows as dicts.  Per step the rows
+each emits are the same: while taking a batch in the same order (a row within
+``allowed_lateness`` of a fired window emits it again, a late row goes to ``.late()``),
+at a watermark as the same set (the order across keys of one window end is not defined).
+Bad windows are refused when the pipeline is built.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from columnar_pipelines import late_sessions, observed_sessions, session_events
+from cutline import CheckpointConfig, Pipeline, session, sliding, tumbling
+from cutline.connectors import GeneratorSource, ParquetSink
+from cutline.logical import HASH, BatchWindowSpec, ColumnKey, Node
+from cutline.protocol.windows import WindowSpec, columns, counting, summarizing
+from cutline.runtime.operators import build_operator
+from cutline.runtime.windows import LateRecord
+
+MAXP = 16
+AGGS = (("n", None, "count"), ("total", "v", "sum"), ("hi", "v", "max"), ("avg", "v", "mean"))
+
+
+def _ops(assigner, lateness, keys):
+    """The batch window operator and the per-record ones (count, sum, max, mean)."""
+    key = ColumnKey(tuple(keys))
+    spec = BatchWindowSpec(tuple(keys), AGGS, assigner, lateness, "ts", columns(AGGS),
+                           emit_late=True)
+    batch = build_operator(Node(0, "w", "window_agg", spec, key_fn=key, partitioning=HASH,
+                                columnar=True), 0, 1, MAXP)
+    records = [build_operator(Node(0, "w", "window", WindowSpec(
+        assigner, lateness, lambda r: r["ts"], agg, emit_late=True), key_fn=key), 0, 1, MAXP)
+        for agg in (counting(), summarizing("sum", "v"), summarizing("max", "v"),
+                    summarizing("mean", "v"))]
+    return batch, records
+
+
+def _batch_out(items, keys):
+    rows, late = [], []
+    for it in items:
+        if type(it) is LateRecord:
+            late += it.record.to_pylist()
+        else:
+            for r in it.to_pylist():
+                k = r[keys[0]] if len(keys) == 1 else tuple(r[c] for c in keys)
+                rows.append((k, r["start"], r["end"], r["n"], r["total"], r["hi"], r["avg"]))
+    return rows, late
+
+
+def _record_out(outs):
+    late = [it.record for it in outs[0] if type(it) is LateRecord]
+    results = [[it for it in out if type(it) is not LateRecord] for out in outs]
+    rows = [(c.key, float(c.start), float(c.end), c.value, s.value, h.value, m.value)
+            for c, s, h, m in zip(*results)]
+    assert all(len(r) == len(rows) for r in results)
+    return rows, late
+
+
+_assigners = st.one_of(
+    st.integers(1, 8).map(tumbling),
+    st.tuples(st.integers(1, 4), st.integers(1, 3)).map(lambda a: sliding(a[0] * a[1], a[1])),
+    st.sampled_from([1, 2, 3, 5, 2.5]).map(session))
+
+
+def _steps(seed: int) -> list:
+    """Record batches (key, time, value) and watermarks, the watermark mostly rising (from
+    a seed: hypothesis drawing every value costs more than the operators)."""
+    rnd = random.Random(seed)
+    out: list = []
+    wm = 0.0
+    for _ in range(rnd.randint(1, 12)):
+        if rnd.random() < 0.5:
+            wm += rnd.randint(0, 8)
+            out.append(wm)
+            continue
+        n = rnd.randint(1, 12)
+        lo = max(0, int(wm) - 10) * 2
+        out.append(pa.record_batch({
+            "k": [rnd.choice("abc") for _ in range(n)],
+            "j": [rnd.randint(0, 1) for _ in range(n)],
+            "ts": pa.array([rnd.randint(lo, int(wm) * 2 + 24) / 2 for _ in range(n)]),
+            "v": [rnd.randint(-5, 20) for _ in range(n)]}))
+    out.append(float("inf"))
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(_assigners, st.sampled_from([0, 0, 2, 6.5]), st.sampled_from([["k"], ["k", "j"]]),
+       st.integers(0, 2**32))
+def test_batch_windows_emit_the_per_record_windows_rows(assigner, lateness, keys, seed):
+    batch, records = _ops(assigner, lateness, keys)
+    for step in _steps(seed):
+        if isinstance(step, float):
+            got, _ = _batch_out(batch.on_watermark(step), keys)
+            want, _ = _record_out([op.on_watermark(step) for op in records])
+            assert sorted(got) == sorted(want), step
+        else:
+            got_rows, got_late = _batch_out(batch.process([step]), keys)
+            rows = step.to_pylist()
+            want_rows, want_late = _record_out([op.process(rows) for op in records])
+            assert got_rows == want_rows  # in the same order
+            assert got_late == want_late
+    assert batch.late_records == records[0].late_records
+    assert not batch.windows.fast and not records[0].windows.fast  # all fired and gone
+
+
+def test_a_bridging_row_is_not_late_in_its_batch_as_record_by_record():
+    """Gap 10, watermark 100: a row at 85 alone is late; after a row at 93 of its key in
+    the same batch it is not (the sessions merge into [85, 103)), as per record."""
+    batch, records = _ops(session(10), 0, ["k"])
+    for op in (batch, *records):
+        op.on_watermark(100)
+    rb = pa.record_batch({"k": ["a", "a", "b"], "j": [0, 0, 0], "ts": [93.0, 85.0, 85.0],
+                          "v": [1, 2, 3]})
+    rows, late = _batch_out(batch.process([rb]), ["k"])
+    assert (rows, late) == ([], [{"k": "b", "j": 0, "ts": 85.0, "v": 3}])
+    rows, _ = _batch_out(batch.on_watermark(103), ["k"])
+    assert rows == [("a", 85.0, 103.0, 2, 3, 2, 1.5)]
+
+
+# ------------------------------------------------------------------ pipelines, bad input
+
+
+def test_session_windows_and_late_rows_of_a_batch_pipeline(tmp_path):
+    """``key_by("user").window(session(gap), allowed_lateness=...).agg(...)`` and its
+    ``.late()`` in a pipeline (threads engine): the per-record operator's rows."""
+    p = Pipeline("sessions", parallelism=2,
+                 checkpoint=CheckpointConfig(interval=0.2, storage=f"file://{tmp_path}/ck"))
+    sinks = late_sessions(p, tmp_path, 3000, batch_rows=300)
+    p.run(engine="threads", timeout=60)
+    rows, late = session_events(3000)
+    assert sum(late.values()) == 10 and max(dict(r)["n"] for r in rows) > 100  # re-fired
+    assert observed_sessions(*sinks) == (rows, late)
+
+
+def _stream(tmp_path):
+    p = Pipeline("bad", checkpoint=CheckpointConfig(storage=f"file://{tmp_path}/ck"))
+    return p.source(GeneratorSource(count=10, batch_fn=lambda i: pa.record_batch(
+        {"ts": pa.array(i, pa.float64()), "k": pa.array(i % 3)})), uid="src")
+
+
+@pytest.mark.parametrize("make, error", [
+    (lambda: session(0), r"session\(gap=\.\.\.\) must be > 0 seconds, got 0"),
+    (lambda: session(-2), r"session\(gap=\.\.\.\) must be > 0 seconds, got -2"),
+    (lambda: session(float("nan")), r"session\(gap=\.\.\.\) must be a number of seconds"),
+    (lambda: session("5s"), r"session\(gap=\.\.\.\) must be seconds \(int or float\)"),
+])
+def test_a_bad_session_gap_is_refused_up_front(make, error):
+    with pytest.raises((TypeError, ValueError), match=error):
+        make()
+
+
+def test_bad_batch_windows_are_refused_when_the_pipeline_is_built(tmp_path):
+    s = _stream(tmp_path)
+    with pytest.raises(ValueError, match=r"window\(\) needs event time"):
+        s.key_by("k").window(session(5))
+    keyed = s.assign_timestamps("ts", uid="t").key_by("k")
+    with pytest.raises(ValueError, match=r"allowed_lateness=\.\.\.\) must be >= 0"):
+        keyed.window(session(5), allowed_lateness=-1)
+    with pytest.raises(TypeError, match=r"window\(\) takes tumbling.*session\(gap\)"):
+        keyed.window(5)
+    with pytest.raises(ValueError, match=r"\['end'\] name the window's bounds"):
+        keyed.window(session(5)).agg(end="count")
+    out = keyed.window(session(5)).count(uid="s")
+    out.late(uid="late").sink(ParquetSink(str(tmp_path / "late")), uid="late-out")
+    with pytest.raises(TypeError, match="map\\(\\) works on records"):
+        out.late(uid="late2").map(str)
