@@ -3,6 +3,8 @@
 #   make test   - create .venv if needed, run the test suite
 #   make lint   - ruff, mypy and the import-layering contracts (lint-imports)
 #   make docs   - the docs site from docs/ into site/ (mkdocs build --strict)
+#   make soak   - one job for SOAK_MINUTES (60) on a loopback Spark cluster, a kill -9 every
+#                 ~30 s, output exact and memory / files / threads flat (bench/soak.py)
 #   make test-spark-versions - the Spark tests below on the oldest and newest PySpark cutline
 #                 supports (one venv each, .venv-spark-X.Y.Z; each PySpark wheel ~450 MB, built
 #                 once into $(SPARK_WHEELS))
@@ -11,7 +13,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint docs bench clean venv test-spark-versions
+.PHONY: demo test lint docs bench clean venv test-spark-versions soak
 
 venv: $(STAMP)
 
@@ -70,6 +72,11 @@ bench: $(STAMP)
 	$(PY) bench/runtime.py
 	$(PY) bench/state.py
 	$(PY) bench/vs_spark.py
+
+# SOAK_MINUTES (60), SOAK_MODE (default: rotate through the exactly-once modes),
+# SOAK_KILL_EVERY (30 s); results in bench/results/soak.{json,png} and kills.json
+soak: $(STAMP)
+	$(PY) bench/soak.py --verbose
 
 clean:
 	rm -rf $(VENV) .venv-spark-* build site src/*.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache \

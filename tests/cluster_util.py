@@ -125,32 +125,21 @@ def _alive(pid: int) -> bool:
 
 
 def _children(pid: int) -> list[int]:
+    """Children of ``pid``, whichever of its threads started them (a JVM's are not its
+    main thread's)."""
+    out = []
     try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            out += [int(x) for x in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
     except OSError:
-        return []
-    return [int(x) for x in text.split()]
+        pass
+    return out
 
 
-def parent(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def executor_of(worker_pid: int) -> int | None:
-    """The executor JVM (``CoarseGrainedExecutorBackend``) above a Python worker."""
-    pid: int | None = worker_pid
-    for _ in range(4):
-        pid = parent(pid) if pid else None
-        if pid and "CoarseGrainedExecutorBackend" in cmdline(pid):
-            return pid
-    return None
+def descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        out += kids
+        todo += kids
+    return out

@@ -4,13 +4,15 @@ started from the installed ``pyspark`` once per test session and stopped by pid.
 A process holds one SparkContext (the suite's embedded one), so each job runs as a user's
 script in a subprocess (tests/cluster_script.py) with ``p.run(spark=session)`` against the
 cluster; one script runs several cases in turn (one driver start).  Every case asserts that
-its fault fired and compares the exact output with the failure-free output."""
+its fault fired and compares the exact output with the failure-free output.  The driver
+killed is such a script's own process: a second script resumes its storage."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -33,29 +35,52 @@ def cluster(tmp_path_factory):
         c.stop()
 
 
-def run_cases(cluster: Cluster, tmp: Path, *cases: str) -> dict[str, dict]:
+def run_cases(cluster: Cluster, tmp: Path, *cases: str,
+              killed: bool = False) -> dict[str, dict]:
+    """Run the cases in one driver process; ``killed``: its last case kills the driver
+    (``kill -9``), so it reports nothing and the process ends with -9."""
     env = dict(cluster_env(), PYTHONPATH=str(HERE), CUTLINE_LOG_DIR=str(tmp / "logs"))
     env.pop("PYTEST_CURRENT_TEST", None)
+    t0 = time.monotonic()
     proc = subprocess.run([sys.executable, str(HERE / "cluster_script.py"), cluster.url,
                            str(cluster.root), str(tmp), *cases], capture_output=True,
                           text=True, env=env, timeout=900, cwd=tmp)
-    (tmp / "script.log").write_text(proc.stdout + proc.stderr)  # for a failure's story
+    print(f"{' '.join(cases)}: {time.monotonic() - t0:.0f} s")  # -s shows where time goes
+    log = tmp / f"script-{cases[0]}.log"
+    log.write_text(proc.stdout + proc.stderr)  # for a failure's story
     results = {ln.split()[1]: json.loads(ln.split(" ", 2)[2])
                for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")}
-    assert proc.returncode == 0 and set(results) == set(cases), \
+    reported = cases[:-1] if killed else cases
+    assert proc.returncode == (-9 if killed else 0) and set(results) == set(reported), \
         (proc.returncode, proc.stdout[-3000:], proc.stderr[-5000:])
+    if killed:
+        results[cases[-1]] = {"said": [ln for ln in proc.stdout.splitlines()
+                                       if ln.startswith("DRIVER KILLED")]}
     return results
 
 
 @pytest.mark.slow
-def test_executor_daemon_and_worker_faults_on_a_cluster(cluster, tmp_path):
+def test_driver_executor_daemon_and_worker_faults_on_a_cluster(cluster, tmp_path):
+    # the driver killed (kill -9) the moment a checkpoint (not the final one) is in storage,
+    # before any sink was told to commit it; the next driver resumes the storage it leaves
+    died = run_cases(cluster, tmp_path, "driver_dies", killed=True)
+    (said,) = died["driver_dies"]["said"]
+    n = int(said.removeprefix("DRIVER KILLED at checkpoint "))
     # the worker lost for good last: the cluster is left with one worker
-    r = run_cases(cluster, tmp_path, "executor", "daemon", "worker_back", "worker_gone")
+    r = run_cases(cluster, tmp_path, "driver_rerun", "executor", "daemon", "worker_back",
+                  "worker_gone")
     print(json.dumps(r, indent=1))  # -s shows what happened in each case
-    # kill -9 of one executor JVM: the worker starts another, Spark restarts the stage
-    assert r["executor"]["resubmitted"] == 0  # Spark restarted the stage itself
-    assert r["executor"]["fired"] == ["executor"] and r["executor"]["exact"], r["executor"]
-    assert r["executor"]["attempts"] >= 2
+    # a new driver on the same storage: resumes checkpoint n, commits its transactions once
+    rerun = r["driver_rerun"]
+    assert rerun["latest"].endswith(f"/driver/chk-{n}"), rerun
+    assert rerun["restored"] == rerun["latest"] and rerun["exact"], rerun
+    # kill -9 of one executor JVM mid-run: the worker starts another, Spark restarts the
+    # stage; and of an executor of the next attempt the moment it starts (restoring)
+    ex = r["executor"]
+    assert ex["resubmitted"] == 0  # Spark restarted the stage itself, twice
+    assert ex["fired"] == ["executor", "executor"] and ex["exact"], ex
+    assert ex["during"] == {"attempt": 1, "checkpoints": 0}, ex
+    assert ex["attempts"] >= 3
     # kill -9 of the PySpark daemon of a surviving executor, then a Python worker
     assert r["daemon"]["resubmitted"] == 0  # Spark restarted the stage itself
     assert r["daemon"]["fired"] == ["daemon", "killed"] and r["daemon"]["exact"], r["daemon"]
@@ -64,7 +89,7 @@ def test_executor_daemon_and_worker_faults_on_a_cluster(cluster, tmp_path):
     gone = r["worker_gone"]
     assert gone["fired"] == ["worker", "executor"], gone
     assert gone["error"] == (
-        "JobFailed: job 'worker_gone' failed: no attempt of the stage started within 20 s "
+        "JobFailed: job 'worker_gone' failed: no attempt of the stage started within 12 s "
         "after attempt 0 lost slot 1, nor after the driver resubmitted it 2 times (the "
         "stage needs 2 free task slots at once: is capacity missing, or a task Spark "
         "cannot end holding one?)")

@@ -1,5 +1,6 @@
 """The recovery watchdog as data: a lost task ends its attempt, and a job whose stage Spark
-does not restart in time is resubmitted a bounded number of times, then fails saying why.
+does not restart (or start: its own deadline) in time is resubmitted a bounded number of
+times, then fails saying why.
 No sockets, threads or Spark (the Spark cases are in tests/test_cluster_daemon.py)."""
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from test_job_controller import SHAPE, TASKS, ack_all, register, sent
 LIMIT = 10.0
 
 
-def controller(restart_timeout: float | None = LIMIT, resubmits: int = 2) -> JobController:
+def controller(restart_timeout: float | None = LIMIT, resubmits: int = 2,
+               start_timeout: float | None = None) -> JobController:
     c = JobController(SHAPE, CheckpointPolicy(interval=1.0), job="j", restore=None,
-                      first_id=5, restart_timeout=restart_timeout, resubmits=resubmits)
+                      first_id=5, restart_timeout=restart_timeout, resubmits=resubmits,
+                      start_timeout=start_timeout)
     c.on_submitted(0.0)
     return c
 
@@ -89,6 +92,29 @@ def test_the_first_attempt_is_watched_too_and_progress_resets_the_count():
     assert {msg.restore for _, msg in sent(cmds, m.Start)} == {"/s/chk-5"}
 
 
+def test_a_slow_start_has_its_own_deadline():
+    """A first attempt slower than the restart deadline (executors launching on a busy
+    cluster) is no failure: the start is watched by ``start_timeout``, each loss after it
+    by ``restart_timeout``."""
+    c = controller(start_timeout=6 * LIMIT)
+    assert c.tick(6 * LIMIT - 0.1) == []  # well past restart_timeout: still waiting
+    register(c, 0, 6 * LIMIT - 0.1)
+    assert c.attempt.started and c.resubmitted == 0
+    c.on_closed("a0s1", 100.0)
+    assert c.tick(100.0 + LIMIT - 0.1) == []
+    (x,) = c.tick(100.0 + LIMIT)  # a restart gets restart_timeout, not the start's
+    assert x == Resubmit("no attempt of the stage started within 10 s after attempt 0 lost "
+                         "slot 1: resubmitting it (1 of 2)")
+    # a start that never comes: each resubmission waits start_timeout again, then it fails
+    c = controller(start_timeout=6 * LIMIT)
+    assert [type(x) for x in c.tick(6 * LIMIT)] == [Resubmit]
+    assert c.tick(12 * LIMIT - 0.1) == [] and type(c.tick(12 * LIMIT)[0]) is Resubmit
+    assert c.tick(18 * LIMIT) == [Done(
+        "no attempt of the stage started within 60 s after the stage was submitted, nor after "
+        "the driver resubmitted it 2 times (the stage needs 2 free task slots at once: is "
+        "capacity missing, or a task Spark cannot end holding one?)")]
+
+
 def test_a_stage_that_ends_after_a_loss_is_resubmitted_not_failed():
     c = controller()
     register(c, 0)
@@ -126,8 +152,8 @@ def test_the_job_never_waits_for_an_attempt_longer_than_its_deadlines(events):
     ``resubmits`` in a row without progress; Done comes once; and the job is never left
     without a running attempt for longer than (resubmits + 1) deadlines: it runs, or it
     failed saying why.  Each deadline is seen at the first tick after it, up to a tick late."""
-    limit, most = 5.0, 2
-    c = controller(restart_timeout=limit, resubmits=most)
+    limit, start, most = 5.0, 8.0, 2
+    c = controller(restart_timeout=limit, resubmits=most, start_timeout=start)
     now, conn_n, idle_since = 0.0, 0, 0.0
     in_a_row = done = 0
     for kind, arg in events:
@@ -165,5 +191,7 @@ def test_the_job_never_waits_for_an_attempt_longer_than_its_deadlines(events):
         if c.attempt.started and not c.attempt.lost:
             idle_since = now
         else:
+            # the start is watched by its own deadline, every restart by restart_timeout;
             # each of the (most + 1) deadlines seen up to a tick late; a checkpoint step 1 s
-            assert now - idle_since <= (most + 1) * (limit + TICK) + 1.0 + 1e-9
+            deadline = start if c.started_attempts == 0 else limit
+            assert now - idle_since <= (most + 1) * (deadline + TICK) + 1.0 + 1e-9

@@ -81,7 +81,8 @@ class _SavepointWanted:
 class JobDriver:
     def __init__(self, plan: PhysicalPlan, config: CheckpointConfig, job: str,
                  restore_from: str | None = None, host: str = "127.0.0.1",
-                 restart_timeout: float | None = None, tls: bool = False,
+                 restart_timeout: float | None = None,
+                 start_timeout: float | None = None, tls: bool = False,
                  heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> None:
         self.plan, self.config, self.job = plan, config, job
         self.storage = CheckpointStorage(config.storage, job, config.storage_options)
@@ -106,7 +107,8 @@ class JobDriver:
         self.controller = JobController(shape, policy, job=job, restore=restore_from,
                                          first_id=max(first_id, self.storage.next_id()),
                                          metadata=self._metadata,
-                                         restart_timeout=restart_timeout)
+                                         restart_timeout=restart_timeout,
+                                         start_timeout=start_timeout)
         # the engine's resubmit (cancel the stage, submit it again): the watchdog's remedy
         self.on_resubmit: Any = None
         self._restore_checked = restore_from is not None

@@ -66,14 +66,15 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
             faults: tuple[tuple[str, int, int], ...],
             allow_non_restored_state: bool, dashboard: Any = None,
             restart_timeout: float | None = None,
+            start_timeout: float | None = None,
             heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> JobResult:
     """``engine``: :class:`~cutline.spark.stage.SparkStage` or
     :class:`~cutline.driver.threads.ThreadsEngine`.  ``dashboard``: serve the live
     dashboard (:func:`~cutline.driver.dashboard.dashboard_port` says when).
-    ``restart_timeout``: the recovery watchdog's deadline
-    (:class:`~cutline.protocol.job.JobController`), on an engine that can resubmit its
-    stage.  ``heartbeat_timeout``: a task, driver or channel peer silent this long is
-    failed (:mod:`cutline.protocol.liveness`)."""
+    ``restart_timeout`` / ``start_timeout``: the watchdog's deadlines after a loss and at
+    the start (:class:`~cutline.protocol.job.JobController`), on an engine that can
+    resubmit its stage.  ``heartbeat_timeout``: a task, driver or channel peer silent this
+    long is failed (:mod:`cutline.protocol.liveness`)."""
     for node in pipeline.nodes:  # what a source can tell before anything runs
         check = getattr(node.fn, "check", None) if node.kind == "source" else None
         warning = check() if callable(check) else None
@@ -83,6 +84,7 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
     tls = getattr(pipeline, "tls", None)
     driver = JobDriver(plan, cfg, pipeline.name, restore_from, host=engine.driver_host,
                        restart_timeout=restart_timeout if engine.restarts else None,
+                       start_timeout=start_timeout if engine.restarts else None,
                        tls=bool(engine.tls if tls is None else tls),
                        heartbeat_timeout=heartbeat_timeout)
     driver.on_resubmit = getattr(engine, "resubmit", None)

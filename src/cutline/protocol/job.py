@@ -224,24 +224,32 @@ class JobController:
     stats by task)`` to build a checkpoint's ``_metadata`` body (the plan summary lives in
     the driver).
 
-    ``restart_timeout``: the recovery watchdog.  Once the stage is submitted, and again
-    whenever an attempt loses a task, a new attempt must start within this many seconds;
-    else the controller asks the driver to :class:`Resubmit` the stage (Spark may never
-    restart it: a task it cannot kill holds its slot, capacity is gone), at most
-    ``resubmits`` times in a row (reset by a completed checkpoint), then fails the job with
-    the reason.  None: wait for Spark as long as it takes (an engine that cannot resubmit).
+    ``restart_timeout``: the recovery watchdog.  Whenever an attempt loses a task, a new
+    attempt must start within this many seconds; else the controller asks the driver to
+    :class:`Resubmit` the stage (Spark may never restart it: a task it cannot kill holds its
+    slot, capacity is gone), at most ``resubmits`` times in a row (reset by a completed
+    checkpoint), then fails the job with the reason.  None: wait for Spark as long as it
+    takes (an engine that cannot resubmit).
+
+    ``start_timeout``: the same watch over the job's start, from the stage's submission to
+    its first attempt (and over each resubmission before any attempt ever started).  A
+    first start is slower than a restart (executors launching, Python workers importing,
+    a busy cluster's queue), so it has its own deadline, like Flink's
+    ``slot.request.timeout`` beside its restart strategy.  None: ``restart_timeout``.
     """
 
     def __init__(self, shape: JobShape, policy: CheckpointPolicy, *, job: str,
                  restore: str | None, first_id: int,
                  metadata: Any = None, restart_timeout: float | None = None,
-                 resubmits: int = 2) -> None:
+                 start_timeout: float | None = None, resubmits: int = 2) -> None:
         self.shape, self.policy, self.job = shape, policy, job
         self.restart_timeout, self.max_resubmits = restart_timeout, resubmits
+        self.start_timeout = start_timeout if start_timeout is not None else restart_timeout
         self.resubmits = 0  # in a row, since the last completed checkpoint
         self.resubmitted = 0  # in all
         self.waiting_since: float | None = None  # no attempt running since then
         self.waiting_for = ""  # why: "the stage was submitted", "attempt 0 lost slot 1"
+        self.waiting_limit: float | None = None  # the deadline of that wait (start/restart)
         self.restore = restore
         self.next_id = first_id
         self.metadata = metadata or (lambda n, attempt, stats: {"checkpoint": n})
@@ -355,8 +363,9 @@ class JobController:
         return cmds
 
     def on_submitted(self, now: float) -> list[JobCommand]:
-        """The driver submitted the stage: its first attempt must start in time."""
-        self._wait_for_attempt(now, "the stage was submitted")
+        """The driver submitted the stage: its first attempt must start within
+        ``start_timeout``."""
+        self._wait_for_attempt(now, "the stage was submitted", self.start_timeout)
         return []
 
     def on_closed(self, conn: Conn, now: float, cause: str | None = None) -> list[JobCommand]:
@@ -381,7 +390,7 @@ class JobController:
                 self._note_failure(f"slot {slot}: {cause}", "")
             cmds.extend(Send(c, m.Stop(abandoned=why)) for s, c in sorted(a.conns.items())
                         if s != slot)
-            self._wait_for_attempt(now, why)
+            self._wait_for_attempt(now, why, self.restart_timeout)
         return cmds
 
     def on_stage_ended(self, now: float) -> list[JobCommand]:
@@ -510,16 +519,16 @@ class JobController:
             cmds.append(Send(conn, m.Start(a.number, dict(a.addresses), path)))
         log.info("attempt %d started%s", a.number, f" from {path}" if path else "")
 
-    def _wait_for_attempt(self, now: float, why: str) -> None:
-        self.waiting_since, self.waiting_for = now, why
-        limit = self.restart_timeout
+    def _wait_for_attempt(self, now: float, why: str, limit: float | None) -> None:
+        self.waiting_since, self.waiting_for, self.waiting_limit = now, why, limit
         if why != "the stage was submitted":
             log.warning("%s; waiting %sfor Spark to restart the stage", why,
                         f"up to {limit:g} s " if limit is not None else "")
 
     def _watch(self, now: float, cmds: list[JobCommand]) -> None:
-        """The recovery watchdog: no attempt started within ``restart_timeout``."""
-        limit, since = self.restart_timeout, self.waiting_since
+        """The watchdog: no attempt started within the deadline of what it waits for
+        (``start_timeout`` for the job's start, ``restart_timeout`` after a loss)."""
+        limit, since = self.waiting_limit, self.waiting_since
         if limit is None or since is None or self.done or now - since < limit:
             return
         waited = (f"no attempt of the stage started within {limit:g} s after "

@@ -5,6 +5,8 @@ A seeded :class:`Chaos` killer waits for each attempt's tasks, sleeps a random t
 kills a random task's worker process; one kill in four comes within 50 ms of the attempt's
 start, while the tasks restore (recovery itself is hit).  Spark restarts the barrier stage,
 the job restores its latest checkpoint, the killer waits for the next attempt, and so on.
+On a cluster a share of the kills (``executors``) hits the executor JVM above the worker
+instead, with every Python process it runs (the soak, ``bench/soak.py``).
 """
 
 from __future__ import annotations
@@ -23,19 +25,29 @@ from pathlib import Path
 from typing import Any
 
 from ..driver.dataflow import JobDriver
+from .faults import executor_of
 
 __all__ = ["Chaos", "ChaosReport", "load_example", "run_chaos"]
 
 
 @dataclass
 class Chaos:
-    """Kill a random task ``kills`` times, each after a random delay (seeded)."""
+    """Kill a random task ``kills`` times (or until ``stop`` is set), each after a random
+    delay (seeded): its Python worker, or with probability ``executors`` the executor JVM
+    above it (on a cluster; on embedded Spark the worker)."""
 
     kills: int
     seed: int = 0
     mean_delay: float = 1.0
     early: float = 0.25  # share of kills that come while the new attempt restores
-    killed: list[dict] = field(default_factory=list)  # attempt, slot, pid, delay, time
+    executors: float = 0.0
+    # count the delay from the attempt's start (every task registered), not from its first
+    # registered task: on a cluster an executor JVM starts slowly, and a kill before the
+    # attempt runs would keep a job from ever making progress (the soak)
+    after_start: bool = False
+    # attempt, slot, pid, target ("worker" / "executor"), delay, started, time
+    killed: list[dict] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
 
     def __call__(self, driver: JobDriver) -> None:
         threading.Thread(target=self._run, args=(driver,), name="cutline-chaos",
@@ -44,28 +56,38 @@ class Chaos:
     def _run(self, driver: JobDriver) -> None:
         rng = random.Random(self.seed)
         attempt = -1
-        while len(self.killed) < self.kills and not driver.done.is_set():
+
+        def over() -> bool:
+            return driver.done.is_set() or self.stop.is_set()
+
+        while len(self.killed) < self.kills and not over():
             # the next attempt, with at least one task registered (pids known)
-            while not driver.done.is_set() and (driver.attempt.number <= attempt
-                                                or not driver.task_pids):
+            while not over() and (driver.attempt.number <= attempt or not driver.task_pids
+                                  or (self.after_start and not driver.attempt.started)):
                 time.sleep(0.005)
-            if driver.done.is_set():
+            if over():
                 return
             attempt = driver.attempt.number
             delay = (rng.uniform(0.0, 0.05) if rng.random() < self.early
                      else rng.uniform(0.05, 2 * self.mean_delay))
-            time.sleep(delay)
+            # (no draw without executor kills: a seed kills as it always did)
+            executor = self.executors > 0 and rng.random() < self.executors
+            if self.stop.wait(delay):
+                return
             pids = driver.task_pids
             if driver.done.is_set() or driver.attempt.number != attempt or not pids:
                 continue
             slot = rng.choice(sorted(pids))
+            target, pid = "worker", pids[slot]
+            if executor and (jvm := executor_of(pid)) is not None:
+                target, pid = "executor", jvm
             try:
-                os.kill(pids[slot], signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 continue
-            self.killed.append({"attempt": attempt, "slot": slot, "pid": pids[slot],
-                                "delay": delay, "started": driver.attempt.started,
-                                "time": time.time()})
+            self.killed.append({"attempt": attempt, "slot": slot, "pid": pid,
+                                "target": target, "delay": delay,
+                                "started": driver.attempt.started, "time": time.time()})
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""Fault injection for demos and tests: ``kill -9`` of a Spark Python worker mid-run, or of
-the PySpark daemon that forks them."""
+"""Fault injection for demos and tests: ``kill -9`` of a Spark Python worker mid-run, of
+the PySpark daemon that forks them, or (on a cluster) of the executor JVM above them."""
 
 from __future__ import annotations
 
@@ -45,16 +45,38 @@ class Kill:
         self.killed.append((slot, pid, time.time()))
 
 
+def parent(pid: int) -> int | None:
+    """The parent of process ``pid`` (Linux ``/proc``), or None (gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def cmdline(pid: int) -> str:
+    """Process ``pid``'s command line, its arguments joined by spaces ("" if gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
 def pyspark_daemon(worker_pid: int) -> int | None:
     """The PySpark daemon that forked the Python worker ``worker_pid`` (its parent running
     ``pyspark.daemon``), or None (no daemon: gone, or workers not forked by one)."""
-    try:
-        stat = Path(f"/proc/{worker_pid}/stat").read_text()
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        cmdline = Path(f"/proc/{parent}/cmdline").read_bytes().replace(b"\0", b" ")
-    except (OSError, ValueError, IndexError):
-        return None
-    return parent if b"pyspark.daemon" in cmdline else None
+    daemon = parent(worker_pid)
+    return daemon if daemon and "pyspark.daemon" in cmdline(daemon) else None
+
+
+def executor_of(worker_pid: int) -> int | None:
+    """The executor JVM (``CoarseGrainedExecutorBackend``) above a Python worker on a
+    cluster, or None (embedded Spark: the driver's JVM runs the tasks)."""
+    pid: int | None = worker_pid
+    for _ in range(4):
+        pid = parent(pid) if pid else None
+        if pid and "CoarseGrainedExecutorBackend" in cmdline(pid):
+            return pid
+    return None
 
 
 @dataclass

@@ -35,7 +35,12 @@ USER_ERRORS = (JobFailed, IncompatibleCheckpointError, KeyboardInterrupt)
 ends at the user's call (the task's traceback is in the log file the message names)."""
 
 RESTART_TIMEOUT = 180.0
-"""Seconds a job waits for a new attempt of its stage before resubmitting it."""
+"""Seconds a job waits for a new attempt of its stage after a loss before resubmitting it."""
+
+START_TIMEOUT = 300.0
+"""Seconds a job waits for its first attempt (every task slot registered) after submitting
+its stage: executors launch, Python workers start and import; Flink's
+``slot.request.timeout`` has the same default."""
 
 _SESSION = None
 SPARK_LOG: Path | None = None
@@ -113,6 +118,7 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
                  faults: tuple[tuple[str, int, int], ...] = (),
                  allow_non_restored_state: bool = False, dashboard: Any = None,
                  restart_timeout: float = RESTART_TIMEOUT,
+                 start_timeout: float = START_TIMEOUT,
                  heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> JobResult:
     """Run ``pipeline`` to the end (bounded sources) and return what happened.
 
@@ -134,21 +140,26 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
     progress line shows, or as ``$CUTLINE_DASHBOARD`` says (1, 0 or a port); True / False
     force it; a number is the port (default: any free one).
 
-    ``restart_timeout``: after a task is lost (and once the stage is submitted) a new
-    attempt must start within this many seconds; else the driver cancels the stage and
-    submits it again, twice at most, then fails the job saying why.  Spark may never
-    restart a stage: a task it cannot end holds a slot (its PySpark daemon was killed),
-    or the cluster lost the capacity the barrier stage needs.
+    ``restart_timeout``: after a task is lost a new attempt must start within this many
+    seconds; else the driver cancels the stage and submits it again, twice at most, then
+    fails the job saying why.  Spark may never restart a stage: a task it cannot end holds
+    a slot (its PySpark daemon was killed), or the cluster lost the capacity the barrier
+    stage needs.  ``start_timeout``: the same for the job's start, from submitting the
+    stage to its first attempt (every task running and registered): a first start takes
+    longer than a restart (executors launch, Python workers start), so a short
+    ``restart_timeout`` does not fail a slow start.
 
     ``heartbeat_timeout``: a task, the driver or a channel's other end that sends nothing
     (not even a heartbeat: idle connections carry one every fifth of this) for this many
     seconds is failed: a frozen process, a half-open connection.  The attempt fails and
     the job recovers as after a lost worker (docs/network-faults.md).
     """
-    if not (isinstance(restart_timeout, (int, float)) and not isinstance(restart_timeout, bool)
-            and math.isfinite(restart_timeout) and restart_timeout > 0):
-        raise ValueError("restart_timeout must be a positive, finite number of seconds, got "
-                         f"{restart_timeout!r}")
+    for name, value in (("restart_timeout", restart_timeout),
+                        ("start_timeout", start_timeout)):
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a positive, finite number of seconds, got "
+                             f"{value!r}")
     heartbeat_timeout = check_timeout(heartbeat_timeout)
     if engine == "threads":
         return run_threads(pipeline, restore_from=restore_from, timeout=timeout,
@@ -167,7 +178,8 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
     return run_job(pipeline, plan, stage, restore_from=restore_from, timeout=timeout,
                    on_start=on_start, progress=progress, faults=faults,
                    allow_non_restored_state=allow_non_restored_state, dashboard=dashboard,
-                   restart_timeout=restart_timeout, heartbeat_timeout=heartbeat_timeout)
+                   restart_timeout=restart_timeout, start_timeout=start_timeout,
+                   heartbeat_timeout=heartbeat_timeout)
 
 
 class RunningJob:
