@@ -73,6 +73,18 @@ def test_timeouts_are_checked():
         Liveness(5.0, interval=5.0)
 
 
+@pytest.mark.parametrize("option", ["heartbeat_timeout", "start_timeout", "restart_timeout"])
+def test_a_run_refuses_a_bad_timeout_naming_it(tmp_path, option):
+    from cutline import Pipeline
+    from cutline.connectors import CollectSink, GeneratorSource
+
+    p = Pipeline("timeouts")
+    p.source(GeneratorSource(3)).sink(CollectSink(str(tmp_path / "out")))
+    for bad in (0, float("nan"), True):
+        with pytest.raises(ValueError, match=f"^{option} must be a positive, finite"):
+            p.run(engine="threads", **{option: bad})
+
+
 class Link:
     """One direction between two endpoints: bytes sent arrive ``delay`` later, or never
     once it died (a half-open connection, or a frozen sender: nothing leaves it)."""

@@ -44,7 +44,8 @@ INTERVALS_PER_TIMEOUT = 5
 
 
 def check_timeout(value: object, name: str = "heartbeat_timeout") -> float:
-    """``value`` as a heartbeat timeout in seconds; ValueError naming ``name`` otherwise."""
+    """``value`` as a timeout in seconds (heartbeat, start, restart); ValueError naming
+    ``name`` otherwise."""
     if (not isinstance(value, (int, float)) or isinstance(value, bool)
             or not math.isfinite(value) or value <= 0):
         raise ValueError(f"{name} must be a positive, finite number of seconds, got "

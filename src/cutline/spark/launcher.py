@@ -8,7 +8,6 @@ is :mod:`cutline.driver`.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import sys
 import threading
@@ -154,12 +153,8 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
     seconds is failed: a frozen process, a half-open connection.  The attempt fails and
     the job recovers as after a lost worker (docs/network-faults.md).
     """
-    for name, value in (("restart_timeout", restart_timeout),
-                        ("start_timeout", start_timeout)):
-        if not (isinstance(value, (int, float)) and not isinstance(value, bool)
-                and math.isfinite(value) and value > 0):
-            raise ValueError(f"{name} must be a positive, finite number of seconds, got "
-                             f"{value!r}")
+    check_timeout(restart_timeout, "restart_timeout")
+    check_timeout(start_timeout, "start_timeout")
     heartbeat_timeout = check_timeout(heartbeat_timeout)
     if engine == "threads":
         return run_threads(pipeline, restore_from=restore_from, timeout=timeout,
