@@ -185,6 +185,8 @@ SPARK_DEFAULT, SPARK_SHORT, SPARK_RT = "default trigger", "processingTime 100 ms
 SPARK_TRIGGERS = {SPARK_DEFAULT: {}, SPARK_SHORT: {"processingTime": "100 milliseconds"},
                   SPARK_RT: {"realTime": "5 seconds"}}
 CAUGHT_UP_FACTOR, CAUGHT_UP_FLOOR = 2.0, 0.5  # bound: 2x the failure-free p99, >= 0.5 s
+KILL_AT = 0.2  # kill runs: the kill this far into the input
+KEEPS_UP = 0.1  # a run keeps up when its latency grows by at most 0.1 s per s of run
 
 
 class LiveInput(threading.Thread):
@@ -348,10 +350,26 @@ def latencies(query: str, committed: list[tuple[float, list[tuple]]], inp: LiveI
     return out
 
 
+def growth(points: list[tuple[float, float]]) -> float | None:
+    """How fast latency grows during the run: the least-squares slope of each commit's
+    median latency against its commit time (s per s; about 0 when the system keeps up, 1 -
+    capacity / rate when it falls behind).  None with fewer than 4 commits."""
+    by_commit: dict[float, list[float]] = collections.defaultdict(list)
+    for when, lat in points:
+        by_commit[when].append(lat)
+    if len(by_commit) < 4:
+        return None
+    xs = sorted(by_commit)
+    ys = [median(by_commit[x]) or 0.0 for x in xs]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else None
+
+
 def latency_summary(points: list[tuple[float, float]]) -> dict:
     lat = [x for _, x in points]
     return {"n": len(lat), "p50": percentile(lat, 50), "p99": percentile(lat, 99),
-            "max": max(lat) if lat else None,
+            "max": max(lat) if lat else None, "growth": growth(points),
             "cdf": [round(percentile(lat, q / 2) or 0, 4) for q in range(201)] if lat else []}
 
 
@@ -415,7 +433,9 @@ def cutline_live(ctx: dict, query: str, kill_at: float | None = None) -> dict:
             time.sleep(max(0.0, inp.t0 + kill_at - time.time()))
             pids = driver.task_pids
             slot = sorted(pids)[0]
-            killed.update(time=time.time(), slot=slot, pid=pids[slot])
+            killed.update(time=time.time(), slot=slot, pid=pids[slot],
+                          what=f"the Spark Python worker running task {slot} of "
+                               f"{len(pids)}")
             os.kill(pids[slot], signal.SIGKILL)
 
         def begin(driver: Any) -> None:
@@ -650,24 +670,51 @@ def probe_real_time(spark: Any, directory: str) -> dict:
     return {"usable": ok, "error": " ".join(first)[:400] if error else None}
 
 
+def spark_triggers(ctx: dict, query: str) -> list[str]:
+    """Spark's triggers measured for ``query``: the default; ``processingTime`` 100 ms for
+    the ``--short-trigger-queries`` (with micro-batches over 100 ms it starts each batch as
+    soon as the last ends, as the default does); real-time mode if the probe ran it."""
+    return [SPARK_DEFAULT] + ([SPARK_SHORT] if query in ctx["short_trigger_queries"] else []) \
+        + ([SPARK_RT] if ctx["real_time"]["usable"] else [])
+
+
 def latency_cases(ctx: dict) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
-    triggers = [SPARK_DEFAULT, SPARK_SHORT] + ([SPARK_RT] if ctx["real_time"]["usable"]
-                                               else [])
     for q in ctx["latency_queries"]:
         out.append((f"lat {q} {CUT_EO}", lambda q=q: cutline_live(ctx, q)))
-        for t in triggers:
+        for t in spark_triggers(ctx, q):
             out.append((f"lat {q} spark {t}", lambda q=q, t=t: spark_live(ctx, q, t)))
     return out
 
 
 def kill_cases(ctx: dict) -> list[tuple[str, Any]]:
-    at = ctx["kill_seconds"] * 0.3
+    at = ctx["kill_seconds"] * KILL_AT
     out: list[tuple[str, Any]] = []
     for q in ctx["kill_queries"]:
         out.append((f"kill {q} cutline", lambda q=q: cutline_live(ctx, q, kill_at=at)))
         out.append((f"kill {q} spark", lambda q=q: spark_kill(ctx, q, at)))
     return out
+
+
+class LoadSampler(threading.Thread):
+    """The 1-minute load average every 10 s during the run (the machine is shared)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True, name="load")
+        self.samples: list[float] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.samples.append(os.getloadavg()[0])
+            self._halt.wait(10.0)
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def summary(self) -> dict:
+        return {"min": min(self.samples, default=None), "p50": median(self.samples),
+                "max": max(self.samples, default=None), "samples": self.samples}
 
 
 def describe(o: dict) -> str:
@@ -702,6 +749,8 @@ def summarise_latency(runs: dict, queries: list[str], triggers: list[str]) -> li
             "spark_add_batch_p50": {t: med(f"lat {q} spark {t}", "add_batch_p50")
                                     for t in triggers},
             "spark_batch_p50": {t: med(f"lat {q} spark {t}", "batch_p50") for t in triggers},
+            "cutline_growth": med(f"lat {q} {CUT_EO}", "growth"),
+            "spark_growth": {t: med(f"lat {q} spark {t}", "growth") for t in triggers},
             "ratio": ratio, "noise": noise_of(per), "per_round": per,
             "verdict": verdict(ratio, TARGET_P99, False, noise_of(per), median(per))})
     return rows
@@ -719,14 +768,26 @@ def summarise_kills(runs: dict, queries: list[str], latency: list[dict]) -> list
             base = lat.get("cutline_p99") if system == "cutline" else \
                 (lat.get("spark_p99") or {}).get(SPARK_DEFAULT)
             bound = max(CAUGHT_UP_FLOOR, CAUGHT_UP_FACTOR * base) if base else None
-            times = []
+            times, spans, what = [], [], None
             for r in runs.get(f"kill {q} {system}", []):
                 if r and bound is not None and r.get("killed"):
-                    times.append(caught_up([tuple(p) for p in r["points"]],
-                                           r["killed"]["time"], bound))
-            row[system] = {"bound": bound, "caught_up": median(times), "per_round": times}
+                    points, at = [tuple(p) for p in r["points"]], r["killed"]["time"]
+                    times.append(caught_up(points, at, bound))
+                    spans.append(max((w for w, _ in points), default=at) - at)
+                    what = r["killed"].get("what")
+            # None in a round: not caught up by the run's last commit, ``after_kill`` s on
+            row[system] = {"bound": bound, "caught_up": median(times), "per_round": times,
+                           "after_kill": spans, "killed": what}
         rows.append(row)
     return rows
+
+
+def caught_up_text(side: dict) -> str:
+    """The median seconds to caught up, or "> N" (not caught up in the run, N s after the
+    kill)."""
+    if side["caught_up"] is not None:
+        return fmt(side["caught_up"], ".2f")
+    return f"> {min(side['after_kill']):.0f}" if side["after_kill"] else "-"
 
 
 def plot(result: dict, stem: Path) -> list[str]:
@@ -759,6 +820,38 @@ def plot(result: dict, stem: Path) -> list[str]:
                      "events/s (first round)", fontsize=10)
         fig.tight_layout()
         path = stem.with_name(stem.name + "-latency.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(str(path))
+    kills = result.get("kills") or []
+    if kills:
+        n = len(kills)
+        cols = min(5, n)
+        rows_ = (n + cols - 1) // cols
+        fig, axes = plt.subplots(rows_, cols, figsize=(3.2 * cols, 2.6 * rows_),
+                                 squeeze=False)
+        for ax, row in zip(axes.flat, kills):
+            q = row["query"]
+            for system, colour in (("cutline", "tab:blue"), ("spark", "tab:red")):
+                got = [r for r in runs.get(f"kill {q} {system}", []) if r and r.get("killed")]
+                if got:
+                    at = got[0]["killed"]["time"]
+                    pts = sorted((w - at, lat) for w, lat in got[0]["points"])
+                    ax.plot([x for x, _ in pts], [y for _, y in pts], ".", ms=2,
+                            color=colour, label=system)
+            ax.axvline(0, color="grey", lw=1)
+            ax.set_yscale("log")
+            ax.set_title(q, fontsize=9)
+            ax.set_xlabel("s since kill -9", fontsize=8)
+            ax.tick_params(labelsize=7)
+        for ax in list(axes.flat)[n:]:
+            ax.axis("off")
+        axes.flat[0].set_ylabel("latency, s", fontsize=8)
+        axes.flat[0].legend(fontsize=6)
+        fig.suptitle("Latency of each result around a kill -9 (cutline: a task's Python "
+                     "worker; Spark: the application, restarted)", fontsize=10)
+        fig.tight_layout()
+        path = stem.with_name(stem.name + "-kill.png")
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(str(path))
@@ -800,9 +893,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency-seconds", type=positive_float, default=None,
                     help="latency runs: seconds of input (default 20, quick 8)")
     ap.add_argument("--kill-seconds", type=positive_float, default=None,
-                    help="kill runs: seconds of input, the kill at 30%% (default 60, quick 40)")
+                    help=f"kill runs: seconds of input, the kill at {KILL_AT:.0%%} "
+                         "(default 45, quick 40)")
     ap.add_argument("--warmup", type=positive_float, default=None,
-                    help="latency runs: seconds of input not counted (default 3, quick 2)")
+                    help="latency runs: seconds of input not counted (default 5, quick 2)")
+    ap.add_argument("--short-trigger-queries", nargs="*", default=None, choices=Q.QUERIES,
+                    metavar="QUERY", help="latency runs: queries Spark also runs with "
+                    "processingTime 100 ms (default q0 q3 q7, quick q0)")
     ap.add_argument("--latency-queries", nargs="*", default=None, choices=Q.QUERIES,
                     metavar="QUERY", help="latency runs (default --queries; quick q0 q7)")
     ap.add_argument("--kill-queries", nargs="*", default=None, choices=Q.QUERIES,
@@ -822,6 +919,8 @@ def main(argv: list[str] | None = None) -> int:
     kill_queries = args.kill_queries if args.kill_queries is not None else (
         ["q0"] if args.quick else args.queries)
     load0 = os.getloadavg()
+    load = LoadSampler()
+    load.start()
     try:
         with Workdir("cutline-nexmark-") as d:
             t = time.monotonic()
@@ -832,8 +931,11 @@ def main(argv: list[str] | None = None) -> int:
             ctx = {"spark": spark, "input": str(d / "in"), "events": events + 1,
                    "max_delay": cfg.max_delay, "rate": args.rate,
                    "latency_seconds": args.latency_seconds or (8.0 if args.quick else 20.0),
-                   "kill_seconds": args.kill_seconds or (40.0 if args.quick else 60.0),
-                   "warmup": args.warmup or (2.0 if args.quick else 3.0),
+                   "kill_seconds": args.kill_seconds or (40.0 if args.quick else 45.0),
+                   "warmup": args.warmup or (2.0 if args.quick else 5.0),
+                   "short_trigger_queries": args.short_trigger_queries
+                   if args.short_trigger_queries is not None
+                   else (["q0"] if args.quick else ["q0", "q3", "q7"]),
                    "latency_queries": lat_queries if "latency" in only else [],
                    "kill_queries": kill_queries if "kill" in only else []}
             ctx["real_time"] = probe_real_time(spark, str(d / "in"))
@@ -852,6 +954,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop_quietly(spark)
     load1 = os.getloadavg()
+    load.stop()
     triggers = [SPARK_DEFAULT, SPARK_SHORT] + ([SPARK_RT] if ctx["real_time"]["usable"]
                                                else [])
     rows = summarise(runner.runs, args.queries) if "throughput" in only else []
@@ -873,13 +976,16 @@ def main(argv: list[str] | None = None) -> int:
         tab = table(f"Nexmark latency, event -> committed result, at {args.rate:,.0f} events/s "
                   f"(p50 / p99, s; cutline exactly-once at a {LATENCY_INTERVAL} s checkpoint "
                   "interval)", ["query", "cutline", *[f"Spark {x}" for x in triggers],
-                                "best", "p99 cutline / best", "target <= 0.25"],
+                                "best", "p99 cutline / best", "target <= 0.25",
+                                "growth (s/s) cutline / Spark"],
                   left=("query", "best"))
         for row in lat_rows:
             tab.add_row(row["query"], f"{fmt(row['cutline_p50'])} / {fmt(row['cutline_p99'])}",
                       *[f"{fmt(row['spark_p50'][x])} / {fmt(row['spark_p99'][x])}"
                         for x in triggers], row["spark_best"] or "-",
-                      fmt(row["ratio"], ".3f"), styled(row["verdict"]))
+                      fmt(row["ratio"], ".3f"), styled(row["verdict"]),
+                      f"{fmt(row['cutline_growth'], '.2f')} / "
+                      f"{fmt(row['spark_growth'].get(row['spark_best']), '.2f')}")
         console.print(tab)
         tab = table("Checkpoint duration, p50 (s): cutline's checkpoints (0.1 s interval, live "
                   "input); Spark's per micro-batch walCommit + commitOffsets + state commit, "
@@ -900,12 +1006,13 @@ def main(argv: list[str] | None = None) -> int:
                   left=("query",))
         for row in kill_rows:
             c, s_ = row["cutline"], row["spark"]
-            tab.add_row(row["query"], fmt(c["caught_up"], ".2f"), fmt(c["bound"], ".2f"),
-                      fmt(s_["caught_up"], ".2f"), fmt(s_["bound"], ".2f"))
+            tab.add_row(row["query"], caught_up_text(c), fmt(c["bound"], ".2f"),
+                      caught_up_text(s_), fmt(s_["bound"], ".2f"))
         console.print(tab)
     result = {"stamp": stamp(), "git": git_state(), "events": events, "rounds": args.rounds,
               "quick": args.quick, "rate": args.rate, "load": {"before": load0,
-                                                               "after": load1},
+                                                               "after": load1,
+                                                               **load.summary()},
               "latency_seconds": ctx["latency_seconds"], "kill_seconds": ctx["kill_seconds"],
               "warmup": ctx["warmup"], "real_time": ctx["real_time"],
               "summary": rows, "latency": lat_rows, "kills": kill_rows,
