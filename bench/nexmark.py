@@ -893,7 +893,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency-seconds", type=positive_float, default=None,
                     help="latency runs: seconds of input (default 20, quick 8)")
     ap.add_argument("--kill-seconds", type=positive_float, default=None,
-                    help=f"kill runs: seconds of input, the kill at {KILL_AT:.0%%} "
+                    help=f"kill runs: seconds of input, the kill at {KILL_AT * 100:.0f}%% "
                          "(default 45, quick 40)")
     ap.add_argument("--warmup", type=positive_float, default=None,
                     help="latency runs: seconds of input not counted (default 5, quick 2)")
