@@ -18,7 +18,8 @@ systems' results are equal) runs:
   time: the first micro-batch's trigger -> the end of the last micro-batch.
 
 **Latency** (``--only latency``; ``--rate`` events/s, default 500, for
-``--latency-seconds``, default 20, quick 8; ``--warmup`` s not counted): a writer thread
+``--latency-seconds``, default 20, quick 8; the first ``--warmup`` s, default 5, quick 2,
+not counted): a writer thread
 writes Nexmark events as a Parquet file every 0.1 s into a directory both systems follow,
 event time following the wall clock (out of order within groups of 10; a file holds whole
 groups) and notes when each file became visible.  A result row's latency is *committed -
@@ -28,20 +29,27 @@ watermark delay, the first moment a watermark could pass it; q4: its auction's e
 delay).  *Committed*: cutline exactly-once at a 0.1 s checkpoint interval into a
 ``CollectSink`` (its part file appears when the checkpoint commits); Spark through
 ``foreachBatch`` (rows collected and pickled), committed when ``<checkpoint>/commits/<id>``
-appears.  Spark's triggers: the default (as fast as possible) and ``processingTime`` 100 ms;
-real-time mode is probed once (PySpark 4.3 has it, but it takes Kafka sources and
-allowlisted sinks only, so it does not run these queries) and used if it runs.
+appears.  Spark's triggers: the default (as fast as possible) and, for
+``--short-trigger-queries`` (default q0 q3 q7), ``processingTime`` 100 ms (it starts a
+micro-batch as soon as the last ends when that took over 100 ms, as the default does);
+real-time mode is probed once (PySpark 4.3 has it, but it refuses the file source: "The
+input stream FileStreamSource is not supported in Real-time Mode") and used if it runs.
+*Growth*: the slope of each commit's median latency against time (about 0 when a system
+keeps up with the input; 1 - capacity / rate when it falls behind).  One live run of each
+system (q1, 8 s) goes first, unmeasured: Spark's first ``foreachBatch`` query over live
+input in a session is much slower than the next.
 **Checkpoint duration**: cutline's checkpoint stats in the latency runs; Spark's per
 micro-batch ``walCommit`` + ``commitOffsets`` + its state stores' ``commitTimeMs``, and
 ``addBatch``.
 
-**Kill to caught up** (``--only kill``; ``--kill-seconds`` of input, default 60, the kill at
-30%): cutline: ``kill -9`` of one task's Spark Python worker (Spark restarts the barrier stage,
+**Kill to caught up** (``--only kill``; ``--kill-seconds`` of input, default 45, the kill at
+20%): cutline: ``kill -9`` of one task's Spark Python worker (Spark restarts the barrier stage,
 the job restores its latest checkpoint).  Spark: the query runs in a child process with its
 own session; ``kill -9`` of its process group (the driver's Python and JVM, which runs the
 query in local mode) and a new child restarts it from its checkpoint location at once, as a
 Spark user recovers.  Caught up: the first commit after which every result is within twice
-that system's failure-free p99 (its default trigger for Spark; at least 0.5 s).
+that system's failure-free p99 (its default trigger for Spark; at least 0.5 s); "> N":
+not caught up by the run's last commit, N s after the kill.
 
 Records/s = events in the backlog / processing time.  One unmeasured warm-up run of each
 system goes first; rounds rotate the order of the cases; medians are reported, with the
