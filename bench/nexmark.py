@@ -19,28 +19,27 @@ systems' results are equal) runs:
 
 **Latency** (``--only latency``; ``--rate`` events/s, default 500, for
 ``--latency-seconds``, default 20, quick 8; the first ``--warmup`` s, default 5, quick 2,
-not counted): a writer thread
-writes Nexmark events as a Parquet file every 0.1 s into a directory both systems follow,
-event time following the wall clock (out of order within groups of 10; a file holds whole
-groups) and notes when each file became visible.  A result row's latency is *committed -
-determined*: determined is when the first file holding the event time the row needs became
-visible (its own event's; q3: the later of the person and the auction; windows: the end + the
-watermark delay, the first moment a watermark could pass it; q4: its auction's expiry + the
-delay).  *Committed*: cutline exactly-once at a 0.1 s checkpoint interval into a
-``CollectSink`` (its part file appears when the checkpoint commits); Spark through
-``foreachBatch`` (rows collected and pickled), committed when ``<checkpoint>/commits/<id>``
-appears.  Spark's triggers: the default (as fast as possible) and, for
-``--short-trigger-queries`` (default q0 q3 q7), ``processingTime`` 100 ms (it starts a
-micro-batch as soon as the last ends when that took over 100 ms, as the default does);
-real-time mode is probed once (PySpark 4.3 has it, but it refuses the file source: "The
-input stream FileStreamSource is not supported in Real-time Mode") and used if it runs.
+not counted): a writer thread writes Nexmark events as a Parquet file every 0.1 s into a
+directory both systems follow, event time following the wall clock (out of order within
+groups of 10; a file holds whole groups) and notes when each file became visible. A result
+row's latency is *committed - determined*: determined is when the first file holding the
+event time the row needs became visible (its own event's; q3: the later of the person and
+the auction; q8: the later of the person and the seller's first auction in the window;
+windows: the end + the watermark delay, the first moment a watermark could pass it; q4: its
+auction's expiry + the delay). *Committed*: cutline exactly-once at a 0.1 s checkpoint
+interval into a ``CollectSink`` (its part file appears when the checkpoint commits); Spark
+through ``foreachBatch`` (rows collected and pickled), committed when
+``<checkpoint>/commits/<id>`` appears. Spark's triggers: the default (as fast as possible)
+and, for ``--short-trigger-queries`` (default q0 q3 q7), ``processingTime`` 100 ms (it
+starts a micro-batch as soon as the last ends when that took over 100 ms, as the default
+does); real-time mode is probed once (PySpark 4.3 has it, but it refuses the file source:
+"The input stream FileStreamSource is not supported in Real-time Mode") and used if it runs.
 *Growth*: the slope of each commit's median latency against time (about 0 when a system
-keeps up with the input; 1 - capacity / rate when it falls behind).  One live run of each
+keeps up with the input; 1 - capacity / rate when it falls behind). One live run of each
 system (q1, 8 s) goes first, unmeasured: Spark's first ``foreachBatch`` query over live
-input in a session is much slower than the next.
-**Checkpoint duration**: cutline's checkpoint stats in the latency runs; Spark's per
-micro-batch ``walCommit`` + ``commitOffsets`` + its state stores' ``commitTimeMs``, and
-``addBatch``.
+input in a session is much slower than the next. **Checkpoint duration**: cutline's
+checkpoint stats in the latency runs; Spark's per micro-batch ``walCommit`` +
+``commitOffsets`` + its state stores' ``commitTimeMs``, and ``addBatch``.
 
 **Kill to caught up** (``--only kill``; ``--kill-seconds`` of input, default 45, the kill at
 20%): cutline: ``kill -9`` of one task's Spark Python worker (Spark restarts the barrier stage,
@@ -229,6 +228,7 @@ class LiveInput(threading.Thread):
         self.persons: dict[int, int] = {}  # id -> dateTime
         self.q2: dict[tuple, int] = {}  # (auction, price) -> dateTime, q2's bids
         self.bids: dict[int, list[int]] = collections.defaultdict(list)  # auction -> times
+        self.first_auction: dict[tuple, int] = {}  # (seller, q8's window start) -> dateTime
         self.events = 0
         self.error: BaseException | None = None
 
@@ -281,6 +281,8 @@ class LiveInput(threading.Thread):
                 a = e["auction"]
                 self.auctions[a["id"]] = (a["dateTime"], a["seller"], a["category"],
                                           a["expires"])
+                start = a["dateTime"] - a["dateTime"] % (Q.WINDOW * 1000)
+                self.first_auction.setdefault((a["seller"], start), a["dateTime"])
                 newest = max(newest, a["dateTime"])
             else:
                 b = e["bid"]
@@ -316,7 +318,7 @@ def pa_table(batch: Any) -> Any:
 
 def determined_ms(query: str, row: tuple, inp: LiveInput, closings: dict) -> float | None:
     """The event time from which on result ``row`` of ``query`` can exist: its own event's
-    (per-event results), both sides' (q3's join), a window's end + the watermark delay
+    (per-event results), both sides' (q3's and q8's joins), a window's end + the watermark delay
     (windows: only an event that late moves a watermark past the end), q4: its auction's
     expiry + the delay."""
     delay = inp.config.max_delay * 1000
@@ -335,8 +337,12 @@ def determined_ms(query: str, row: tuple, inp: LiveInput, closings: dict) -> flo
         return ends[n - 1] + delay if 0 < n <= len(ends) else None
     if query == "q5":
         return row[1] + delay
-    if query in ("q7", "q8"):
-        return row[0 if query == "q7" else 2] + Q.WINDOW * 1000 + delay
+    if query == "q7":
+        return row[0] + Q.WINDOW * 1000 + delay
+    if query == "q8":  # the person and the seller's first auction of the window are in
+        # (Spark's windowed join emits then; cutline's window aggregate at the window's end)
+        opened, registered = inp.first_auction.get((row[0], row[2])), inp.persons.get(row[0])
+        return None if opened is None or registered is None else max(opened, registered)
     if query == "q11":
         return row[3] + delay
     if query == "q18":
