@@ -18,7 +18,7 @@ systems' results are equal) runs:
   time: the first micro-batch's trigger -> the end of the last micro-batch.
 
 **Latency** (``--only latency``; ``--rate`` events/s, default 500, for
-``--latency-seconds``, default 20, quick 8; the first ``--warmup`` s, default 5, quick 2,
+``--latency-seconds``, default 25, quick 8; the first ``--warmup`` s, default 5, quick 2,
 not counted): a writer thread writes Nexmark events as a Parquet file every 0.1 s into a
 directory both systems follow, event time following the wall clock (out of order within
 groups of 10; a file holds whole groups) and notes when each file became visible. A result
@@ -41,7 +41,7 @@ input in a session is much slower than the next. **Checkpoint duration**: cutlin
 checkpoint stats in the latency runs; Spark's per micro-batch ``walCommit`` +
 ``commitOffsets`` + its state stores' ``commitTimeMs``, and ``addBatch``.
 
-**Kill to caught up** (``--only kill``; ``--kill-seconds`` of input, default 45, the kill at
+**Kill to caught up** (``--only kill``; ``--kill-seconds`` of input, default 50, the kill at
 20%): cutline: ``kill -9`` of one task's Spark Python worker (Spark restarts the barrier stage,
 the job restores its latest checkpoint).  Spark: the query runs in a child process with its
 own session; ``kill -9`` of its process group (the driver's Python and JVM, which runs the
@@ -909,10 +909,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=positive_float, default=500.0,
                     help="latency and kill runs: events/s written (default 500)")
     ap.add_argument("--latency-seconds", type=positive_float, default=None,
-                    help="latency runs: seconds of input (default 20, quick 8)")
+                    help="latency runs: seconds of input (default 25, quick 8)")
     ap.add_argument("--kill-seconds", type=positive_float, default=None,
                     help=f"kill runs: seconds of input, the kill at {KILL_AT * 100:.0f}%% "
-                         "(default 45, quick 40)")
+                         "(default 50, quick 40)")
     ap.add_argument("--warmup", type=positive_float, default=None,
                     help="latency runs: seconds of input not counted (default 5, quick 2)")
     ap.add_argument("--short-trigger-queries", nargs="*", default=None, choices=Q.QUERIES,
@@ -948,8 +948,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"{time.monotonic() - t:.1f} s; {args.rounds} round(s)")
             ctx = {"spark": spark, "input": str(d / "in"), "events": events + 1,
                    "max_delay": cfg.max_delay, "rate": args.rate,
-                   "latency_seconds": args.latency_seconds or (8.0 if args.quick else 20.0),
-                   "kill_seconds": args.kill_seconds or (40.0 if args.quick else 45.0),
+                   "latency_seconds": args.latency_seconds or (8.0 if args.quick else 25.0),
+                   "kill_seconds": args.kill_seconds or (40.0 if args.quick else 50.0),
                    "warmup": args.warmup or (2.0 if args.quick else 5.0),
                    "short_trigger_queries": args.short_trigger_queries
                    if args.short_trigger_queries is not None
