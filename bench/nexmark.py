@@ -808,84 +808,85 @@ def caught_up_text(side: dict) -> str:
     return f"> {min(side['after_kill']):.0f}" if side["after_kill"] else "-"
 
 
+def _per_query(plt: Any, rows: list[dict], draw: Any, labels: tuple[str, str, str],
+               path: Path) -> str:
+    """One small plot per query (``draw(ax, row)``), five to a line, saved to ``path``;
+    ``labels``: the x axis, the y axis and the title."""
+    n = len(rows)
+    cols = min(5, n)
+    lines = (n + cols - 1) // cols
+    fig, axes = plt.subplots(lines, cols, figsize=(3.2 * cols, 2.6 * lines), squeeze=False)
+    for ax, row in zip(axes.flat, rows):
+        draw(ax, row)
+        ax.set_title(row["query"], fontsize=9)
+        ax.set_xlabel(labels[0], fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    axes.flat[0].set_ylabel(labels[1], fontsize=8)
+    axes.flat[0].legend(fontsize=6)
+    fig.suptitle(labels[2], fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
 def plot(result: dict, stem: Path) -> list[str]:
-    """Latency CDFs per query (cutline and every Spark trigger) and the ratio bars."""
+    """Latency CDFs per query (cutline and every Spark trigger), latency around the kills,
+    and the ratio bars."""
     plt = pyplot()
     paths = []
     runs, lat = result["runs"], result.get("latency") or []
+
+    def cdfs(ax: Any, row: dict) -> None:
+        q = row["query"]
+        names = [(CUT_EO, f"lat {q} {CUT_EO}")] + [
+            (f"Spark {t}", f"lat {q} spark {t}") for t in row["spark_p99"]]
+        for label, name in names:
+            got = [r for r in runs.get(name, []) if r and r.get("cdf")]
+            if got:
+                ax.plot(got[0]["cdf"], [i / 2 for i in range(201)], label=label)
+        ax.set_xscale("log")
+
+    def around_kill(ax: Any, row: dict) -> None:
+        for system, colour in (("cutline", "tab:blue"), ("spark", "tab:red")):
+            got = [r for r in runs.get(f"kill {row['query']} {system}", [])
+                   if r and r.get("killed")]
+            if got:
+                at = got[0]["killed"]["time"]
+                pts = sorted((w - at, x) for w, x in got[0]["points"])
+                ax.plot([x for x, _ in pts], [y for _, y in pts], ".", ms=2, color=colour,
+                        label=system)
+        ax.axvline(0, color="grey", lw=1)
+        ax.set_yscale("log")
+
     if lat:
-        n = len(lat)
-        cols = min(5, n)
-        fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(3.2 * cols,
-                                 2.6 * ((n + cols - 1) // cols)), squeeze=False)
-        for ax, row in zip(axes.flat, lat):
-            q = row["query"]
-            names = [(CUT_EO, f"lat {q} {CUT_EO}")] + [
-                (f"Spark {t}", f"lat {q} spark {t}") for t in row["spark_p99"]]
-            for label, name in names:
-                got = [r for r in runs.get(name, []) if r and r.get("cdf")]
-                if got:
-                    ax.plot(got[0]["cdf"], [i / 2 for i in range(201)], label=label)
-            ax.set_xscale("log")
-            ax.set_title(q, fontsize=9)
-            ax.set_xlabel("latency, s", fontsize=8)
-            ax.tick_params(labelsize=7)
-        for ax in list(axes.flat)[n:]:
-            ax.axis("off")
-        axes.flat[0].set_ylabel("percentile", fontsize=8)
-        axes.flat[0].legend(fontsize=6)
-        fig.suptitle(f"Nexmark event-to-committed-result latency at {result['rate']:,.0f} "
-                     "events/s (first round)", fontsize=10)
-        fig.tight_layout()
-        path = stem.with_name(stem.name + "-latency.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(str(path))
-    kills = result.get("kills") or []
-    if kills:
-        n = len(kills)
-        cols = min(5, n)
-        rows_ = (n + cols - 1) // cols
-        fig, axes = plt.subplots(rows_, cols, figsize=(3.2 * cols, 2.6 * rows_),
-                                 squeeze=False)
-        for ax, row in zip(axes.flat, kills):
-            q = row["query"]
-            for system, colour in (("cutline", "tab:blue"), ("spark", "tab:red")):
-                got = [r for r in runs.get(f"kill {q} {system}", []) if r and r.get("killed")]
-                if got:
-                    at = got[0]["killed"]["time"]
-                    pts = sorted((w - at, lat) for w, lat in got[0]["points"])
-                    ax.plot([x for x, _ in pts], [y for _, y in pts], ".", ms=2,
-                            color=colour, label=system)
-            ax.axvline(0, color="grey", lw=1)
-            ax.set_yscale("log")
-            ax.set_title(q, fontsize=9)
-            ax.set_xlabel("s since kill -9", fontsize=8)
-            ax.tick_params(labelsize=7)
-        for ax in list(axes.flat)[n:]:
-            ax.axis("off")
-        axes.flat[0].set_ylabel("latency, s", fontsize=8)
-        axes.flat[0].legend(fontsize=6)
-        fig.suptitle("Latency of each result around a kill -9 (cutline: a task's Python "
-                     "worker; Spark: the application, restarted)", fontsize=10)
-        fig.tight_layout()
-        path = stem.with_name(stem.name + "-kill.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(str(path))
+        paths.append(_per_query(
+            plt, lat, cdfs, ("latency, s", "percentile",
+                             f"Nexmark event-to-committed-result latency at "
+                             f"{result['rate']:,.0f} events/s (first round)"),
+            stem.with_name(stem.name + "-latency.png")))
+    if result.get("kills"):
+        paths.append(_per_query(
+            plt, result["kills"], around_kill,
+            ("s since kill -9", "latency, s", "Latency of each result around a kill -9 "
+             "(cutline: a task's Python worker; Spark: the application, restarted)"),
+            stem.with_name(stem.name + "-kill.png")))
     tp = {r["query"]: r["ratio"] for r in result.get("summary") or []}
     p99 = {r["query"]: r["ratio"] for r in lat}
     queries = [q for q in Q.QUERIES if tp.get(q) or p99.get(q)]
     if queries:
-        fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.4))
-        a.bar(queries, [tp.get(q) or 0 for q in queries], color="tab:blue")
-        a.axhline(2.0, color="grey", ls="--", lw=1)
-        a.set_title("throughput, cutline / Spark (higher is better)", fontsize=9)
-        b.bar(queries, [p99.get(q) or 0 for q in queries], color="tab:orange")
-        b.axhline(TARGET_P99, color="grey", ls="--", lw=1)
-        b.set_title("p99 latency, cutline / Spark's best trigger (lower is better)",
-                    fontsize=9)
-        for ax in (a, b):
+        panels = [(tp, 2.0, "throughput, cutline / Spark (higher is better)", "tab:blue"),
+                  (p99, TARGET_P99, "p99 latency, cutline / Spark's best trigger (lower is "
+                   "better)", "tab:orange")]
+        panels = [x for x in panels if x[0]]
+        fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.4),
+                                 squeeze=False)
+        for ax, (values, target, title, colour) in zip(axes.flat, panels):
+            ax.bar(queries, [values.get(q) or 0 for q in queries], color=colour)
+            ax.axhline(target, color="grey", ls="--", lw=1)
+            ax.set_title(title, fontsize=9)
             ax.tick_params(labelsize=8)
         fig.tight_layout()
         path = stem.with_name(stem.name + "-ratios.png")
