@@ -115,3 +115,26 @@ def test_one_file_at_a_time_a_batch_stops_at_the_end_of_its_file(tmp_path):
     # (once a is finished, b is the file read now: not begun, it holds the watermark)
     assert got == [("a", 700, 699), ("a", 700, 1399), ("a", 700, 2099), ("a", 700, 2799),
                    ("a", 200, None)] + [("b", n, None) for n in (700, 700, 700, 700, 200)]
+
+
+def test_a_followed_directory_moves_the_watermark_with_each_new_file(tmp_path):
+    """Following a directory, each file is read to its end in one batch and no other is
+    begun: the watermark is the newest file's, not the first file's for good."""
+    directory = tmp_path / "in"
+    directory.mkdir()
+    reader = FileSource(str(directory), follow=True, poll_interval=0.001).create_reader()
+    reader.open(0, 1)
+    stamps = AssignTimestamps(Node(0, "stamps", "assign_timestamps",
+                                   TimestampSpec(t_of, BoundedOutOfOrderness(0), None)))
+    stamps.read_splits_of(reader)
+    got = []
+    for k in range(3):
+        with open(directory / f"f{k}.jsonl", "w") as f:
+            f.writelines(json.dumps({"k": "a", "t": 100 * k + i}) + "\n" for i in range(100))
+        batch = []
+        while not batch:
+            batch = reader.read_batch(1000)
+        stamps.process(batch)
+        assert reader.split_keys() == []
+        got.append(stamps.take_watermark())
+    assert got == [99, 199, 299]

@@ -221,7 +221,12 @@ class AssignTimestamps(Operator):
         if splits is None:
             return self.generator.current()
         keys = self.reader.split_keys()
-        if not keys:  # every split read to its end: what they reached (inf follows)
+        if not keys:  # every split read to its end: what the last one read reached (inf
+            # follows at the end of input).  The others finished before it and hold nothing
+            # back: kept, a followed directory's first file would hold the watermark for good
+            last = self.reader.split_key()
+            for gone in set(splits) - {last}:
+                del splits[gone]
             return min((g.current() for g in splits.values()), default=NO_WATERMARK)
         for gone in set(splits) - set(keys):  # finished splits hold nothing back
             del splits[gone]

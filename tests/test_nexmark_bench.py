@@ -1,0 +1,46 @@
+"""The pure parts of ``bench/nexmark.py``'s latency and kill measurements: whether a run kept
+up with its input, and when a system caught up after a kill.  No Spark."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture(scope="module")
+def nx():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import nexmark
+
+        yield nexmark
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_growth_is_zero_when_keeping_up_and_the_lag_rate_when_falling_behind(nx):
+    # every commit 1 s apart; keeping up: the same latency throughout (several rows each)
+    steady = [(t, lat) for t in range(10) for lat in (0.2, 0.3, 0.4)]
+    assert nx.growth(steady) == pytest.approx(0.0)
+    # capacity 0.6 x the rate: a result's latency grows by 0.4 s per s of run
+    behind = [(t, 1.0 + 0.4 * t) for t in range(10)]
+    assert nx.growth(behind) == pytest.approx(0.4)
+    assert nx.growth(behind) > nx.KEEPS_UP >= nx.growth(steady)
+    # per commit the median counts, not a slow outlier row
+    outliers = [(t, lat) for t in range(6) for lat in (0.2, 0.3, 9.0 if t > 2 else 0.3)]
+    assert nx.growth(outliers) == pytest.approx(0.0)
+    assert nx.growth(behind[:3]) is None  # too few commits to tell
+
+
+def test_caught_up_is_the_first_commit_after_the_last_slow_result(nx):
+    kill = 100.0
+    points = [(99.0, 0.1), (101.0, 0.2), (103.0, 4.0), (104.0, 2.5), (105.0, 0.3),
+              (106.0, 0.2), (106.0, 0.1)]
+    assert nx.caught_up(points, kill, bound=1.0) == pytest.approx(5.0)
+    assert nx.caught_up(points, kill, bound=5.0) == pytest.approx(1.0)
+    assert nx.caught_up(points + [(107.0, 3.0)], kill, bound=1.0) is None  # slow to the end
+    side = {"caught_up": None, "after_kill": [7.0]}
+    assert nx.caught_up_text(side) == "> 7"
+    assert nx.caught_up_text(side | {"caught_up": 5.0}) == "5.00"
