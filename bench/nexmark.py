@@ -391,16 +391,18 @@ def latency_summary(points: list[tuple[float, float]]) -> dict:
 def caught_up(points: list[tuple[float, float]], kill: float, bound: float,
               hold: float = 10.0) -> float | None:
     """Seconds from ``kill`` to the first commit from which on every result for ``hold``
-    seconds (or to the end of the run) is within ``bound`` (None: never, in the run).  A
-    slow result later than that is noise of the machine, not the recovery."""
+    seconds (up to the first commit after that, or to the end of the run) is within
+    ``bound`` (None: never, in the run).  A slow result later than that is noise of the
+    machine, not the recovery."""
     slowest: dict[float, float] = {}
     for when, lat in points:
         if when >= kill:
             slowest[when] = max(lat, slowest.get(when, lat))
     commits = sorted(slowest)
     for i, t in enumerate(commits):
-        window = [slowest[w] for w in commits[i:] if w <= t + hold]
-        if max(window) <= bound:
+        # up to the first commit at or after t + hold: a stall shows in what it commits
+        end = bisect.bisect_left(commits, t + hold)
+        if max(slowest[w] for w in commits[i:end + 1]) <= bound:
             return t - kill
     return None
 

@@ -41,8 +41,12 @@ def test_caught_up_is_the_first_commit_from_which_results_stay_fast_for_a_while(
     assert nx.caught_up(points, kill, bound=1.0) == pytest.approx(5.0)
     assert nx.caught_up(points, kill, bound=5.0) == pytest.approx(1.0)
     assert nx.caught_up(points + [(107.0, 3.0)], kill, bound=1.0) is None  # slow to the end
-    # a slow result more than 10 s after the recovery is noise, not the recovery
-    assert nx.caught_up(points + [(116.0, 3.0)], kill, bound=1.0) == pytest.approx(5.0)
+    # a slow result more than 10 s after the recovery is noise, not the recovery; but a
+    # stall with no commit for 10 s is not recovered: its first commit counts
+    assert nx.caught_up([(100.5, 0.1), (112.0, 11.0), (113.0, 0.1)], kill, bound=1.0) == \
+        pytest.approx(13.0)
+    assert nx.caught_up(points + [(115.5, 0.1), (117.0, 3.0)], kill, bound=1.0) == \
+        pytest.approx(5.0)
     assert nx.caught_up(points + [(114.0, 3.0), (115.0, 0.1)], kill, bound=1.0) == \
         pytest.approx(15.0)
     side = {"caught_up": None, "after_kill": [7.0]}
