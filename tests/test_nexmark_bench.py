@@ -34,13 +34,21 @@ def test_growth_is_zero_when_keeping_up_and_the_lag_rate_when_falling_behind(nx)
     assert nx.growth(behind[:3]) is None  # too few commits to tell
 
 
-def test_caught_up_is_the_first_commit_after_the_last_slow_result(nx):
+def test_caught_up_is_the_first_commit_from_which_results_stay_fast_for_a_while(nx):
     kill = 100.0
     points = [(99.0, 0.1), (101.0, 0.2), (103.0, 4.0), (104.0, 2.5), (105.0, 0.3),
               (106.0, 0.2), (106.0, 0.1)]
     assert nx.caught_up(points, kill, bound=1.0) == pytest.approx(5.0)
     assert nx.caught_up(points, kill, bound=5.0) == pytest.approx(1.0)
     assert nx.caught_up(points + [(107.0, 3.0)], kill, bound=1.0) is None  # slow to the end
+    # a slow result more than 10 s after the recovery is noise, not the recovery; but a
+    # stall with no commit for 10 s is not recovered: its first commit counts
+    assert nx.caught_up([(100.5, 0.1), (112.0, 11.0), (113.0, 0.1)], kill, bound=1.0) == \
+        pytest.approx(13.0)
+    assert nx.caught_up(points + [(115.5, 0.1), (117.0, 3.0)], kill, bound=1.0) == \
+        pytest.approx(5.0)
+    assert nx.caught_up(points + [(114.0, 3.0), (115.0, 0.1)], kill, bound=1.0) == \
+        pytest.approx(15.0)
     side = {"caught_up": None, "after_kill": [7.0]}
     assert nx.caught_up_text(side) == "> 7"
     assert nx.caught_up_text(side | {"caught_up": 5.0}) == "5.00"
