@@ -9,6 +9,7 @@ A kill counts as survived when its run committed exactly the failure-free output
 from __future__ import annotations
 
 import collections
+import fcntl
 import json
 import os
 import time
@@ -42,14 +43,17 @@ def totals(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def record(run: dict[str, Any], path: Path = TALLY) -> dict[str, Any]:
     """Add one run (``kind``, ``mode``, ``kills``, ``lost``, ``duplicated``, ``targets``,
     ``seconds``, ...) to the tally file; returns the new totals."""
-    data = json.loads(path.read_text()) if path.exists() else {"runs": []}
-    run = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **run}
-    data["runs"].append(run)
-    data["totals"] = totals(data["runs"])
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"totals": data["totals"], "runs": data["runs"]}, indent=1)
-                   + "\n")
-    os.replace(tmp, path)
+    # soak and chaos runs may finish at the same moment: one writer at a time
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = json.loads(path.read_text()) if path.exists() else {"runs": []}
+        run = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **run}
+        data["runs"].append(run)
+        data["totals"] = totals(data["runs"])
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"totals": data["totals"], "runs": data["runs"]}, indent=1)
+                       + "\n")
+        os.replace(tmp, path)
     return data["totals"]
 
 
