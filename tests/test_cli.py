@@ -40,6 +40,9 @@ def test_scenarios_exit_zero_and_print_json(name, capsys):
 def test_explore_command(capsys):
     assert main(["explore", "--processes", "2", "--messages", "1", "--quiet"]) == 0
     assert "interleavings" in capsys.readouterr().out
+    assert main(["explore", "--processes", "2", "--mode", "unaligned", "--topology", "dag",
+                 "--snapshots", "2", "--overtake", "copy", "--quiet"]) == 0
+    assert "overtaken records copied and left queued" in " ".join(capsys.readouterr().out.split())
 
 
 @pytest.mark.parametrize("args, message", [

@@ -311,3 +311,24 @@ def test_a_copied_handler_is_independent_and_behaves_the_same(mode, events, at):
     for ev in events[at:]:
         assert step(c, ev) == step(d, ev)
     assert c.state_key() == d.state_key() == h.state_key()
+
+
+def test_records_a_late_barrier_overtook_are_channel_state_of_the_snapshots_still_recording():
+    # checkpoints 3 and 4 open, both recording "a"; 3 is aborted while its barrier, already
+    # prioritized by the driver, is overtaking record r on "a" (r is ahead of 4's barrier too)
+    r = (("r", 1),)
+    h = SnapshotHandler(["a", "b"], "unaligned")
+    h.on_barrier("b", B(3, True))
+    h.on_barrier("b", B(4, True))
+    h.on_abort(3)
+    # taken out of the queue and delivered now: channel state of 4
+    assert h.on_barrier("a", B(3, True), overtaken=r) == [
+        RecordChannelState(4, "a", r), Deliver("a", r)]
+    assert h.on_barrier("a", B(4, True)) == [FinishSnapshot(4)]
+    # copied and left queued: recorded for 4 when delivered, not now
+    h = SnapshotHandler(["a", "b"], "unaligned")
+    h.on_barrier("b", B(3, True))
+    h.on_barrier("b", B(4, True))
+    h.on_abort(3)
+    assert h.on_barrier("a", B(3, True), overtaken=r, deliver_overtaken=False) == []
+    assert h.on_records("a", r) == [RecordChannelState(4, "a", r), Deliver("a", r)]

@@ -295,7 +295,7 @@ def _explore(args: argparse.Namespace) -> int:
 
     result = explore(processes=args.processes, messages=args.messages,
                      snapshots=args.snapshots, mode=args.mode or "chandy_lamport",
-                     topology=args.topology,
+                     topology=args.topology, overtake=args.overtake,
                      progress=not args.quiet)
     console.print(result.summary(), markup=False, highlight=False)
     return 0 if result.ok else 1
@@ -354,6 +354,10 @@ def build_parser() -> argparse.ArgumentParser:
                     choices=["chandy_lamport", "aligned", "unaligned", "at_least_once"],
                     help="default chandy_lamport (aligned with --event-time)")
     ex.add_argument("--topology", default="complete", choices=["complete", "ring", "dag"])
+    ex.add_argument("--overtake", default="take", choices=["take", "copy"],
+                    help="unaligned: records a barrier overtakes are taken out of the queue "
+                         "(take, as the simulator does) or copied and left queued (copy, as "
+                         "the runtime's input gate does)")
     ex.add_argument("--event-time", choices=list(TIME_SCENARIOS), metavar="SCENARIO",
                     help="instead: two sources with watermarks into a tumbling-window count, "
                          "a crash anywhere; every window must fire exactly once. Scenarios: "

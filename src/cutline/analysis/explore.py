@@ -91,6 +91,7 @@ class ExploreResult:
     violating: int = 0
     counterexample: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    overtake: str = "take"
 
     @property
     def ok(self) -> bool:
@@ -101,6 +102,8 @@ class ExploreResult:
                 f"{self.messages} message(s) each, {self.snapshots} snapshot(s) x "
                 f"{self.initiators} initiator(s): {self.interleavings:,} interleavings "
                 f"({self.states:,} distinct states)")
+        if self.overtake == "copy" and self.mode == "unaligned":
+            head += ", overtaken records copied and left queued"
         if self.ok:
             return head + " - every snapshot is a consistent cut with exact channel states"
         lines = [head, f"{self.violating:,} interleavings violate the snapshot properties; "
@@ -317,7 +320,8 @@ def explore(
                          f"in mode {m.value!r} the sources initiate")
     edges = globals()["topology"](topology, processes)
     ex = _Explorer(processes, edges, m, messages, snapshots, initiators, overtake == "copy")
-    result = ExploreResult(processes, topology, m.value, messages, snapshots, initiators)
+    result = ExploreResult(processes, topology, m.value, messages, snapshots, initiators,
+                           overtake=overtake)
     found = search(ex.initial(), ex.steps, ex.problems, max_states=max_states,
                    progress=progress)
     result.states, result.interleavings, result.violating = (

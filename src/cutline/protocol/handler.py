@@ -348,8 +348,12 @@ class SnapshotHandler:
         return [c for c in self._open if c not in self._back]
 
     def _late(self, channel: Channel, overtaken: Batch) -> list[Action]:
-        """A barrier of an aborted or superseded checkpoint: ignore it, keep the data."""
-        return [Deliver(channel, overtaken)] if overtaken and self._deliver_overtaken else []
+        """A barrier of an aborted or superseded checkpoint: ignore it, keep the data.
+
+        Records it overtook are still ahead of every open snapshot's barrier on ``channel``:
+        taken out of the queue, they are those snapshots' channel state now; copied, they
+        stay queued and are recorded when delivered."""
+        return self._record_and_deliver(channel, overtaken) if self._deliver_overtaken else []
 
     def _trigger_at_edge(self, n: int) -> list[Action]:
         """Aligned and at-least-once: only a task without open forward inputs initiates."""
