@@ -23,21 +23,23 @@ def test_aligned_windows_fire_exactly_once_even_when_a_record_is_late_by_interle
 
 
 def test_a_restore_that_forgets_the_watermark_reopens_a_fired_window():
-    r = explore_time("late", mode="aligned", fault="tracker_not_restored")
+    r = explore_time("late", mode="aligned", fault="tracker_not_restored", first=True)
     assert not r.ok
     assert any("fired twice" in p for p in r.problems), r.summary()
+    assert r.stopped and "stopped at the first counterexample" in r.summary()
 
 
 def test_unaligned_channel_state_carries_watermarks():
     assert explore_time("small", mode="unaligned").ok
-    r = explore_time("small", mode="unaligned", fault="watermarks_not_in_channel_state")
+    r = explore_time("small", mode="unaligned", fault="watermarks_not_in_channel_state",
+                     first=True)
     assert not r.ok
     assert any("took" in p and "watermark" in p for p in r.problems), r.summary()
 
 
 def test_a_watermark_snapshotted_after_the_cut_fires_a_window_early():
     assert explore_time("small", mode="chandy_lamport").ok
-    r = explore_time("small", mode="chandy_lamport", fault="tracker_ahead")
+    r = explore_time("small", mode="chandy_lamport", fault="tracker_ahead", first=True)
     assert not r.ok
     assert any("late" in p for p in r.problems), r.summary()
 

@@ -281,7 +281,7 @@ def _explore(args: argparse.Namespace) -> int:
 
         timed = explore_time(args.event_time, mode=args.mode or "aligned",
                              checkpoints=args.snapshots,
-                             fault=args.fault)
+                             fault=args.fault, first=args.fault is not None)
         console.print(timed.summary(), markup=False, highlight=False)
         if args.diagram is not None:
             from .analysis.time_diagram import draw_time_run, sample_run

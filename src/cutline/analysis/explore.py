@@ -337,15 +337,21 @@ class Search:
     violating: int = 0
     counterexample: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    stopped: bool = False  # at the first counterexample: the counts are not totals
+
+
+class _Stop(Exception):
+    pass
 
 
 def search(initial: Any, steps: Callable[[Any], list[tuple[str, Callable[[], Any]]]],
            problems: Callable[[Any], list[str]], *, max_states: int = 2_000_000,
-           progress: bool = False) -> Search:
+           progress: bool = False, first: bool = False) -> Search:
     """Every path from ``initial`` through ``steps`` (a world's ``(label, next world)``
     choices, none at a final state), each final state judged by ``problems``.  Worlds with
     the same ``key()`` are visited once, and paths through them are still counted exactly.
-    The first path to a violating final state is the counterexample."""
+    The first path to a violating final state is the counterexample; with ``first`` the
+    search stops there (``stopped``; ``violating`` is 1 and ``interleavings`` unknown, 0)."""
     found = Search()
     memo: dict[tuple, tuple[int, int]] = {}
     path: list[str] = []
@@ -366,6 +372,8 @@ def search(initial: Any, steps: Callable[[Any], list[tuple[str, Callable[[], Any
             bad = problems(w)
             if bad and not found.counterexample:
                 found.counterexample, found.problems = list(path), bad
+                if first:
+                    raise _Stop
             res = (1, 1 if bad else 0)
         else:
             total = violating = 0
@@ -387,6 +395,8 @@ def search(initial: Any, steps: Callable[[Any], list[tuple[str, Callable[[], Any
     sys.setrecursionlimit(max(limit, 10_000))
     try:
         found.interleavings, found.violating = visit(initial)
+    except _Stop:
+        found.stopped, found.violating = True, 1
     finally:
         sys.setrecursionlimit(limit)
         if status is not None:

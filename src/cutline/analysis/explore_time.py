@@ -219,19 +219,24 @@ class TimeExploreResult:
     violating: int = 0
     counterexample: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    stopped: bool = False  # at the first counterexample (``first=True``)
 
     @property
     def ok(self) -> bool:
         return self.violating == 0
 
     def summary(self) -> str:
+        where = (f"stopped at the first counterexample after {self.states:,} distinct states"
+                 if self.stopped else
+                 f"{self.interleavings:,} interleavings ({self.states:,} distinct states)")
         head = (f"{self.mode}, scenario {self.scenario!r}, {self.checkpoints} checkpoint(s), "
-                f"a crash anywhere{', fault ' + self.fault if self.fault else ''}: "
-                f"{self.interleavings:,} interleavings ({self.states:,} distinct states)")
+                f"a crash anywhere{', fault ' + self.fault if self.fault else ''}: {where}")
         if self.ok:
             return head + " - every window fires exactly once, none early, none lost"
-        lines = [head, f"{self.violating:,} interleavings break event time; first "
-                       "counterexample:"]
+        what = ("an interleaving breaks" if self.stopped
+                else f"{self.violating:,} interleavings break")
+        lines = [head, f"{what} event time; counterexample:" if self.stopped else
+                 f"{what} event time; first counterexample:"]
         lines += [f"  {i + 1:>2}. {s}" for i, s in enumerate(self.counterexample)]
         lines += [f"  => {p}" for p in self.problems]
         return "\n".join(lines)
@@ -455,8 +460,9 @@ def _shows(items: Sequence[tuple]) -> str:
 
 def explore_time(scenario: str = "in-order", *, mode: str = "aligned", checkpoints: int = 1,
                  size: float = 10.0, max_delay: float = 2.0, fault: str | None = None,
-                 max_states: int = 2_000_000) -> TimeExploreResult:
-    """Check every interleaving, with a crash at every point; see the module docstring."""
+                 max_states: int = 2_000_000, first: bool = False) -> TimeExploreResult:
+    """Check every interleaving, with a crash at every point; see the module docstring.
+    ``first``: stop at the first counterexample (the counts are then not totals)."""
     m = Mode.parse(mode)
     if m is Mode.AT_LEAST_ONCE:
         raise ValueError("at_least_once replays records on restore by design: windows may "
@@ -470,9 +476,10 @@ def explore_time(scenario: str = "in-order", *, mode: str = "aligned", checkpoin
         raise ValueError(f"checkpoints must be >= 1, got {checkpoints}")
     ex = _Explorer(SCENARIOS[scenario], m, checkpoints, size, max_delay, fault)
     result = TimeExploreResult(scenario, m.value, checkpoints, fault)
-    found = search(ex.initial(), ex.steps, ex.problems, max_states=max_states)
+    found = search(ex.initial(), ex.steps, ex.problems, max_states=max_states, first=first)
     result.states, result.interleavings, result.violating = (
         found.states, found.interleavings, found.violating)
+    result.stopped = found.stopped
     result.counterexample, result.problems = found.counterexample, found.problems
     return result
 
