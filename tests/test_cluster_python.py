@@ -21,10 +21,10 @@ from cutline.driver.dataflow import JobFailed
 pytestmark = pytest.mark.slow
 
 HOW_TO = ("Install cutline, the version this driver runs, in that Python on every executor; "
-          "or set spark.pyspark.python (PYSPARK_PYTHON) to a Python that has it; or ship a "
-          "packed environment with the job: spark.archives=env.tar.gz#env (spark-submit "
-          "--archives; venv-pack or conda-pack makes one) and "
-          "spark.pyspark.python=./env/bin/python")
+          "or point PYSPARK_PYTHON (spark.pyspark.python with spark-submit) at a Python that "
+          "has it; or ship a packed environment with the job: spark.archives=env.tar.gz#env "
+          "(spark-submit --archives; venv-pack or conda-pack makes one) and "
+          "PYSPARK_PYTHON=./env/bin/python")
 
 
 def _job(tmp_path, name: str) -> Pipeline:

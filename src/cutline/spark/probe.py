@@ -30,10 +30,10 @@ UNFIT = "cutline: the executors' Python lacks a module"
 """The first field of the row a task returns instead of running."""
 
 HOW_TO = ("Install cutline, the version this driver runs, in that Python on every executor; "
-          "or set spark.pyspark.python (PYSPARK_PYTHON) to a Python that has it; or ship a "
-          "packed environment with the job: spark.archives=env.tar.gz#env (spark-submit "
-          "--archives; venv-pack or conda-pack makes one) and "
-          "spark.pyspark.python=./env/bin/python")
+          "or point PYSPARK_PYTHON (spark.pyspark.python with spark-submit) at a Python that "
+          "has it; or ship a packed environment with the job: spark.archives=env.tar.gz#env "
+          "(spark-submit --archives; venv-pack or conda-pack makes one) and "
+          "PYSPARK_PYTHON=./env/bin/python")
 
 
 def _first_missing(modules: tuple[str, ...]) -> tuple[str, str] | None:
