@@ -27,8 +27,7 @@ class Kill:
 
     def _run(self, driver: JobDriver) -> None:
         while not driver.done.is_set():
-            if driver.controller.checkpoints_completed >= self.after_checkpoint \
-                    and driver.task_pids:
+            if len(driver.checkpoints) >= self.after_checkpoint and driver.task_pids:
                 break
             time.sleep(0.02)
         else:
