@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+import types
 import venv
 
 import pytest
@@ -27,23 +29,24 @@ HOW_TO = ("Install cutline, the version this driver runs, in that Python on ever
           "PYSPARK_PYTHON=./env/bin/python")
 
 
-def _job(tmp_path, name: str) -> Pipeline:
+def _job(tmp_path, name: str, square=lambda i: i * i) -> Pipeline:
     p = Pipeline(name, parallelism=2, checkpoint=CheckpointConfig(
         interval=0.5, storage=f"file://{tmp_path}/{name}/chk"))
     (p.source(GeneratorSource(count=10), uid="n")
-       .map(lambda i: i * i, uid="square")
+       .map(square, uid="square")
        .sink(CollectSink(str(tmp_path / name / "out")), uid="out"))
     return p
 
 
-def _fails_at_once(spark, tmp_path, python: str, name: str) -> str:
-    """The job's error with the executors running ``python``; Spark ran its stage once."""
+def _fails_at_once(spark, tmp_path, python: str | None, name: str, **job) -> str:
+    """The job's error with the executors running ``python`` (None: the session's own);
+    Spark ran its stage once."""
     sc = spark.sparkContext
     own = sc.pythonExec
-    sc.pythonExec = python
+    sc.pythonExec = python or own
     try:
         with pytest.raises(JobFailed) as info:
-            _job(tmp_path, name).run(spark=spark, timeout=120, progress=False)
+            _job(tmp_path, name, **job).run(spark=spark, timeout=120, progress=False)
     finally:
         sc.pythonExec = own
     tracker = sc.statusTracker()
@@ -70,3 +73,26 @@ def test_executors_without_cutline_or_its_dependencies_fail_the_job_at_once(spar
         f"job 'nomsgpack' failed: the executors' Python cannot import msgpack (cutline needs "
         f"it): Spark runs the job's tasks with {python} (on host {host}), where No module "
         f"named 'msgpack'. {HOW_TO}")
+
+    # cutline and its dependencies there, a package the pipeline's code comes from not
+    # (installed on the driver only: pickled by reference, imported where it runs)
+    package = types.ModuleType("cutline_test_driver_only")
+
+    class Square:
+        def __call__(self, i: int) -> int:
+            return i * i
+
+    Square.__module__, Square.__qualname__ = package.__name__, "Square"
+    package.Square = Square
+    sys.modules[package.__name__] = package
+    try:
+        said = _fails_at_once(spark, tmp_path, None, "nopackage", square=Square())
+    finally:
+        del sys.modules[package.__name__]
+    assert said == (
+        "job 'nopackage' failed: the executors' Python cannot import cutline_test_driver_only "
+        "(the pipeline's code needs it): Spark runs the job's tasks with "
+        f"{spark.sparkContext.pythonExec} (on host {host}), where No module named "
+        f"'cutline_test_driver_only'. Install it in that Python on every executor, or ship it "
+        "with the job: a packed environment (spark.archives), or SparkContext.addPyFile for "
+        "pure Python")

@@ -5,7 +5,8 @@ On a cluster whose executors run a Python without cutline (or without msgpack, p
 the stage again and again, and the user would read a Py4J trace.  Instead the stage runs
 :func:`guarded`: a function that travels by value (this module is pickled with
 cloudpickle, never imported on an executor) and carries the job's task as bytes.  Each task
-first looks for the packages a task imports (found, not imported: microseconds); a task
+first looks for the packages a task imports (found, not imported: microseconds), then
+unpickles the job (which imports the packages the pipeline's functions come from); a task
 that lacks one returns a row saying what and where instead of running.  When no executor
 has them (the usual case: the cluster's Python is not the driver's), every task returns at
 once, the stage ends in its first attempt, and the driver turns the row into
@@ -69,10 +70,14 @@ def guarded(task_main: Callable[[Any, int], Any], spec: Any,
         from pyspark import BarrierTaskContext
 
         missing = _first_missing(modules)
+        if missing is None:
+            try:
+                main, job = pickle.loads(payload)
+            except ModuleNotFoundError as exc:  # a package the pipeline's code comes from
+                missing = (exc.name or str(exc), str(exc))
         if missing is not None:
             yield (UNFIT, sys.executable, socket.gethostname(), *missing)
             return
-        main, job = pickle.loads(payload)
         yield main(job, BarrierTaskContext.get().partitionId())
 
     return run
@@ -87,6 +92,11 @@ def unfit_row(rows: Iterable[Any]) -> str | None:
 
 
 def missing_message(python: str, host: str, missing: str, why: str) -> str:
-    what = "cutline" if missing == "cutline" else f"{missing} (cutline needs it)"
-    return (f"the executors' Python cannot import {what}: Spark runs the job's tasks with "
-            f"{python} (on host {host}), where {why}. {HOW_TO}")
+    where = f"Spark runs the job's tasks with {python} (on host {host}), where {why}."
+    if missing == "cutline":
+        return f"the executors' Python cannot import cutline: {where} {HOW_TO}"
+    if missing in TASK_NEEDS or missing == "rocksdict":
+        return f"the executors' Python cannot import {missing} (cutline needs it): {where} {HOW_TO}"
+    return (f"the executors' Python cannot import {missing} (the pipeline's code needs it): "
+            f"{where} Install it in that Python on every executor, or ship it with the job: "
+            "a packed environment (spark.archives), or SparkContext.addPyFile for pure Python")
