@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import signal
 import sys
@@ -130,6 +131,19 @@ class DieBeforeCommit:
         pass
 
 
+class Resubmissions(logging.Handler):
+    """The driver's word for each time its watchdog resubmitted the stage."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.said: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if "resubmitting it" in text:
+            self.said.append(text)
+
+
 def executor(slot: int):
     def target(driver):
         pid = executor_of(driver.task_pids[slot])
@@ -155,8 +169,11 @@ def main() -> None:
     wait_for_executors(spark, 2)
     from cutline.spark.faults import KillDaemon
 
+    resubmissions = Resubmissions()
+    logging.getLogger("cutline.driver").addHandler(resubmissions)
     cases = sys.argv[4:]
     for i, case in enumerate(cases):
+        resubmissions.said = []
         # the driver cases share a job: one driver dies, the next run resumes its storage
         name = "driver" if case.startswith("driver") else case
         work = tmp / name
@@ -197,7 +214,8 @@ def main() -> None:
                 out.update(latest=latest, restored=result.restored_from)
         except Exception as exc:  # noqa: BLE001 - what the user sees is the result
             out.update(error=f"{type(exc).__name__}: {exc}")
-        out.update(fired=[w for w, _ in fault.fired], seconds=round(time.monotonic() - t0, 1))
+        out.update(fired=[w for w, _ in fault.fired], seconds=round(time.monotonic() - t0, 1),
+                   resubmissions=resubmissions.said)
         if getattr(fault, "during", None):
             out.update(during=fault.during)
         print("RESULT", case, json.dumps(out), flush=True)

@@ -10,6 +10,7 @@ killed is such a script's own process: a second script resumes its storage."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -59,6 +60,17 @@ def run_cases(cluster: Cluster, tmp: Path, *cases: str,
     return results
 
 
+def restarted_by_spark_or_for_a_reason(case: dict) -> None:
+    """Spark restarts the stage after a kill; on a loaded machine the driver's watchdog may
+    find no new attempt within the restart deadline (90 s) and resubmit it first.  That is
+    the watchdog's job, not a failure, but each resubmission must have been said, why."""
+    assert case["resubmitted"] == len(case["resubmissions"]), case
+    for said in case["resubmissions"]:
+        assert re.fullmatch(r"(no attempt of the stage started within \d+ s after|the Spark "
+                            r"stage ended after) (attempt \d+ lost slot \d+.*|the stage was "
+                            r"submitted): resubmitting it \([12] of 2\)", said), said
+
+
 @pytest.mark.slow
 def test_driver_executor_daemon_and_worker_faults_on_a_cluster(cluster, tmp_path):
     # the driver killed (kill -9) the moment a checkpoint (not the final one) is in storage,
@@ -77,13 +89,15 @@ def test_driver_executor_daemon_and_worker_faults_on_a_cluster(cluster, tmp_path
     # kill -9 of one executor JVM mid-run: the worker starts another, Spark restarts the
     # stage; and of an executor of the next attempt the moment it starts (restoring)
     ex = r["executor"]
-    assert ex["resubmitted"] == 0  # Spark restarted the stage itself, twice
     assert ex["fired"] == ["executor", "executor"] and ex["exact"], ex
     assert ex["during"] == {"attempt": 1, "checkpoints": 0}, ex
-    assert ex["attempts"] >= 3
+    assert ex["attempts"] >= 3, ex
+    restarted_by_spark_or_for_a_reason(ex)
     # kill -9 of the PySpark daemon of a surviving executor, then a Python worker
-    assert r["daemon"]["resubmitted"] == 0  # Spark restarted the stage itself
-    assert r["daemon"]["fired"] == ["daemon", "killed"] and r["daemon"]["exact"], r["daemon"]
+    daemon = r["daemon"]
+    assert daemon["fired"] == ["daemon", "killed"] and daemon["exact"], daemon
+    assert daemon["attempts"] >= 2, daemon
+    restarted_by_spark_or_for_a_reason(daemon)
     # a worker gone for good: one slot left for a stage of two; the job waits, the driver
     # resubmits the stage twice, then fails saying why
     gone = r["worker_gone"]
@@ -96,6 +110,7 @@ def test_driver_executor_daemon_and_worker_faults_on_a_cluster(cluster, tmp_path
     # ... and when a worker comes back in time, the job resumes exactly
     back = r["worker_back"]
     assert back["fired"] == ["worker", "executor"] and back["exact"], back
-    assert back["attempts"] >= 2 and back["resubmitted"] == 0
+    assert back["attempts"] >= 2, back
+    restarted_by_spark_or_for_a_reason(back)
     # the workers the script started (capacity coming back) are the fixture's to stop
     assert len(cluster.pid_file.read_text().split()) == 4

@@ -254,3 +254,67 @@ def test_the_job_s_event_time_is_its_lowest_timed_task_s_watermark():
     assert c.watermark() == 100.5
     c.on_message("a0s1", m.Metrics("src.1", 30, True, 0.3, True, "inf"), 3.0)
     assert c.watermark() == 120.0 and c.source_records() == 40
+
+
+def _footprint(obj, seen=None) -> int:
+    """Entries in every list, dict and set reachable from ``obj`` (its attributes included):
+    what grows when something is remembered per checkpoint, attempt or message."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or isinstance(obj, (str, bytes, int, float, bool, type(None))):
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, dict):
+        return len(obj) + sum(_footprint(k, seen) + _footprint(v, seen)
+                              for k, v in list(obj.items()))
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return len(obj) + sum(_footprint(x, seen) for x in list(obj))
+    fields = getattr(obj, "__dict__", None) or {
+        s: getattr(obj, s) for s in getattr(type(obj), "__slots__", ()) if hasattr(obj, s)}
+    return sum(_footprint(v, seen) for v in fields.values() if not callable(v))
+
+
+def test_a_job_running_for_days_keeps_a_flat_driver(monkeypatch):
+    # thousands of checkpoints, declines, savepoints, metrics and restarts, as data: what
+    # the controller holds stops growing once its history is full; the counts go on
+    from cutline.protocol import job
+
+    monkeypatch.setattr(job, "HISTORY", 20)
+    monkeypatch.setattr(job, "TASK_STATS_HISTORY", 5)
+    c = controller(interval=0.5, tolerable_failures=10**9)
+    attempt, now, sizes = 0, 0.0, {}
+    conn = lambda t: f"a{attempt}s{SHAPE.slot_of[t]}"  # noqa: E731
+    register(c, attempt, now)
+    completed = failed = 0
+    for i in range(2000):
+        now += 1.0
+        cmds = c.tick(now)
+        ((n,),) = [{msg.checkpoint for _, msg in sent(cmds, m.Trigger)}]
+        for t in TASKS:
+            c.on_message(conn(t), m.Metrics(t, i, t.startswith("src"), 0.1, True, now), now)
+        if i % 3 == 2:  # declined
+            c.on_message(conn("sink.0"), m.Decline("sink.0", n, "no space"), now + 0.05)
+            failed += 1
+        else:
+            commits = [x for x in ack_all(c, n, now + 0.05, conn) if type(x) is CommitCheckpoint]
+            assert [x.checkpoint_id for x in commits] == [n]
+            c.committed(n, f"/s/chk-{n}", now + 0.1)
+            completed += 1
+        if i % 50 == 49:  # a savepoint, committed
+            cmds = c.request_savepoint(f"w{i}", False, now + 0.15)
+            (s,) = {msg.checkpoint for _, msg in sent(cmds, m.Trigger)}
+            ack_all(c, s, now + 0.2, conn)
+            assert type(c.committed(s, f"/s/savepoint-{s}", now + 0.25)[-1]) is SavepointReady
+            completed += 1
+        if i % 10 == 9 and i < 500:  # a task lost: Spark restarts the stage (then: days)
+            c.on_message(conn("sink.1"), m.Failed("sink.1", False, "lost"), now + 0.3)
+            c.on_closed(conn("sink.1"), now + 0.3)
+            attempt += 1
+            register(c, attempt, now + 0.3)
+        if i + 1 in (1000, 2000):
+            sizes[i + 1] = _footprint(c)
+    assert sizes[1000] == sizes[2000], sizes
+    assert (c.checkpoints_completed, c.checkpoints_failed) == (completed, failed)
+    assert (len(c.checkpoints), len(c.failed_checkpoints), len(c.attempt_log)) == (20, 20, 20)
+    assert c.attempt_log[-1].number == attempt == 50 and c.started_attempts == 51
+    assert [bool(r.tasks) for r in c.checkpoints] == [False] * 15 + [True] * 5
+    assert c.checkpoints[-1].path.endswith(f"-{c.next_id - 1}")  # the newest

@@ -25,7 +25,8 @@ def small(tmp_path, name: str = "twice") -> tuple[Pipeline, CollectSink]:
     return p, sink
 
 
-def test_running_a_finished_job_again_says_so_and_how_to_start_fresh_or_resume(tmp_path):
+def test_running_a_finished_job_again_says_so_and_how_to_start_fresh_or_resume(tmp_path,
+                                                                              monkeypatch):
     p, sink = small(tmp_path)
     first = p.run(engine="threads", timeout=60)
     assert len(sink.results()) == 500
@@ -35,6 +36,16 @@ def test_running_a_finished_job_again_says_so_and_how_to_start_fresh_or_resume(t
     final = first.latest_checkpoint.path
     assert "already finished" in text and "delete" in text
     assert f"restore_from={final!r}" in text
+    # on Spark too, and at once: before an embedded session starts (10-36 s)
+    import cutline.spark.launcher as launcher
+
+    def no_spark(*args, **kwargs):
+        raise AssertionError("a Spark session was started for a finished job")
+
+    monkeypatch.setattr(launcher, "embedded_session", no_spark)
+    with pytest.raises(FinishedJobError) as info:
+        small(tmp_path)[0].run(timeout=60)
+    assert str(info.value) == text
     # as it says: resuming from the final state is a run that reads nothing more
     again = small(tmp_path)[0].run(engine="threads", timeout=60, restore_from=final)
     assert again.restored_from == final and len(sink.results()) == 500

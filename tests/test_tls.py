@@ -12,6 +12,7 @@ import os
 import queue
 import socket
 import ssl
+import struct
 import subprocess
 import threading
 import time
@@ -288,3 +289,83 @@ def _read(path) -> str:
             return f.read()
     except OSError:
         return ""
+
+
+class _Overlaps:
+    """Wraps a TLS socket's calls into OpenSSL; counts how many ran at once (at most)."""
+
+    def __init__(self, sock: ssl.SSLSocket) -> None:
+        self.now = self.most = 0
+        self.lock = threading.Lock()
+        for name in ("recv_into", "recv", "send", "sendall"):
+            setattr(sock, name, self._counted(getattr(sock, name)))
+
+    def _counted(self, call):
+        def counted(*args):
+            with self.lock:
+                self.now += 1
+                self.most = max(self.most, self.now)
+            try:
+                time.sleep(0.0005)  # widen any overlap
+                return call(*args)
+            finally:
+                with self.lock:
+                    self.now -= 1
+        return counted
+
+
+def test_a_tls_connection_read_and_written_at_once_is_never_in_openssl_twice():
+    # OpenSSL forbids two threads in one SSL object (SSL_read and SSL_write included), and
+    # a channel's reader thread reads while its task writes: every call is serialized
+    secret = JobSecret.new(tls=True)
+    served: queue.Queue = queue.Queue()
+    frames = [bytes([i % 251]) * (1 + 997 * i % 90_000) for i in range(150)]
+
+    def duplex(conn: net.Connection) -> list[bytes]:
+        got: list[bytes] = []
+
+        def read() -> None:
+            for _ in frames:
+                got.append(bytes(conn.recv()[1]))
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        for f in frames:
+            conn.send(net.FIRST_KIND, f)
+        reader.join(60)
+        return got
+
+    def serve(conn: net.Connection) -> None:
+        watch = _Overlaps(conn.sock)
+        served.put((watch, duplex(conn)))
+        try:  # then the client resets the connection
+            while True:
+                conn.recv()
+        except EOFError:
+            pass
+        try:
+            for _ in range(100):
+                conn.send(net.FIRST_KIND, b"x" * 100_000)
+        except OSError as exc:
+            served.put(exc)
+
+    listener = net.Listener("127.0.0.1", secret, admit=net.only("p"), serve=serve,
+                            name="test-tls", log=logging.getLogger("test.tls"),
+                            refusal="refused")
+    listener.start()
+    try:
+        client = net.connect(listener.address, secret, "p", timeout=T)
+        watch = _Overlaps(client.sock)
+        assert duplex(client) == frames
+        server_watch, server_got = served.get(timeout=60)
+        assert server_got == frames
+        assert watch.most == server_watch.most == 1
+        # a reset (TCP ended without TLS's goodbye) says so, not "EOF occurred in violation
+        # of protocol"
+        client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        socket.socket.close(client.sock)
+        error = served.get(timeout=60)
+        assert (type(error), str(error)) == (ConnectionResetError,
+                                             "the peer reset the connection")
+    finally:
+        listener.close()

@@ -91,7 +91,8 @@ class Progress:
         latest = f"#{ckpts[-1].id} ({ckpts[-1].duration * 1000:.0f} ms)" if ckpts else "-"
         text = (f"[bold]{driver.job}[/] {now - self.t0:5.1f}s  "
                 f"read {total:>10,} records  [cyan]{self.rate:>9,.0f} records/s[/]  "
-                f"checkpoints {len(ckpts)} latest {latest}  attempt {driver.attempt.number}")
+                f"checkpoints {driver.controller.checkpoints_completed} latest {latest}  "
+                f"attempt {driver.attempt.number}")
         wm = driver.watermark() if hasattr(driver, "watermark") else None
         if wm is not None:
             text += f"  watermark {format_event_time(wm)}"

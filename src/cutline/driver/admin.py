@@ -124,7 +124,7 @@ def request_savepoint(storage: Any, stop: bool = False, timeout: float = 600.0) 
                            f"{JOB_FILE} is left from a run that died") from None
     try:
         conn.send(m.SavepointRequest(stop, float(timeout)))
-        conn.sock.settimeout(timeout + 10)
+        conn.settimeout(timeout + 10)
         reply = conn.recv()
     finally:
         conn.close()

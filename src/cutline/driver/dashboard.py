@@ -156,11 +156,11 @@ class JobView:
                 "backpressure": max(s["backpressure"] for s in subtasks),
                 "watermark_text": format_event_time(min(marks)) if marks else None,
                 "subtasks": subtasks})
-        history = [_completed(r, now, wall) for r in list(c.checkpoints)]
+        history = [_completed(r, now, wall) for r in list(c.checkpoints)[-_HISTORY:]]
         history += [{"id": f.id, "status": "failed", "attempt": f.attempt,
                      "triggered": _wall(f.started, now, wall),
                      "duration": f.failed - f.started, "reason": f.reason}
-                    for f in list(c.failed_checkpoints)]
+                    for f in list(c.failed_checkpoints)[-_HISTORY:]]
         history.sort(key=lambda h: h["id"], reverse=True)
         coordinator = c.coordinator
         pending = []
@@ -182,7 +182,7 @@ class JobView:
             "attempt": c.attempt.number, "restarts": max(0, c.started_attempts - 1),
             "attempts": [{"number": a.number, "started": _wall(a.at, now, wall),
                           "restored_from": a.restored_from, "after_failure": a.after_failure}
-                         for a in list(c.attempt_log)],
+                         for a in list(c.attempt_log)[-_HISTORY:]],
             "last_failure": c.last_failure,
             "source_records": c.source_records_before + c.source_records(),
             "records_per_s": sum(o["records_per_s"] for o in operators
@@ -191,7 +191,7 @@ class JobView:
                                if c.watermark() is not None else None),
             "graph": self.graph, "operators": operators,
             "checkpoints": {
-                "completed": len(c.checkpoints), "failed": len(c.failed_checkpoints),
+                "completed": c.checkpoints_completed, "failed": c.checkpoints_failed,
                 "in_progress": pending, "history": history[:_HISTORY]},
         }
 

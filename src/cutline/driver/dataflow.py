@@ -45,7 +45,7 @@ from ..storage.checkpoints import CheckpointStorage
 log = logging.getLogger("cutline.driver")
 
 __all__ = ["CheckpointRecord", "FinishedJobError", "JobDriver", "JobFailed", "SavepointError",
-           "STAGE_ENDED"]
+           "STAGE_ENDED", "refuse_finished"]
 
 STAGE_ENDED = object()
 """Put on a driver's queue as ``(None, STAGE_ENDED)`` when Spark's stage call returned."""
@@ -66,6 +66,26 @@ class JobFailed(RuntimeError):
 class FinishedJobError(JobFailed):
     """The job's storage holds the final checkpoint of a run that read all its input: a new
     run would resume from it and output nothing.  Raised before anything runs."""
+
+
+def refuse_finished(storage: CheckpointStorage, handle: Any = False) -> None:
+    """Raise :class:`FinishedJobError` when ``handle`` (by default: the latest checkpoint
+    in ``storage``) is the final checkpoint of a run that read all its input: resuming it
+    by default would silently output nothing.  Cheap enough to ask before Spark starts."""
+    if handle is False:
+        handle = storage.latest()
+    if handle is None or not handle.metadata.get("final"):
+        return
+    when = handle.metadata.get("time")
+    at = time.strftime(" on %Y-%m-%d at %H:%M", time.localtime(when)) if when else ""
+    job_dir = storage.fs.unstrip_protocol(storage.dir)
+    raise FinishedJobError(
+        f"job {storage.job!r} already finished{at}: {job_dir} holds the final "
+        f"checkpoint {handle.path.rsplit('/', 1)[-1]} of a run that read all its "
+        "input, and a new run would resume from it with nothing left to read. To "
+        f"start over, delete {job_dir} (or give the pipeline another name or "
+        "CheckpointConfig(storage=...)); to continue from its final state (new input "
+        f"files, say), run it with restore_from={handle.path!r}")
 
 
 class SavepointError(RuntimeError):
@@ -309,24 +329,12 @@ class JobDriver:
             for warning in check_compatible(handle.metadata, read_states(handle), self.plan,
                                             handle.path, allow_non_restored_state):
                 log.warning("%s", warning)
-            if chosen is None and handle.metadata.get("final"):
-                # a finished run: resuming it by default would silently output nothing
-                raise FinishedJobError(self._finished_message(handle))
+            if chosen is None:
+                refuse_finished(self.storage, handle)
             return handle.path
         except BaseException:
             self._control.close()  # the run does not start: leave no listener behind
             raise
-
-    def _finished_message(self, handle: Any) -> str:
-        when = handle.metadata.get("time")
-        at = time.strftime(" on %Y-%m-%d at %H:%M", time.localtime(when)) if when else ""
-        job_dir = self.storage.fs.unstrip_protocol(self.storage.dir)
-        return (f"job {self.job!r} already finished{at}: {job_dir} holds the final "
-                f"checkpoint {handle.path.rsplit('/', 1)[-1]} of a run that read all its "
-                "input, and a new run would resume from it with nothing left to read. To "
-                f"start over, delete {job_dir} (or give the pipeline another name or "
-                "CheckpointConfig(storage=...)); to continue from its final state (new input "
-                f"files, say), run it with restore_from={handle.path!r}")
 
     def stop(self) -> None:
         self.done.set()

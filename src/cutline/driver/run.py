@@ -33,6 +33,7 @@ class JobCancelled(JobFailed):
 @dataclass
 class JobResult:
     job: str
+    # the newest completed checkpoints (protocol.job.HISTORY of them, oldest first)
     checkpoints: list[CheckpointRecord]
     attempts: int
     duration: float
@@ -43,6 +44,8 @@ class JobResult:
     savepoint: str | None = None
     # CPU seconds per slot (one Spark task's Python process, every thread) in the last attempt
     cpu_seconds: dict[int, float] = field(default_factory=dict)
+    # completed checkpoints in the whole run (``checkpoints`` keeps the newest of them)
+    checkpoints_completed: int = 0
 
     @property
     def latest_checkpoint(self) -> CheckpointRecord | None:
@@ -132,7 +135,8 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
     return JobResult(pipeline.name, driver.checkpoints, driver.attempts,
                      time.monotonic() - t0, driver.restored_from, plan.describe(),
                      task_pids=driver.task_pids, cpu_seconds=driver.cpu_seconds,
-                     savepoint=driver.stopped_with_savepoint)
+                     savepoint=driver.stopped_with_savepoint,
+                     checkpoints_completed=driver.controller.checkpoints_completed)
 
 
 def _start_dashboard(driver: JobDriver, option: Any, engine: Any) -> Any:

@@ -372,6 +372,12 @@ class CheckpointCoordinator:
                     self._fail(verdict, cmds)
         return self._run(now, handle)
 
+    def committed(self, checkpoint_id: int) -> None:
+        """The driver wrote ``_metadata`` of ``checkpoint_id``: a savepoint is no longer
+        waiting for a storage failure (a completed checkpoint's failure after this, of the
+        latest one, is still taken back by :meth:`on_storage_failure`)."""
+        self._committing_savepoints.discard(checkpoint_id)
+
     def trigger_savepoint(self, now: float) -> list[Command]:
         """Trigger a savepoint now, ignoring interval, min pause *and* max concurrent (a
         user's request is neither refused nor queued).  It shares the id sequence, counts as

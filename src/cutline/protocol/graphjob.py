@@ -33,7 +33,7 @@ from typing import Any, TypeAlias
 
 from . import messages as m
 from .coordinator import AckResult, CheckpointPolicy, PendingCheckpoints, TriggerPolicy
-from .job import Attempt, AttemptTracker, Conn, Done, Send
+from .job import Attempt, AttemptTracker, Conn, Done, Send, remember
 
 log = logging.getLogger("cutline.graph.driver")
 
@@ -110,7 +110,9 @@ class GraphController:
         self.next_id = first_id
         self.restore = restore
         self.kept: set[int] | None = None  # ids storage still holds (None: not yet known)
-        self.completed: list[RestorePoint] = []  # stored by this run, in completion order
+        # stored by this run, in completion order (the newest job.HISTORY: retention keeps
+        # far fewer in storage, and a restore picks the newest storage still holds)
+        self.completed: list[RestorePoint] = []
         self.pending = PendingCheckpoints(math.inf)
         self.snaps: dict[int, _Snapshot] = {}
         self.attempts: list[AttemptRecord] = []
@@ -245,7 +247,7 @@ class GraphController:
         why the predicates on it end the run, if they do."""
         cmds: list[GraphCommand] = []
         if path is not None:
-            self.completed.append(RestorePoint(snapshot_id, path, in_transit))
+            remember(self.completed, RestorePoint(snapshot_id, path, in_transit))
             self.kept = set(kept) if kept is not None else None
         if stop is not None and self.stopping is None and not self.done:
             self._stop(stop, now, cmds)

@@ -193,6 +193,23 @@ class FailedCheckpoint:
     reason: str
 
 
+HISTORY = 1000
+"""How many completed checkpoints, failed checkpoints and attempts a controller remembers
+(the newest; counts cover the whole run): a job that runs for days keeps a flat driver."""
+
+TASK_STATS_HISTORY = 100
+"""How many of the newest completed checkpoints keep their per-task stats
+(:attr:`CheckpointRecord.tasks`, one row per task: the bulk of a record)."""
+
+
+def remember(history: list, item: Any, keep: int | None = None) -> None:
+    """Append ``item`` to ``history`` and drop the oldest beyond ``keep`` (:data:`HISTORY`)."""
+    history.append(item)
+    keep = HISTORY if keep is None else keep
+    if len(history) > keep:
+        del history[:len(history) - keep]
+
+
 _TASK_STATS = ("bytes", "in_flight", "in_flight_bytes", "alignment", "sync")
 
 
@@ -255,7 +272,7 @@ class JobController:
         self.metadata = metadata or (lambda n, attempt, stats: {"checkpoint": n})
         self.attempts = AttemptTracker(shape.slots)
         self.coordinator: CheckpointCoordinator | None = None
-        self.checkpoints: list[CheckpointRecord] = []
+        self.checkpoints: list[CheckpointRecord] = []  # the newest HISTORY, oldest first
         self.restored_from: str | None = None
         self.started_attempts = 0
         self.done = False
@@ -267,8 +284,11 @@ class JobController:
         self.trace = ""
         self.stopped_with_savepoint: str | None = None
         self.metrics: dict[str, m.Metrics] = {}  # task -> its latest, current attempt
+        # the newest HISTORY of each, and how many there were in the whole run
         self.failed_checkpoints: list[FailedCheckpoint] = []
         self.attempt_log: list[AttemptStarted] = []
+        self.checkpoints_completed = 0
+        self.checkpoints_failed = 0
         self.watermarks: dict[str, float] = {}  # task -> output watermark (event time)
         self.source_records_before = 0
         self._savepoints: dict[int, tuple[Hashable, bool]] = {}  # id -> (token, stop after)
@@ -448,11 +468,16 @@ class JobController:
             return cmds
         n, stats = checkpoint_id, cmd.stats_by_task
         final = n == self.final
-        started = self.triggered.get(n, cmd.triggered_at)
+        started = self.triggered.pop(n, cmd.triggered_at)
         acked = self._acked.pop(n, {})
         tasks = {str(t): _task_stats(s, acked.get(str(t)), started) for t, s in stats.items()}
         self.resubmits = 0  # the job makes progress
-        self.checkpoints.append(CheckpointRecord(
+        if self.coordinator is not None:
+            self.coordinator.committed(n)
+        self.checkpoints_completed += 1
+        if len(self.checkpoints) >= TASK_STATS_HISTORY:
+            self.checkpoints[-TASK_STATS_HISTORY].tasks = {}
+        remember(self.checkpoints, CheckpointRecord(
             n, started, now,
             sum(int(s.get("bytes") or 0) for s in stats.values()),
             sum(int(s.get("in_flight") or 0) for s in stats.values()), path, final,
@@ -513,8 +538,8 @@ class JobController:
         a.started = True
         self.waiting_since = None
         self.started_attempts = a.number + 1
-        self.attempt_log.append(AttemptStarted(a.number, now, path,
-                                               self.last_failure if a.number else None))
+        remember(self.attempt_log, AttemptStarted(a.number, now, path,
+                                                  self.last_failure if a.number else None))
         for conn in a.conns.values():
             cmds.append(Send(conn, m.Start(a.number, dict(a.addresses), path)))
         log.info("attempt %d started%s", a.number, f" from {path}" if path else "")
@@ -640,8 +665,9 @@ class JobController:
             elif isinstance(cmd, Abort):
                 n = cmd.checkpoint_id
                 self._acked.pop(n, None)
-                self.failed_checkpoints.append(FailedCheckpoint(
-                    n, self.attempt.number, self.triggered.get(n, now), now, cmd.reason))
+                self.checkpoints_failed += 1
+                remember(self.failed_checkpoints, FailedCheckpoint(
+                    n, self.attempt.number, self.triggered.pop(n, now), now, cmd.reason))
                 self._broadcast(m.Abort(cmd.checkpoint_id), cmds)
                 self._fail_savepoints(cmd.reason, cmds, only=cmd.checkpoint_id)
                 heads = self.shape.loop_heads

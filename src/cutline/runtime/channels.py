@@ -419,7 +419,7 @@ class InputGate(_Closing):
                 self._enqueue(st, cid, item)
             if self._heartbeats is not None:
                 self._heartbeats.forget(conn)  # done: the sender may linger, unwatched
-            conn.sock.recv(1)  # after EOF: wait for the sender's close, then close ours
+            conn.recv_some(1)  # after EOF: wait for the sender's close, then close ours
         except EOFError as exc:
             self._fail(cid, conn.silence or f"{exc} by the sender before EOF",
                        conn.silence is not None)
@@ -482,8 +482,7 @@ class OutputChannel(_Closing):
         try:
             sock.settimeout(left())
             conn = net.client_handshake(sock, secret, channel_purpose(cid), where)
-            sock = conn.sock
-            sock.settimeout(left())
+            conn.settimeout(left())
             kind, payload = conn.recv(MAX_HELLO)  # the initial credits, or REJECT
         except net.Refused as exc:
             raise ChannelError(cid, f"refused by {where}: {exc.reason}") from None
@@ -501,7 +500,7 @@ class OutputChannel(_Closing):
         if kind != CREDIT or len(payload) != _COUNT.size:
             raise ChannelError(cid, f"unexpected handshake reply (frame type {kind})")
         self._credits = _COUNT.unpack(payload)[0]
-        sock.settimeout(None)
+        conn.settimeout(None)
         return conn
 
     def _read_loop(self) -> None:

@@ -52,6 +52,9 @@ class FrameConnection:
         """Why the heartbeat monitor ended this connection (its peer went silent), or None."""
         return self.conn.silence
 
+    def settimeout(self, timeout: float | None) -> None:
+        self.conn.settimeout(timeout)
+
     def send_frame(self, frame: bytes) -> None:
         self.conn.send(MESSAGE, frame)
 

@@ -66,7 +66,7 @@ def report_setup_failure(coordinator: tuple[str, int], secret: JobSecret | bytes
     try:
         conn.send(m.Failed(f"slot {slot} (pid {os.getpid()})", True, str(exc),
                            "".join(traceback.format_exception(exc))[-4000:]))
-        conn.sock.settimeout(wait)
+        conn.settimeout(wait)
         while True:
             conn.recv()  # until the driver closes the connection (or the wait ends)
     except Exception:  # noqa: BLE001, S110 - closed, timed out or refused: done waiting

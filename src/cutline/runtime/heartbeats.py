@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from ..protocol.job import remember
 from ..protocol.liveness import Liveness, PeerSilent, SendHeartbeat
 from . import net
 
@@ -41,7 +42,7 @@ class Heartbeats:
     def __init__(self, timeout: float, name: str = "cutline-heartbeats") -> None:
         self.liveness = Liveness(timeout)
         self.timeout = self.liveness.timeout
-        self.silent: list[str] = []  # every reason it ended a connection for, in order
+        self.silent: list[str] = []  # why it ended connections, in order (the newest)
         self._watched: dict[net.Connection, _Watched] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -101,7 +102,7 @@ class Heartbeats:
             reason = (f"{w.who} went silent: nothing heard for {a.silent_for:.1f} s "
                       f"(heartbeat_timeout={self.timeout:g})")
             log.warning("%s: %s", w.conn.purpose, reason)
-            self.silent.append(reason)
+            remember(self.silent, reason, 100)
             if w.before_silent is not None:
                 try:
                     w.before_silent(reason)

@@ -152,24 +152,82 @@ class Connection:
 
     ``received`` / ``sent`` count chunks read and frames sent (the heartbeat monitor only
     looks whether they moved); ``silence`` says why the monitor ended a silent connection
-    (readers and writers then fail with it instead of a bare connection error)."""
+    (readers and writers then fail with it instead of a bare connection error).
 
-    __slots__ = ("_send_lock", "peer", "purpose", "received", "sent", "silence", "sock")
+    A TLS connection is read by one thread while others write to it, and OpenSSL forbids
+    two threads in one ``SSL`` object at once (SSL_read and SSL_write included; CPython's
+    ``ssl`` adds no lock and releases the GIL inside them).  So its socket is non-blocking,
+    every TLS call holds :attr:`_tls_lock` (never while waiting), and a call that would
+    block waits for the socket outside it (``poll``), then tries again.  Set its timeout
+    with :meth:`settimeout`, not on :attr:`sock`."""
+
+    __slots__ = ("_send_lock", "_timeout", "_tls_lock", "peer", "purpose", "received", "sent",
+                 "silence", "sock")
 
     def __init__(self, sock: socket.socket, peer: Any, purpose: str) -> None:
         self.sock, self.peer, self.purpose = sock, peer, purpose
         self._send_lock = threading.Lock()
         self.received = self.sent = 0
         self.silence: str | None = None
+        self._timeout = sock.gettimeout()
+        self._tls_lock: threading.Lock | None = None
+        if isinstance(sock, ssl.SSLSocket):
+            self._tls_lock = threading.Lock()
+            sock.setblocking(False)
+
+    def settimeout(self, timeout: float | None) -> None:
+        """Reads and writes fail with TimeoutError after ``timeout`` s (None: never)."""
+        if self._tls_lock is None:
+            self.sock.settimeout(timeout)
+        self._timeout = timeout
+
+    def _tls(self, call: Callable[[Any], int | bytes], arg: Any) -> Any:
+        """``call(arg)`` on the TLS socket, alone in its ``SSL`` object, waiting outside
+        the lock for the socket when it would block."""
+        lock = self._tls_lock
+        assert lock is not None
+        deadline = None
+        while True:
+            with lock:
+                try:
+                    return call(arg)
+                except ssl.SSLWantReadError:
+                    event = select.POLLIN
+                except ssl.SSLWantWriteError:
+                    event = select.POLLOUT
+                except ssl.SSLEOFError:  # TCP ended without TLS's goodbye: a reset
+                    raise ConnectionResetError("the peer reset the connection") from None
+            if deadline is None and self._timeout is not None:
+                deadline = time.monotonic() + self._timeout
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            poller = select.poll()
+            try:
+                poller.register(self.sock, event)
+            except ValueError:  # closed by another thread
+                raise OSError("connection closed") from None
+            if not poller.poll(None if wait is None else wait * 1000) and wait is not None:
+                raise TimeoutError("timed out")
+
+    def _sendall(self, data: bytes | bytearray | memoryview) -> None:
+        if self._tls_lock is None:
+            self.sock.sendall(data)
+            return
+        view = memoryview(data)
+        while view:  # a write that would block has taken nothing: the same bytes again
+            view = view[self._tls(self.sock.send, view):]
+
+    def recv_some(self, n: int) -> bytes:
+        """Up to ``n`` bytes as they come, no framing (b"": the peer closed)."""
+        return self._tls(self.sock.recv, n) if self._tls_lock else self.sock.recv(n)
 
     def send(self, kind: int, payload: bytes | bytearray = b"") -> None:
         header = HEADER.pack(kind, len(payload))
         with self._send_lock:
             if len(payload) < _COPY_BELOW:
-                self.sock.sendall(header + payload)
+                self._sendall(header + payload)
             else:
-                self.sock.sendall(header)
-                self.sock.sendall(payload)
+                self._sendall(header)
+                self._sendall(payload)
             self.sent += 1
 
     def try_send(self, kind: int, payload: bytes = b"") -> bool:
@@ -182,7 +240,7 @@ class Connection:
             poller.register(self.sock, select.POLLOUT)
             if not any(ev & select.POLLOUT for _, ev in poller.poll(0)):
                 return False  # Linux says POLLOUT only with plenty of room: no blocking
-            self.sock.sendall(HEADER.pack(kind, len(payload)) + payload)
+            self._sendall(HEADER.pack(kind, len(payload)) + payload)
             self.sent += 1
             return True
         except (OSError, ValueError):  # closed meanwhile: its reader reports that
@@ -204,8 +262,9 @@ class Connection:
     def _recv_exact(self, n: int) -> bytearray:
         buf = bytearray(n)
         view, got, recv_into = memoryview(buf), 0, self.sock.recv_into
+        tls = self._tls if self._tls_lock is not None else None
         while got < n:
-            k = recv_into(view[got:])
+            k = tls(recv_into, view[got:]) if tls is not None else recv_into(view[got:])
             if k == 0:
                 raise EOFError("connection closed" + (" mid-frame" if got else ""))
             got += k

@@ -186,7 +186,7 @@ def run_chaos(example: str, kills: int, seed: int = 0, mode: str = "aligned",
               if n.kind == "sink" and isinstance(getattr(n.fn, "path", None), str)))
     return ChaosReport(
         kills=len(chaos.killed), attempts=result.attempts,
-        checkpoints=len(result.checkpoints), expected=sum(want.values()),
+        checkpoints=result.checkpoints_completed, expected=sum(want.values()),
         committed=sum(got.values()), lost=sum((want - got).values()),
         duplicated=sum((got - want).values()), seconds=time.monotonic() - t0, mode=mode,
         during_recovery=sum(1 for k in chaos.killed if k["delay"] < 0.05),

@@ -15,13 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..driver.dataflow import JobDriver, JobFailed
+from ..driver.dataflow import JobDriver, JobFailed, refuse_finished
 from ..driver.logs import new_log_file, redirect_output
 from ..driver.run import JobCancelled, JobResult, run_job
 from ..driver.threads import ThreadsEngine
 from ..plan import plan as make_plan
 from ..protocol.liveness import HEARTBEAT_TIMEOUT, check_timeout
 from ..runtime.restore import IncompatibleCheckpointError
+from ..storage.checkpoints import CheckpointStorage
 from .stage import SparkStage, ship_user_code
 
 log = logging.getLogger("cutline.spark")
@@ -164,11 +165,17 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
     if engine != "spark":
         raise ValueError(f"engine must be 'spark' or 'threads', got {engine!r}")
     plan = make_plan(pipeline)
+    if restore_from is None:  # a finished job is refused at once, not after Spark started
+        cfg = pipeline.checkpoint
+        storage = CheckpointStorage(cfg.storage, pipeline.name, cfg.storage_options)
+        refuse_finished(storage, storage.latest(deep=False))
     if spark is None:
         spark = embedded_session(plan.slots)
     stage = SparkStage(spark, plan.slots, f"pipeline {pipeline.name!r}",
                        f"cutline-{pipeline.name}",
-                       log_path=SPARK_LOG if spark is _SESSION else None)
+                       log_path=SPARK_LOG if spark is _SESSION else None,
+                       needs=("rocksdict",) if pipeline.checkpoint.state_backend == "rocksdb"
+                       else ())
     ship_user_code(n for node in pipeline.nodes for n in (node.fn, node.key_fn, node.on_timer))
     return run_job(pipeline, plan, stage, restore_from=restore_from, timeout=timeout,
                    on_start=on_start, progress=progress, faults=faults,

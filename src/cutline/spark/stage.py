@@ -3,7 +3,9 @@
 The stage is ``parallelize(slots).barrier().mapPartitions(main).map(..).partitionBy(1)``:
 ending the barrier stage in a shuffle makes it a ShuffleMapStage, which Spark resubmits as
 a whole when any task fails (a barrier *ResultStage* is never retried).  Each Spark task
-runs ``task_main(spec, k)`` for its partition ``k``.  The rows the stage returns are not
+runs ``task_main(spec, k)`` for its partition ``k``, once every task found cutline and what
+it needs in its executor's Python (:mod:`cutline.spark.probe`: else the job fails at once,
+saying what is missing where).  The rows the stage returns are not
 trusted as proof of anything: the driver knows what committed and which tasks finished.
 """
 
@@ -17,6 +19,8 @@ import types
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from .probe import TASK_NEEDS, guarded, unfit_row
 
 __all__ = ["SparkStage", "ship_user_code"]
 
@@ -86,23 +90,17 @@ def spark_reason(text: str) -> str:
     return "; ".join(parts)
 
 
-def _partition_main(task_main: Callable[[Any, int], Any], spec: Any):
-    def run(_: Any):
-        from pyspark import BarrierTaskContext
-
-        yield task_main(spec, BarrierTaskContext.get().partitionId())
-
-    return run
-
-
 class SparkStage:
     """Runs ``task_main(spec, k)`` for k in ``range(slots)`` as one barrier stage of
     ``spark``'s context, on a thread of the driver; ``on_end()`` is called when Spark's call
     returns, however it ends (its exception, if any, is :attr:`error`)."""
 
     def __init__(self, spark: Any, slots: int, what: str, group: str,
-                 log_path: Path | None = None) -> None:
+                 log_path: Path | None = None, needs: tuple[str, ...] = ()) -> None:
         self.log_path = log_path  # where the session's JVM and workers log, if we know
+        # modules a task imports beyond cutline's own needs (an optional dependency the job
+        # uses): each task looks for all of them before it starts (probe.py)
+        self.needs = needs
         self.sc = spark.sparkContext
         if self.sc.defaultParallelism < slots:
             raise ValueError(f"{what} needs {slots} task slots for its barrier stage, the "
@@ -122,6 +120,7 @@ class SparkStage:
         self._group = f"{group}-{os.getpid()}"
         self.group = self._group  # Spark job group: cancel() ends its tasks
         self.error: BaseException | None = None
+        self.unfit: str | None = None  # what the executors' Python lacks (probe.py)
         self._thread: threading.Thread | None = None
         self._submission = 0
         self._submit_args: tuple | None = None
@@ -138,9 +137,11 @@ class SparkStage:
         def stage() -> None:
             try:
                 self.sc.setJobGroup(group, description)
-                (self.sc.parallelize(range(self.slots), self.slots).barrier()
-                 .mapPartitions(_partition_main(task_main, spec))
-                 .map(lambda r: (0, r)).partitionBy(1).collect())
+                rows = (self.sc.parallelize(range(self.slots), self.slots).barrier()
+                        .mapPartitions(guarded(task_main, spec, (*TASK_NEEDS, *self.needs)))
+                        .map(lambda r: (0, r)).partitionBy(1).collect())
+                if n == self._submission:  # executors that cannot run cutline said so
+                    self.unfit = unfit_row(r for _, r in rows)
             except BaseException as exc:  # noqa: BLE001 - the driver decides what happened
                 if n == self._submission:
                     self.error = exc
@@ -160,7 +161,10 @@ class SparkStage:
         self.submit(*self._submit_args)
 
     def failure(self) -> str | None:
-        """Spark's reason for giving up on the stage, in one line (no Java frames)."""
+        """Spark's reason for giving up on the stage, in one line (no Java frames), or
+        why the executors cannot run the job's tasks at all."""
+        if self.unfit is not None:
+            return self.unfit
         if self.error is None:
             return None
         return f"Spark gave up on the stage: {spark_reason(str(self.error))}"
