@@ -147,7 +147,7 @@ class WindowOperator(Keyed):
 
     def process(self, batch: list) -> list:
         out: list = []
-        if type(self.assigner) is Tumbling:
+        if type(self.assigner) is Tumbling and self.assigner.exact:
             self._process_tumbling(batch, out)
         else:
             self._process_any(batch, out)
