@@ -135,7 +135,9 @@ def test_a_bad_timestamp_names_the_operator_the_record_and_where():
                               TimestampSpec(lambda r: r["ts"], BoundedOutOfOrderness(0))))
     et, _, chain = make([a], ["x"])
     chain.origin = "x"
-    for bad in ({"ts": None}, {"ts": "soon"}, {"ts": float("nan")}, {"no": 1}):
+    # an infinite one too: it would take the watermark to the end of time for good
+    for bad in ({"ts": None}, {"ts": "soon"}, {"ts": float("nan")}, {"no": 1},
+                {"ts": math.inf}, {"ts": -math.inf}):
         with pytest.raises(UserFunctionError, match=r"assign_timestamps operator 'stamps' "
                            r"failed on record .*input channel 'x'"):
             et.deliver([{"ts": 1}, bad], "x")
