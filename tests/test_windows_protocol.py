@@ -50,6 +50,8 @@ def test_examples():
     (lambda: sliding(0, 1), "sliding(size=...)"),
     (lambda: sliding(10, 20), "sliding(slide=...)"),
     (lambda: sliding(10, float("nan")), "sliding(slide=...)"),
+    (lambda: sliding(3600, 0.001), "sliding(slide=...) of 0.001 puts every record in "
+                                   "3,600,000 windows"),  # sliding(86400, 10) is allowed
     (lambda: sliding(10, 5, offset=5), "sliding(offset=...)"),
     (lambda: session(0), "session(gap=...)"),
     (lambda: session(-5), "session(gap=...)"),

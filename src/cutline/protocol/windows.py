@@ -126,6 +126,8 @@ def _dyadic(x: Any) -> bool:
 
 
 _NS = 1_000_000_000
+# sliding windows a record may fall in: each is an accumulator to update per record
+MAX_WINDOWS_PER_RECORD = 10_000
 
 
 def _ns(x: Any) -> int:
@@ -230,6 +232,11 @@ class Sliding(WindowAssigner):
                              f"of {self.slide!r} leaves gaps no window covers")
         self.offset = _offset(offset, "sliding(offset=...)", self.slide, "slide")
         self._n = math.ceil(self.size / self.slide)  # at most this many windows per ts
+        if self._n > MAX_WINDOWS_PER_RECORD:
+            raise ValueError(
+                f"sliding(slide=...) of {self.slide!r} puts every record in {self._n:,} "
+                f"windows of size {self.size!r} (at most {MAX_WINDOWS_PER_RECORD:,}): choose a "
+                f"slide of at least {self.size / MAX_WINDOWS_PER_RECORD:g} s")
         self.exact = _dyadic(self.size) and _dyadic(self.slide) and _dyadic(self.offset)
         self._grid = (_ns(self.offset), _ns(self.slide), _ns(self.size))
 
