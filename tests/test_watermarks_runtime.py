@@ -96,6 +96,27 @@ def test_an_idle_input_stops_holding_back_and_all_idle_inputs_make_the_output_id
     assert out[-1] == Watermark(8)
 
 
+class DropAll(Operator):
+    def process(self, batch: list) -> list:
+        return []
+
+
+def test_an_assigner_behind_a_filter_that_drops_everything_goes_idle(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr("cutline.runtime.chain.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("cutline.runtime.operators.time.monotonic", lambda: now[0])
+    et, out, _ = make([DropAll(Node(0, "drop", "filter")), assigner(idle_timeout=5)], [])
+    et.deliver([1, 2], None)  # the source reads, the filter drops: the assigner sees nothing
+    now[0] += 4.9
+    et.deliver([3], None)
+    assert out == []
+    now[0] += 0.2  # 5.1 s without a record reaching the assigner
+    et.deliver([4], None)
+    assert out == [IDLE]
+    et.deliver([5], None)
+    assert out == [IDLE]  # once
+
+
 def test_end_of_input_fires_everything_before_the_outputs_close():
     log: list = []
     et, out, _ = make([Recorder("a", log)], ["x"])
