@@ -164,6 +164,51 @@ def test_a_bad_timestamp_names_the_operator_the_record_and_where():
             et.deliver([{"ts": 1}, bad], "x")
 
 
+class Punctuated:
+    """A user's generator: the watermark is the time of the last record that is a multiple
+    of 10 (its state a list, as a checkpoint holds it)."""
+
+    def __init__(self, state=None) -> None:
+        self.marks = state or []
+
+    def on_event(self, ts: float) -> None:
+        if ts % 10 == 0:
+            self.marks.append(ts)
+
+    def current(self) -> float:
+        return self.marks[-1] if self.marks else -math.inf
+
+    def snapshot(self):
+        return list(self.marks) if self.marks != ["unpackable"] else {1, 2}
+
+    def restore(self, state) -> None:
+        self.marks = list(state)
+
+
+def custom(gen) -> AssignTimestamps:
+    return AssignTimestamps(Node(0, "stamps", "assign_timestamps",
+                                 TimestampSpec(lambda r: r, gen, None)))
+
+
+def test_a_custom_generator_drives_the_watermark_and_is_checkpointed():
+    et, out, _ = make([custom(Punctuated())], ["x"])
+    et.deliver([3, 10, 12], "x")
+    et.deliver([7, 20, 25], "x")
+    assert out == [3, 10, 12, Watermark(10), 7, 20, 25, Watermark(20)]
+    snap = et.snapshot()
+    assert snap["assigners"]["stamps"]["generator"] == [10, 20]
+    et2, out2, _ = make([custom(Punctuated())], ["x"])
+    et2.restore(snap, [], None)
+    et2.deliver([26, 30], "x")
+    assert out2 == [26, 30, Watermark(30)]
+    # state a checkpoint cannot hold fails naming the operator and the generator
+    et3, _, _ = make([custom(Punctuated(["unpackable"]))], ["x"])
+    with pytest.raises(TypeError, match=r"assign_timestamps operator 'stamps': its watermark "
+                       r"generator's Punctuated.snapshot\(\) returned set \{1, 2\}, which a "
+                       r"checkpoint cannot hold"):
+        et3.snapshot()
+
+
 def test_snapshot_restore_same_parallelism_is_exact():
     log: list = []
     et, out, _ = make([assigner(delay=1), Recorder("w", log)], ["x", "y"])
