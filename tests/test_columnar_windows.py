@@ -69,7 +69,8 @@ def _record_out(outs):
 _assigners = st.one_of(
     st.integers(1, 8).map(tumbling),
     st.tuples(st.integers(1, 4), st.integers(1, 3)).map(lambda a: sliding(a[0] * a[1], a[1])),
-    st.sampled_from([1, 2, 3, 5, 2.5]).map(session))
+    st.sampled_from([1, 2, 3, 5, 2.5]).map(session),
+    st.sampled_from([tumbling(0.3), tumbling(1.1, 0.2), sliding(1.2, 0.3)]))  # 0.1 * 3 != 0.3
 
 
 def _steps(seed: int) -> list:

@@ -228,9 +228,12 @@ def test_units():
     assert to_timestamp(dt.datetime(1970, 1, 1, 0, 1)) == 60  # naive = UTC
     tz = dt.timezone(dt.timedelta(hours=1))
     assert to_timestamp(dt.datetime(1970, 1, 1, 1, 1, tzinfo=tz)) == 60
-    for bad in (None, "5", float("nan"), True, [1]):
+    for bad in (None, "5", float("nan"), True, [1], math.inf, -math.inf):
         with pytest.raises((TypeError, ValueError)):
             to_timestamp(bad)
+    with pytest.raises(ValueError, match="timestamp inf is not a finite number"):
+        to_timestamp(math.inf)
+    assert to_timestamp(math.inf, finite=False) == math.inf  # a timer's time may be
     assert to_duration(dt.timedelta(seconds=1.5), "d") == 1.5
     assert to_duration(None, "d", allow_none=True) is None
     with pytest.raises(ValueError, match="idle_timeout must be > 0"):

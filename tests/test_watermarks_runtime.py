@@ -96,6 +96,27 @@ def test_an_idle_input_stops_holding_back_and_all_idle_inputs_make_the_output_id
     assert out[-1] == Watermark(8)
 
 
+class DropAll(Operator):
+    def process(self, batch: list) -> list:
+        return []
+
+
+def test_an_assigner_behind_a_filter_that_drops_everything_goes_idle(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr("cutline.runtime.chain.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("cutline.runtime.operators.time.monotonic", lambda: now[0])
+    et, out, _ = make([DropAll(Node(0, "drop", "filter")), assigner(idle_timeout=5)], [])
+    et.deliver([1, 2], None)  # the source reads, the filter drops: the assigner sees nothing
+    now[0] += 4.9
+    et.deliver([3], None)
+    assert out == []
+    now[0] += 0.2  # 5.1 s without a record reaching the assigner
+    et.deliver([4], None)
+    assert out == [IDLE]
+    et.deliver([5], None)
+    assert out == [IDLE]  # once
+
+
 def test_end_of_input_fires_everything_before_the_outputs_close():
     log: list = []
     et, out, _ = make([Recorder("a", log)], ["x"])
@@ -135,10 +156,57 @@ def test_a_bad_timestamp_names_the_operator_the_record_and_where():
                               TimestampSpec(lambda r: r["ts"], BoundedOutOfOrderness(0))))
     et, _, chain = make([a], ["x"])
     chain.origin = "x"
-    for bad in ({"ts": None}, {"ts": "soon"}, {"ts": float("nan")}, {"no": 1}):
+    # an infinite one too: it would take the watermark to the end of time for good
+    for bad in ({"ts": None}, {"ts": "soon"}, {"ts": float("nan")}, {"no": 1},
+                {"ts": math.inf}, {"ts": -math.inf}):
         with pytest.raises(UserFunctionError, match=r"assign_timestamps operator 'stamps' "
                            r"failed on record .*input channel 'x'"):
             et.deliver([{"ts": 1}, bad], "x")
+
+
+class Punctuated:
+    """A user's generator: the watermark is the time of the last record that is a multiple
+    of 10 (its state a list, as a checkpoint holds it)."""
+
+    def __init__(self, state=None) -> None:
+        self.marks = state or []
+
+    def on_event(self, ts: float) -> None:
+        if ts % 10 == 0:
+            self.marks.append(ts)
+
+    def current(self) -> float:
+        return self.marks[-1] if self.marks else -math.inf
+
+    def snapshot(self):
+        return list(self.marks) if self.marks != ["unpackable"] else {1, 2}
+
+    def restore(self, state) -> None:
+        self.marks = list(state)
+
+
+def custom(gen) -> AssignTimestamps:
+    return AssignTimestamps(Node(0, "stamps", "assign_timestamps",
+                                 TimestampSpec(lambda r: r, gen, None)))
+
+
+def test_a_custom_generator_drives_the_watermark_and_is_checkpointed():
+    et, out, _ = make([custom(Punctuated())], ["x"])
+    et.deliver([3, 10, 12], "x")
+    et.deliver([7, 20, 25], "x")
+    assert out == [3, 10, 12, Watermark(10), 7, 20, 25, Watermark(20)]
+    snap = et.snapshot()
+    assert snap["assigners"]["stamps"]["generator"] == [10, 20]
+    et2, out2, _ = make([custom(Punctuated())], ["x"])
+    et2.restore(snap, [], None)
+    et2.deliver([26, 30], "x")
+    assert out2 == [26, 30, Watermark(30)]
+    # state a checkpoint cannot hold fails naming the operator and the generator
+    et3, _, _ = make([custom(Punctuated(["unpackable"]))], ["x"])
+    with pytest.raises(TypeError, match=r"assign_timestamps operator 'stamps': its watermark "
+                       r"generator's Punctuated.snapshot\(\) returned set \{1, 2\}, which a "
+                       r"checkpoint cannot hold"):
+        et3.snapshot()
 
 
 def test_snapshot_restore_same_parallelism_is_exact():

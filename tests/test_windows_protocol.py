@@ -50,6 +50,8 @@ def test_examples():
     (lambda: sliding(0, 1), "sliding(size=...)"),
     (lambda: sliding(10, 20), "sliding(slide=...)"),
     (lambda: sliding(10, float("nan")), "sliding(slide=...)"),
+    (lambda: sliding(3600, 0.001), "sliding(slide=...) of 0.001 puts every record in "
+                                   "3,600,000 windows"),  # sliding(86400, 10) is allowed
     (lambda: sliding(10, 5, offset=5), "sliding(offset=...)"),
     (lambda: session(0), "session(gap=...)"),
     (lambda: session(-5), "session(gap=...)"),
@@ -102,6 +104,42 @@ def test_sliding_with_a_slide_that_does_not_divide(ts, slide, size):
     # every window start <= ts with start + size > ts is there: none missing
     starts = {s for s in range(ts - size - slide, ts + 1) if s % slide == 0 and s + size > ts}
     assert {w.start for w in ws} == starts
+
+
+def test_sizes_binary_floats_do_not_hold_name_each_window_once():
+    # 5 * 0.1 == 0.5 but 0.5 - 0.5 % 0.1 == 0.4: a record at 0.5 was counted in [0.4, 0.5)
+    assert tumbling(0.1).assign(0.5) == (TimeWindow(0.5, 0.6),)
+    assert tumbling(0.3).assign(3.3) == (TimeWindow(3.3, 3.6),)
+    assert tumbling(0.1, offset=0.05).assign(0.05) == (TimeWindow(0.05, 0.15),)
+    # 12.5 and 12.55 named the window [12.5, 13.5) 12.5 and 12.500000000000002: two windows
+    assert sliding(1, 0.1).assign(12.55)[-1] == sliding(1, 0.1).assign(12.5)[-1] == \
+        TimeWindow(12.5, 13.5)
+    assert sliding(0.3, 0.1).assign(0.3) == (TimeWindow(0.1, 0.4), TimeWindow(0.2, 0.5),
+                                            TimeWindow(0.3, 0.6))
+    assert tumbling(0.1).end_of(0.3) == 0.4 and sliding(1, 0.1).end_of(12.5) == 13.5
+    assert tumbling(0.5).exact and sliding(10, 3).exact and not tumbling(0.1).exact
+
+
+@given(ts=st.floats(-1e6, 1e9, allow_nan=False).map(lambda x: round(x, 3)),
+       tenths=st.integers(1, 50), k=st.integers(1, 6), offset=st.integers(0, 100))
+def test_decimal_sizes_give_every_timestamp_its_windows_with_one_name_each(ts, tenths, k,
+                                                                           offset):
+    slide = tenths / 10
+    off = (offset % tenths) / 10
+    (w,) = tumbling(slide, off).assign(ts)
+    assert w.start <= ts < w.end
+    assert tumbling(slide, off).assign(w.start) == (w,)  # its first instant names it alike
+    assert tumbling(slide, off).assign(w.end)[0].start == w.end  # the next one starts there
+    assert tumbling(slide, off).end_of(w.start) == w.end
+    size = round(slide * k, 9)
+    ws = sliding(size, slide, off).assign(ts)
+    assert len(ws) == k and list(ws) == sorted(ws)
+    for v in ws:
+        assert v.start <= ts < v.end
+        assert v in sliding(size, slide, off).assign(v.start)
+        assert sliding(size, slide, off).end_of(v.start) == v.end
+    if abs(ts) < 1e6:  # bounds on the nanosecond grid where floats are finer than that
+        assert round(w.start, 9) == w.start and round(w.end, 9) == w.end
 
 
 def test_merge_into_examples():

@@ -375,7 +375,8 @@ class Stream:
         ``max_delay`` (seconds or ``timedelta``): how far out of order records may be; the
         watermark is the largest timestamp seen minus ``max_delay`` (Spark's
         ``withWatermark``).  ``watermark``: a custom generator instead (``on_event(ts)``,
-        ``current()``, optionally ``snapshot()`` / ``restore(state)``).  ``idle_timeout``
+        ``current()``, optionally ``snapshot()`` / ``restore(state)``, the state None, numbers,
+        str, bytes, or lists and dicts of them).  ``idle_timeout``
         (seconds): a subtask with no input for that long says so downstream, where it stops
         holding the watermark back until it has records again.  ``on_error``: a record whose
         ``ts_fn`` raises or returns a non-timestamp fails the job naming the operator and

@@ -65,14 +65,15 @@ def is_time_item(item: Any) -> bool:
 # --------------------------------------------------------------------------- units
 
 
-def to_timestamp(value: Any) -> float:
-    """``value`` as epoch seconds: an int/float (not NaN, not bool), or a ``datetime``
-    (aware, or naive meaning UTC).  Anything else raises ``TypeError`` / ``ValueError``
-    naming what it got."""
+def to_timestamp(value: Any, *, finite: bool = True) -> float:
+    """``value`` as epoch seconds: an int/float (not NaN, not bool, and with ``finite`` not
+    infinite: an infinite event time would take the watermark to the end of time), or a
+    ``datetime`` (aware, or naive meaning UTC).  Anything else raises ``TypeError`` /
+    ``ValueError`` naming what it got."""
     t = type(value)
     if t is float:
-        if value != value:
-            raise ValueError("timestamp is NaN")
+        if value - value:  # NaN or an infinity (inf - inf is NaN): one test on the hot path
+            return _not_finite(value, finite)
         return value
     if t is int:
         return value
@@ -82,11 +83,19 @@ def to_timestamp(value: Any) -> float:
         return value.timestamp()
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         f = float(value)
-        if f != f:
-            raise ValueError("timestamp is NaN")
+        if f - f:
+            return _not_finite(f, finite)
         return f
     raise TypeError(f"a timestamp must be a number of seconds or a datetime, "
                     f"not {type(value).__name__} {value!r}")
+
+
+def _not_finite(value: float, finite: bool) -> float:
+    if value != value:
+        raise ValueError("timestamp is NaN")
+    if finite:
+        raise ValueError(f"timestamp {value!r} is not a finite number")
+    return value
 
 
 def to_duration(value: Any, name: str, *, positive: bool = False,

@@ -118,11 +118,47 @@ def _offset(value: Any, name: str, period: float, period_name: str) -> float:
     return _whole(value)
 
 
+def _dyadic(x: Any) -> bool:
+    """``x`` is a whole number or a float with few binary fraction digits (0.5, 0.25):
+    ``ts - (ts - offset) % size`` is then exact, so every timestamp of a window names it
+    with the same bounds.  ``0.1`` is not (``3 * 0.1 != 0.3``): see :func:`_on_grid`."""
+    return type(x) is int or (x * 2**20).is_integer()
+
+
+_NS = 1_000_000_000
+# sliding windows a record may fall in: each is an accumulator to update per record
+MAX_WINDOWS_PER_RECORD = 10_000
+
+
+def _ns(x: Any) -> int:
+    """Seconds as whole nanoseconds (sizes that binary floats do not hold, see :func:`_dyadic`)."""
+    return round(x * _NS)
+
+
+def _on_grid(offset: int, k: int, step: int, plus: int = 0) -> Any:
+    """The window bound ``offset + k * step + plus`` (nanoseconds) in seconds, correctly
+    rounded: a function of ``k``, so every record of a window names the same bounds, the end
+    of a window is the start of the next, and ``3 * 0.1`` is ``0.3`` as the user wrote it."""
+    return _whole((offset + k * step + plus) / _NS)
+
+
+def _last_start(ts: float, offset: int, step: int) -> int:
+    """The ``k`` with ``_on_grid(offset, k, step) <= ts < _on_grid(offset, k + 1, step)``."""
+    k = math.floor((ts - offset / _NS) / (step / _NS))
+    while _on_grid(offset, k, step) > ts:
+        k -= 1
+    while _on_grid(offset, k + 1, step) <= ts:
+        k += 1
+    return k
+
+
 class WindowAssigner(ABC):
     """Which windows a timestamp falls in.  ``merging``: windows of one key merge
-    (sessions; see :func:`merge_into`)."""
+    (sessions; see :func:`merge_into`).  ``exact``: bounds computed in plain float
+    arithmetic (see :func:`_dyadic`)."""
 
     merging = False
+    exact = True
 
     def assign(self, ts: float) -> tuple[TimeWindow, ...]:
         """The windows holding ``ts``, by start (ascending)."""
@@ -132,6 +168,10 @@ class WindowAssigner(ABC):
     def bounds(self, ts: float) -> list[tuple[Any, Any]]:
         """:meth:`assign` as plain ``(start, end)`` tuples (equal, and hashing equal, to
         the :class:`TimeWindow` s): what the window operator keys its state by."""
+
+    def end_of(self, start: Any) -> Any:
+        """The end of the window that starts at ``start`` (tumbling and sliding)."""
+        raise NotImplementedError(f"{self!r} windows have no fixed size")
 
     @abstractmethod
     def signature(self) -> str:
@@ -152,15 +192,27 @@ class WindowAssigner(ABC):
 class Tumbling(WindowAssigner):
     """Fixed, non-overlapping windows of ``size`` seconds, aligned to ``offset``."""
 
-    __slots__ = ("size", "offset")
+    __slots__ = ("size", "offset", "exact", "_grid")
 
     def __init__(self, size: Any, offset: Any = 0) -> None:
         self.size = duration(size, "tumbling(size=...)")
         self.offset = _offset(offset, "tumbling(offset=...)", self.size, "size")
+        self.exact = _dyadic(self.size) and _dyadic(self.offset)
+        self._grid = (_ns(self.offset), _ns(self.size))
 
     def bounds(self, ts: float) -> list[tuple[Any, Any]]:
+        if not self.exact:
+            offset, size = self._grid
+            k = _last_start(ts, offset, size)
+            return [(_on_grid(offset, k, size), _on_grid(offset, k + 1, size))]
         start = _whole(ts - (ts - self.offset) % self.size)
         return [(start, _whole(start + self.size))]
+
+    def end_of(self, start: Any) -> Any:
+        if not self.exact:
+            offset, size = self._grid
+            return _on_grid(offset, round((start - self.offset) / self.size) + 1, size)
+        return _whole(start + self.size)
 
     def signature(self) -> str:
         return f"tumbling(size={self.size!r}, offset={self.offset!r})"
@@ -170,7 +222,7 @@ class Sliding(WindowAssigner):
     """Windows of ``size`` seconds starting every ``slide`` seconds (aligned to ``offset``):
     overlapping when ``slide < size``; ``slide == size`` is tumbling."""
 
-    __slots__ = ("size", "slide", "offset", "_n")
+    __slots__ = ("size", "slide", "offset", "_n", "exact", "_grid")
 
     def __init__(self, size: Any, slide: Any, offset: Any = 0) -> None:
         self.size = duration(size, "sliding(size=...)")
@@ -180,9 +232,23 @@ class Sliding(WindowAssigner):
                              f"of {self.slide!r} leaves gaps no window covers")
         self.offset = _offset(offset, "sliding(offset=...)", self.slide, "slide")
         self._n = math.ceil(self.size / self.slide)  # at most this many windows per ts
+        if self._n > MAX_WINDOWS_PER_RECORD:
+            raise ValueError(
+                f"sliding(slide=...) of {self.slide!r} puts every record in {self._n:,} "
+                f"windows of size {self.size!r} (at most {MAX_WINDOWS_PER_RECORD:,}): choose a "
+                f"slide of at least {self.size / MAX_WINDOWS_PER_RECORD:g} s")
+        self.exact = _dyadic(self.size) and _dyadic(self.slide) and _dyadic(self.offset)
+        self._grid = (_ns(self.offset), _ns(self.slide), _ns(self.size))
 
     def bounds(self, ts: float) -> list[tuple[Any, Any]]:
         size, slide = self.size, self.slide
+        if not self.exact:  # windows j, j-1, ... while they reach past ts
+            offset, step, length = self._grid
+            j, out = _last_start(ts, offset, step), []
+            while (end := _on_grid(offset, j, step, length)) > ts:
+                out.append((_on_grid(offset, j, step), end))
+                j -= 1
+            return out[::-1]
         last = _whole(ts - (ts - self.offset) % slide)  # the latest start <= ts
         if type(last) is int and type(slide) is int and type(size) is int:  # exact
             return [(s, s + size) for s in range(last - (self._n - 1) * slide, last + 1, slide)
@@ -194,6 +260,12 @@ class Sliding(WindowAssigner):
                 start = _whole(start)
                 out.append((start, _whole(start + size)))
         return out
+
+    def end_of(self, start: Any) -> Any:
+        if not self.exact:
+            offset, step, length = self._grid
+            return _on_grid(offset, round((start - self.offset) / self.slide), step, length)
+        return _whole(start + self.size)
 
     def signature(self) -> str:
         return f"sliding(size={self.size!r}, slide={self.slide!r}, offset={self.offset!r})"

@@ -218,6 +218,11 @@ class BatchWindowAggregate(WindowOperator):
 
     def _windows(self, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each row's windows: (row index, window start) pairs, by row and start."""
+        if not self.assigner.exact:  # sizes binary floats do not hold (0.1): as per record
+            bounds = self.assigner.bounds
+            pairs = [(i, s) for i, t in enumerate(ts.tolist()) for s, _ in bounds(t)]
+            return (np.array([i for i, _ in pairs], dtype=np.int64),
+                    np.array([s for _, s in pairs], dtype=np.float64))
         last = ts - np.mod(ts - self.offset, self.slide)  # the latest window start <= ts
         if self.copies == 1:
             return np.arange(len(ts)), last
@@ -236,7 +241,8 @@ class BatchWindowAggregate(WindowOperator):
         ts = seconds(rb, self.column)
         rows, starts = self._windows(ts)
         cur = self._marks(rb)[rows]
-        ends = starts + self.size
+        ends = starts + self.size if self.assigner.exact else np.array(
+            [self.assigner.end_of(_whole(s)) for s in starts.tolist()], dtype=np.float64)
         fresh = ends > cur  # open windows: vectorised, nothing is emitted
         late = np.zeros(0, dtype=np.int64)
         if not fresh.all():  # fired ones: row by row, as the per-record operator does
@@ -255,11 +261,12 @@ class BatchWindowAggregate(WindowOperator):
         _, keys, _, part_cols = self.partials.group(table, [*self.keys, _START])
         mutable, fast, lateness = self.windows.mutable, self.windows.fast, self.lateness
         create, add, at, key = self.agg.create, self.agg.add, self._at, self._key
-        size, of = self.size, self.partials.of
+        size, of, end_of = self.size, self.partials.of, self.assigner.end_of
+        exact = self.assigner.exact
         for i, kw in enumerate(keys):
             k = key(kw, 1)
             start = _whole(kw[-1])
-            end = _whole(float(start + size))
+            end = _whole(float(start + size)) if exact else end_of(start)
             w = (start, end)
             m = fast.get(k)
             if m is None:

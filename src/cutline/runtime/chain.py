@@ -19,6 +19,7 @@ it follow its watermarks, not the input's.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -169,6 +170,8 @@ class EventTime:
             if ts is not None:
                 self.advance(0, ts)
         self.emit(self.run(records, 0))
+        if self.idle_assigners:  # records a filter before the assigner drops are no input
+            self.check_idle(time.monotonic())
 
     def run(self, batch: list, start: int) -> list:
         """``batch`` through operators ``start``..; an assigner whose watermark rose sends
@@ -225,8 +228,9 @@ class EventTime:
             raise
 
     def check_idle(self, now: float) -> None:
-        """The task has nothing to read: an assigner quiet for its ``idle_timeout`` makes
-        the output idle (when it drives the output)."""
+        """The task has nothing to read, or nothing it read reached an assigner (a filter
+        before it dropped all): an assigner quiet for its ``idle_timeout`` makes the output
+        idle (when it drives the output)."""
         for op in self.idle_assigners:
             if op.check_idle(now) and op is self.ops[self.assigners[-1]]:
                 self.broadcast(IDLE)

@@ -12,8 +12,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgpack
+
 from ..logical import Node
-from ..protocol.watermarks import NO_WATERMARK, decode_ts, encode_ts, to_timestamp
+from ..protocol.watermarks import (
+    NO_WATERMARK,
+    BoundedOutOfOrderness,
+    decode_ts,
+    encode_ts,
+    to_timestamp,
+)
 from ..state import DeferredSnapshot, KeyedStateBackend, create_backend
 from ..state.keygroups import key_group_range
 
@@ -251,10 +259,21 @@ class AssignTimestamps(Operator):
         self.idle = True
         return True
 
-    @staticmethod
-    def _snap(g: Any) -> Any:
+    def _snap(self, g: Any) -> Any:
         snap = getattr(g, "snapshot", None)
-        return snap() if snap is not None else None
+        if snap is None:
+            return None
+        state = snap()
+        if type(g) is not BoundedOutOfOrderness:  # a user's generator: checked by name
+            try:
+                msgpack.packb(state)
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise TypeError(
+                    f"assign_timestamps operator {self.uid!r}: its watermark generator's "
+                    f"{type(g).__name__}.snapshot() returned {type(state).__name__} "
+                    f"{state!r:.80}, which a checkpoint cannot hold ({exc}): return None, a "
+                    f"bool, number, str, bytes, or lists and dicts of them") from None
+        return state
 
     def time_snapshot(self) -> dict:
         out: dict[str, Any] = {"emitted": encode_ts(self.emitted),

@@ -103,7 +103,7 @@ class TimerService:
 
 def _when(when: Any) -> Any:
     try:
-        return to_timestamp(when)
+        return to_timestamp(when, finite=False)  # a timer at inf fires at the end of input
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"a timer's time: {exc}") from None
 

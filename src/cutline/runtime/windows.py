@@ -83,14 +83,6 @@ def group_keys(max_parallelism: int) -> tuple[int, ...]:
     return tuple(found[g] for g in range(max_parallelism))
 
 
-def _timestamp(value: Any) -> float:
-    """A record's timestamp as finite seconds (a ``datetime`` converted), or an error."""
-    ts = to_timestamp(value)
-    if ts == _INF or ts == -_INF:
-        raise ValueError(f"timestamp {ts!r} is not a finite number")
-    return ts
-
-
 def _fired_order(f: tuple) -> tuple:
     return f[0]
 
@@ -147,7 +139,7 @@ class WindowOperator(Keyed):
 
     def process(self, batch: list) -> list:
         out: list = []
-        if type(self.assigner) is Tumbling:
+        if type(self.assigner) is Tumbling and self.assigner.exact:
             self._process_tumbling(batch, out)
         else:
             self._process_any(batch, out)
@@ -186,7 +178,7 @@ class WindowOperator(Keyed):
                 ts = ts_fn(record)
                 t = type(ts)
                 if t is not int and (t is not float or ts != ts or ts == _INF or ts == -_INF):
-                    ts = _timestamp(ts)
+                    ts = to_timestamp(ts)
                 cur = self._watermark_of(k) if ahead else wm
                 start = ts - (ts - offset) % size
                 if type(start) is float:  # whole floats as ints, as TimeWindow does
@@ -235,7 +227,7 @@ class WindowOperator(Keyed):
         for i, record in enumerate(batch):
             try:
                 k = key_fn(record)
-                ts = _timestamp(ts_fn(record))
+                ts = to_timestamp(ts_fn(record))
                 cur = self._watermark_of(k) if self.ahead else self.wm
                 v = record if value_fn is None else value_fn(record)
                 late = True
