@@ -341,7 +341,7 @@ def determined_ms(query: str, row: tuple, inp: LiveInput, closings: dict) -> flo
     if query == "q7":
         return row[0] + Q.WINDOW * 1000 + delay
     if query == "q8":  # the person and the seller's first auction of the window are in
-        # (Spark's windowed join emits then; cutline's window aggregate at the window's end)
+        # (both systems can emit then: Spark's windowed join, cutline's keyed process)
         opened, registered = inp.first_auction.get((row[0], row[2])), inp.persons.get(row[0])
         return None if opened is None or registered is None else max(opened, registered)
     if query == "q11":
