@@ -912,6 +912,48 @@ def plot(result: dict, stem: Path) -> list[str]:
     return paths
 
 
+SETTINGS = ("quick", "rate", "latency_seconds", "kill_seconds", "warmup")  # equal to merge
+
+
+def _part(name: str) -> tuple[str, str] | None:
+    """A run's (part, query): "lat q8 ..." -> ("lat", "q8"), "q8 spark" -> ("throughput",
+    "q8"); None for the warm-ups."""
+    words = name.split()
+    if words[0] in ("lat", "kill"):
+        return words[0], words[1]
+    return ("throughput", words[0]) if words[0] in Q.QUERIES else None
+
+
+def merge_into(old: dict, new: dict) -> dict:
+    """The results ``old`` with what ``new`` measured in place of theirs (per part and
+    query: runs, and the rows of the tables); "merged" lists each merge (what, when, git
+    state, load).  Refused when the settings of the runs differ."""
+    differ = [k for k in SETTINGS if old.get(k) != new.get(k)]
+    if differ:
+        raise SystemExit("--merge-into: the runs' settings differ: " + ", ".join(
+            f"{k} {old.get(k)} there, {new.get(k)} here" for k in differ))
+    done = {_part(n) for n in new["runs"]} - {None}
+    runs = {n: r for n, r in old["runs"].items() if _part(n) not in done}
+    runs |= {n: r for n, r in new["runs"].items() if _part(n) in done}
+    out = old | {"runs": {n: runs[n] for n in sorted(runs, key=_run_order)}}
+    for key in ("summary", "latency", "kills"):
+        rows = {r["query"]: r for r in old.get(key) or []} | {
+            r["query"]: r for r in new.get(key) or []}
+        out[key] = [rows[q] for q in Q.QUERIES if q in rows]
+    out["merged"] = (old.get("merged") or []) + [{
+        "runs": sorted(f"{part} {q}" for part, q in done), "stamp": new["stamp"],
+        "git": new["git"], "load": new["load"], "errors": new["errors"]}]
+    return out
+
+
+def _run_order(name: str) -> tuple:
+    part = _part(name)
+    if part is None:
+        return (0, 0, name)
+    order = {"throughput": 1, "lat": 2, "kill": 3}[part[0]]
+    return (order, Q.QUERIES.index(part[1]), name)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--spark-child"]:
@@ -939,6 +981,9 @@ def main(argv: list[str] | None = None) -> int:
                     metavar="QUERY", help="latency runs (default --queries; quick q0 q7)")
     ap.add_argument("--kill-queries", nargs="*", default=None, choices=Q.QUERIES,
                     metavar="QUERY", help="kill runs (default --queries; quick q0)")
+    ap.add_argument("--merge-into", type=Path, default=None, metavar="RESULTS",
+                    help="also merge this run into an earlier results file of the same "
+                    "settings (its queries' runs and rows replace those there; plots redrawn)")
     args = parse_bench_args(ap, argv)
     only = set(args.only or ["throughput", "latency", "kill"])
     events = args.events or EVENTS[1 if args.quick else 0]
@@ -1066,6 +1111,10 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"plots failed: {exc!r}", style="yellow")
         result["plots"] = []
     write_results(args.out, result, console)
+    if args.merge_into:
+        merged = merge_into(json.loads(args.merge_into.read_text()), result)
+        merged["plots"] = plot(merged, args.merge_into.with_suffix(""))
+        write_results(args.merge_into, merged, console, note=" (merged)")
     return 0
 
 
