@@ -941,8 +941,9 @@ def merge_into(old: dict, new: dict) -> dict:
             r["query"]: r for r in new.get(key) or []}
         out[key] = [rows[q] for q in Q.QUERIES if q in rows]
     out["merged"] = (old.get("merged") or []) + [{
-        "runs": sorted(f"{part} {q}" for part, q in done), "stamp": new["stamp"],
-        "git": new["git"], "load": new["load"], "errors": new["errors"]}]
+        "runs": sorted(f"{part} {q}" for part, q in done), "rounds": new.get("rounds"),
+        "stamp": new["stamp"], "git": new["git"], "load": new["load"],
+        "errors": new["errors"]}]
     return out
 
 
