@@ -94,6 +94,9 @@ PER_FILE = 50_000
 OUT_OF_ORDER = 100
 JOB_TIMEOUT = 900.0
 TARGET_P99 = 0.25  # cutline at a 0.1 s checkpoint interval / Spark's best trigger
+# throughput, cutline (its better form) / Spark: >= 2x where Spark's query runs Python logic
+# (q4: applyInPandasWithState), >= 1.5x Spark SQL on the stateless queries and q5 / q7
+TARGET_THROUGHPUT = {"q4": 2.0} | {q: 1.5 for q in ("q0", "q1", "q2", "q5", "q7")}
 CUTLINE, COLUMNAR, SPARK = "cutline", "cutline columnar", "spark"
 
 
@@ -173,10 +176,13 @@ def summarise(runs: dict, queries: list[str]) -> list[dict]:
         spark = rates(SPARK)
         per = [a / b for a, b in zip(mine[best], spark) if a and b]
         m, s = median(mine[best]), median(spark)
+        ratio, target = (m / s if m and s else None), TARGET_THROUGHPUT.get(q)
         rows.append({"query": q, "cutline": median(mine[CUTLINE]),
                      "cutline_columnar": median(mine[COLUMNAR]), "spark": s,
-                     "best_cutline": best, "ratio": m / s if m and s else None,
-                     "noise": noise_of(per), "per_round": per,
+                     "best_cutline": best, "ratio": ratio, "noise": noise_of(per),
+                     "per_round": per, "target": target,
+                     "verdict": verdict(ratio, target, True, noise_of(per), median(per))
+                     if target else "-",
                      "checkpoint_p50": median([r.get("checkpoint_p50") for r in
                                                runs.get(f"{q} {CUTLINE}", []) if r])})
     return rows
@@ -341,7 +347,7 @@ def determined_ms(query: str, row: tuple, inp: LiveInput, closings: dict) -> flo
     if query == "q7":
         return row[0] + Q.WINDOW * 1000 + delay
     if query == "q8":  # the person and the seller's first auction of the window are in
-        # (Spark's windowed join emits then; cutline's window aggregate at the window's end)
+        # (both systems can emit then: Spark's windowed join, cutline's keyed process)
         opened, registered = inp.first_auction.get((row[0], row[2])), inp.persons.get(row[0])
         return None if opened is None or registered is None else max(opened, registered)
     if query == "q11":
@@ -906,6 +912,49 @@ def plot(result: dict, stem: Path) -> list[str]:
     return paths
 
 
+SETTINGS = ("quick", "rate", "latency_seconds", "kill_seconds", "warmup")  # equal to merge
+
+
+def _part(name: str) -> tuple[str, str] | None:
+    """A run's (part, query): "lat q8 ..." -> ("lat", "q8"), "q8 spark" -> ("throughput",
+    "q8"); None for the warm-ups."""
+    words = name.split()
+    if words[0] in ("lat", "kill"):
+        return words[0], words[1]
+    return ("throughput", words[0]) if words[0] in Q.QUERIES else None
+
+
+def merge_into(old: dict, new: dict) -> dict:
+    """The results ``old`` with what ``new`` measured in place of theirs (per part and
+    query: runs, and the rows of the tables); "merged" lists each merge (what, when, git
+    state, load).  Refused when the settings of the runs differ."""
+    differ = [k for k in SETTINGS if old.get(k) != new.get(k)]
+    if differ:
+        raise SystemExit("--merge-into: the runs' settings differ: " + ", ".join(
+            f"{k} {old.get(k)} there, {new.get(k)} here" for k in differ))
+    done = {_part(n) for n in new["runs"]} - {None}
+    runs = {n: r for n, r in old["runs"].items() if _part(n) not in done}
+    runs |= {n: r for n, r in new["runs"].items() if _part(n) in done}
+    out = old | {"runs": {n: runs[n] for n in sorted(runs, key=_run_order)}}
+    for key in ("summary", "latency", "kills"):
+        rows = {r["query"]: r for r in old.get(key) or []} | {
+            r["query"]: r for r in new.get(key) or []}
+        out[key] = [rows[q] for q in Q.QUERIES if q in rows]
+    out["merged"] = (old.get("merged") or []) + [{
+        "runs": sorted(f"{part} {q}" for part, q in done), "rounds": new.get("rounds"),
+        "stamp": new["stamp"], "git": new["git"], "load": new["load"],
+        "errors": new["errors"]}]
+    return out
+
+
+def _run_order(name: str) -> tuple:
+    part = _part(name)
+    if part is None:
+        return (0, 0, name)
+    order = {"throughput": 1, "lat": 2, "kill": 3}[part[0]]
+    return (order, Q.QUERIES.index(part[1]), name)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--spark-child"]:
@@ -933,6 +982,9 @@ def main(argv: list[str] | None = None) -> int:
                     metavar="QUERY", help="latency runs (default --queries; quick q0 q7)")
     ap.add_argument("--kill-queries", nargs="*", default=None, choices=Q.QUERIES,
                     metavar="QUERY", help="kill runs (default --queries; quick q0)")
+    ap.add_argument("--merge-into", type=Path, default=None, metavar="RESULTS",
+                    help="also merge this run into an earlier results file of the same "
+                    "settings (its queries' runs and rows replace those there; plots redrawn)")
     args = parse_bench_args(ap, argv)
     only = set(args.only or ["throughput", "latency", "kill"])
     events = args.events or EVENTS[1 if args.quick else 0]
@@ -999,11 +1051,13 @@ def main(argv: list[str] | None = None) -> int:
         tab = table(f"Nexmark, {events:,} events: records/s at saturation (median of "
                   f"{args.rounds} round(s))",
                   ["query", "cutline", "cutline columnar", "Spark", "cutline / Spark",
-                   "noise", "cutline checkpoint p50"], left=("query",))
+                   "noise", "target", "cutline checkpoint p50"], left=("query",))
         for row in rows:
             tab.add_row(row["query"], fmt(row["cutline"], ",.0f"),
                       fmt(row["cutline_columnar"], ",.0f"), fmt(row["spark"], ",.0f"),
                       fmt(row["ratio"], ".2f", "x"), fmt(row["noise"], ".2f"),
+                      f">= {row['target']:.1f}x {styled(row['verdict'])}" if row["target"]
+                      else "-",
                       fmt(row["checkpoint_p50"] and row["checkpoint_p50"] * 1000, ".0f",
                           " ms"))
         console.print(tab)
@@ -1058,6 +1112,10 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"plots failed: {exc!r}", style="yellow")
         result["plots"] = []
     write_results(args.out, result, console)
+    if args.merge_into:
+        merged = merge_into(json.loads(args.merge_into.read_text()), result)
+        merged["plots"] = plot(merged, args.merge_into.with_suffix(""))
+        write_results(args.merge_into, merged, console, note=" (merged)")
     return 0
 
 

@@ -52,3 +52,33 @@ def test_caught_up_is_the_first_commit_from_which_results_stay_fast_for_a_while(
     side = {"caught_up": None, "after_kill": [7.0]}
     assert nx.caught_up_text(side) == "> 7"
     assert nx.caught_up_text(side | {"caught_up": 5.0}) == "5.00"
+
+
+def test_a_merged_run_replaces_its_queries_runs_and_rows_and_keeps_the_rest(nx):
+    settings = {"quick": False, "rate": 500.0, "latency_seconds": 25.0, "kill_seconds": 50.0,
+                "warmup": 5.0}
+    old = settings | {
+        "runs": {"warm-up spark": [1], "lat q7 cutline EO 0.1 s": ["q7"],
+                 "lat q8 cutline EO 0.1 s": ["old"], "lat q8 spark processingTime 100 ms":
+                 ["old"], "kill q8 cutline": ["old"], "q8 spark": ["kept"]},
+        "latency": [{"query": "q7", "p99": 1}, {"query": "q8", "p99": 2}],
+        "kills": [{"query": "q8", "s": 9}], "summary": [{"query": "q8", "ratio": 3}]}
+    new = settings | {
+        "runs": {"warm-up spark": [0], "lat q8 cutline EO 0.1 s": ["new"],
+                 "lat q8 spark default trigger": ["new"]},
+        "latency": [{"query": "q8", "p99": 0.1}], "kills": [], "summary": [],
+        "stamp": {"when": "now"}, "git": {"commit": "c"}, "load": {"p50": 1.0}, "errors": [],
+        "rounds": 3}
+    got = nx.merge_into(old, new)
+    assert got["runs"] == {"warm-up spark": [1], "q8 spark": ["kept"],
+                           "lat q7 cutline EO 0.1 s": ["q7"],
+                           "lat q8 cutline EO 0.1 s": ["new"],
+                           "lat q8 spark default trigger": ["new"],
+                           "kill q8 cutline": ["old"]}
+    assert list(got["runs"])[-1] == "kill q8 cutline"  # in part, then query order
+    assert got["latency"] == [{"query": "q7", "p99": 1}, {"query": "q8", "p99": 0.1}]
+    assert got["kills"] == old["kills"] and got["summary"] == old["summary"]
+    assert got["merged"] == [{"runs": ["lat q8"], "rounds": 3, "stamp": {"when": "now"},
+                              "git": {"commit": "c"}, "load": {"p50": 1.0}, "errors": []}]
+    with pytest.raises(SystemExit, match="rate 500.0 there, 250.0 here"):
+        nx.merge_into(old, new | {"rate": 250.0})

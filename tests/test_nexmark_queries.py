@@ -70,14 +70,14 @@ def test_cutline_and_spark_structured_streaming_agree(nexmark, query, tmp_path):
         assert R.compare(query, batches, spark_rows[query])["equal"]
 
 
-def _q3_q5_q7(storage: str, sinks: dict, rate: float | None):
-    """q3, q5 and q7 as three branches of one pipeline from one NexmarkSource: the same
+def _branches(storage: str, sinks: dict, rate: float | None):
+    """One branch per query (``sinks``) of one pipeline from one NexmarkSource: the same
     events as the files of the fixture (without the sentinel, which only Spark needs)."""
     from cutline import CheckpointConfig, Pipeline
     from cutline.connectors.nexmark import NexmarkConfig, NexmarkSource
 
     config = NexmarkConfig(events_per_second=EVENTS_PER_SECOND, out_of_order=OUT_OF_ORDER)
-    p = Pipeline("nexmark-q3-q5-q7", parallelism=2,
+    p = Pipeline("nexmark-kills", parallelism=2,
                  checkpoint=CheckpointConfig(interval=0.2, storage=storage))
     events = p.source(NexmarkSource(EVENTS, rate=rate, config=config), uid="events")
     for q, sink in sinks.items():
@@ -86,19 +86,19 @@ def _q3_q5_q7(storage: str, sinks: dict, rate: float | None):
 
 
 @pytest.mark.slow
-def test_q3_q5_q7_exactly_once_under_five_kills_on_spark(nexmark, spark, tmp_path):
+def test_q3_q5_q7_q8_exactly_once_under_five_kills_on_spark(nexmark, spark, tmp_path):
     """Five ``kill -9`` of Spark Python workers at random points (one in four while the job
-    restores) during one run of q3, q5 and q7: each query's committed output equals the
+    restores) during one run of q3, q5, q7 and q8: each query's committed output equals the
     failure-free run's and Spark Structured Streaming's answer."""
     from cutline.connectors import CollectSink
     from cutline.spark.chaos import Chaos
 
     _, _, spark_rows = nexmark
-    queries = ("q3", "q5", "q7")
+    queries = ("q3", "q5", "q7", "q8")
     clean = {q: CollectSink(str(tmp_path / "clean" / q)) for q in queries}
-    _q3_q5_q7(f"file://{tmp_path}/clean-ck", clean, None).run(engine="threads", timeout=120)
+    _branches(f"file://{tmp_path}/clean-ck", clean, None).run(engine="threads", timeout=120)
     killed = {q: CollectSink(str(tmp_path / "killed" / q)) for q in queries}
-    p = _q3_q5_q7(f"file://{tmp_path}/ck", killed, rate=500.0)  # 8 s of input
+    p = _branches(f"file://{tmp_path}/ck", killed, rate=500.0)  # 8 s of input
     chaos = Chaos(kills=5, seed=16, mean_delay=0.8)
     Q.ship_by_value()
     result = p.run(spark=spark, on_start=chaos, timeout=300)

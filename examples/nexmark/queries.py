@@ -16,7 +16,7 @@ q3     persons in OR/ID/CA selling in category 10       keyed process (state)   
 q4     average closing price per category               timers + keyed process   Python + agg
 q5     hot items: most-bid auctions per sliding window  window over window       window over window
 q7     highest bid per 10 s tumbling window             window aggregate         window max
-q8     persons who opened an auction in the 10 s        window aggregate         windowed join
+q8     persons who opened an auction in the 10 s        keyed process (timers)   windowed join
        window they registered in
 q11    bids per bidder per session (gap 10 s)           session window           session_window
 q18    last bid per (bidder, auction)                   keyed process            max(struct)
@@ -232,7 +232,13 @@ def q7_row(r: Any) -> tuple:
     return (ms(r.start), auction, price, bidder, when, extra)
 
 
-# q8: persons who opened an auction in the tumbling window they registered in
+# q8: persons who opened an auction in the tumbling window they registered in.  A keyed
+# process (Flink's KeyedProcessFunction) keyed by person id, with per-(person, window) state:
+# the row goes out the moment the person and their first auction of the window are both in
+# (as Spark's windowed join emits it), never twice, and an event-time timer at the window's
+# end (no allowed lateness) drops the window's state.
+
+Q8_OPENED, Q8_EMITTED = 1, 2  # a window's state, besides the person's name (came first)
 
 
 def q8_keep(e: dict) -> bool:
@@ -243,23 +249,42 @@ def q8_key(e: dict) -> int:
     return e["person"]["id"] if e["event_type"] == PERSON else e["auction"]["seller"]
 
 
-def q8_create() -> list:
-    return [None, False]  # the person's name, whether it opened an auction
+def q8_join(ctx: Any, e: dict) -> list:
+    """The row (person, name, window start) when the person and their first auction of the
+    window are both in; state per window start: the name, ``Q8_OPENED`` or ``Q8_EMITTED``."""
+    person = e["person"] if e["event_type"] == PERSON else None
+    when = person["dateTime"] if person else e["auction"]["dateTime"]
+    start = when - when % (WINDOW * 1000)
+    end = (start + WINDOW * 1000) / 1000
+    if end <= ctx.watermark:  # late: its window closed (as the window operators drop it)
+        return []
+    state = ctx.value_state("windows", None)
+    windows = dict(state.value or {})  # a copy: the stored one may be in a snapshot
+    was = windows.get(start)
+    if was is None:
+        ctx.timers.register_event_time(end)
+    out = []
+    if person is not None and was == Q8_OPENED:
+        out = [(ctx.key, person["name"], start)]
+    elif person is None and isinstance(was, str):
+        out = [(ctx.key, was, start)]
+    elif was is not None:
+        return []  # emitted already, or another auction of the window before the person
+    windows[start] = Q8_EMITTED if out else (person["name"] if person else Q8_OPENED)
+    state.update(windows)
+    return out
 
 
-def q8_add(acc: list, e: dict) -> list:
-    if e["event_type"] == PERSON:
-        return [e["person"]["name"], acc[1]]
-    return [acc[0], True]
-
-
-def q8_merge(a: list, b: list) -> list:
-    return [a[0] or b[0], a[1] or b[1]]
-
-
-def q8_rows(r: Any) -> list:
-    name, opened = r.value
-    return [(r.key, name, ms(r.start))] if name is not None and opened else []
+def q8_closed(ctx: Any, key: int, when: float) -> list:
+    """The window ending at ``when`` closed: drop its state."""
+    state = ctx.value_state("windows", None)
+    windows = {s: v for s, v in (state.value or {}).items()
+               if s + WINDOW * 1000 > when * 1000}
+    if windows:
+        state.update(windows)
+    else:
+        state.clear()
+    return []
 
 
 # q11: bids per bidder session
@@ -319,8 +344,7 @@ def build(query: str, events: Any, max_delay: float, prefix: str = "") -> Any:
                 .map(q7_row, uid=u("q7-rows")))
     if query == "q8":
         return (timed().filter(q8_keep, uid=u("q8-filter")).key_by(q8_key)
-                .window(tumbling(WINDOW)).aggregate(q8_create, q8_add, q8_merge, uid=u("q8"))
-                .flat_map(q8_rows, uid=u("q8-rows")))
+                .process(q8_join, on_timer=q8_closed, uid=u("q8")))
     if query == "q11":
         return (timed().filter(is_bid, uid=u("bids")).key_by(bid_bidder)
                 .window(session(GAP)).count(uid=u("q11")).map(q11_row, uid=u("q11-rows")))
