@@ -1496,16 +1496,24 @@ def plot(result: dict, runs: dict, stem: Path) -> list[str]:
                + [(SPARK_SQL, c) for c in (SPARK_1S, SPARK_FAST)]),
               (WINDOWED, [(CUTLINE, c) for c in (CUT_EO, CUT_EO_SHORT)]
                + [(e, c) for e in (SPARK_PY, SPARK_SQL) for c in (SPARK_1S, SPARK_FAST)])]
-    panels = [pn for pn in panels if pn[0] != WINDOWED or HAS_WINDOWS]
+    def runs_of(workload: str, engine: str, config: str) -> list[dict]:
+        src_w = KEYED if (workload == KEYED_SQL and engine == CUTLINE) else workload
+        return ok.get(lat_name(src_w, engine, config), [])
+
+    # the workloads measured (--workloads may leave some out): a panel each
+    panels = [pn for pn in panels if any(runs_of(pn[0], e, c) for e, c in pn[1])]
+    if not panels:
+        return written
     styles = {CUT_EO: ("#1f77b4", "-"), CUT_EO_SHORT: ("#1f77b4", "--"),
               CUT_VISIBLE: ("#1f77b4", ":"), SPARK_1S: (None, "-"), SPARK_FAST: (None, "--")}
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.6), sharey=True)
+    fig, grid = plt.subplots(1, len(panels), figsize=(max(5 * len(panels), 8), 4.6), sharey=True,
+                             squeeze=False)
+    axes = grid[0]
     for ax, (workload, lines) in zip(axes, panels):
         for engine, config in lines:
             src_w = KEYED if (workload == KEYED_SQL and engine == CUTLINE) else workload
             # rounds pooled with equal weight: each round's percentiles 0, 0.5, ..., 100
-            lat = sorted(x for r in ok.get(lat_name(src_w, engine, config), [])
-                         for x in r["cdf"])
+            lat = sorted(x for r in runs_of(workload, engine, config) for x in r["cdf"])
             if not lat:
                 continue
             color, ls = styles[config]
