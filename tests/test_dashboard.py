@@ -295,3 +295,45 @@ def test_page_in_headless_chromium(tmp_path):
     keep = os.environ.get("CUTLINE_DASHBOARD_PNG")  # docs/dashboard.png is made so
     if keep:
         shutil.copy(png, keep)
+
+
+TIMER_KEYS = 50
+FAR = 4_000_000_000.0  # processing time in 2096: never due while the test runs
+
+
+def _hold_a_timer(ctx, record):
+    ctx.timers.register_processing_time(FAR)  # one timer per key, however often registered
+    return ()
+
+
+def _never(ctx, key, when):
+    return ()
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+def test_pending_timers_per_operator_and_subtask(tmp_path, backend):
+    p = Pipeline("timers", parallelism=2, checkpoint=CheckpointConfig(
+        storage=f"file://{tmp_path}/chk", interval=0.5, state_backend=backend))
+    (p.source(GeneratorSource(count=None, rate=2000), uid="numbers")
+     .key_by(lambda i: i % TIMER_KEYS).process(_hold_a_timer, on_timer=_never, uid="hold")
+     .sink(CollectSink(str(tmp_path / "out")), uid="out"))
+    job = p.start(engine="threads", dashboard=True)
+    want = [0, 0]
+    for k in range(TIMER_KEYS):
+        want[subtask_for_key_group(key_group(k, 128), 2, 128)] += 1
+    try:
+        url = _url_of(job)
+        state = _wait_for(url, lambda j: any(
+            o["uid"] == "hold" and o["timers"] == TIMER_KEYS for o in j["operators"]))
+        prom = _prometheus(_get(url.replace("/?", "/metrics?"))[1].decode())
+    finally:
+        job.cancel()
+    with pytest.raises(Exception, match="cancelled"):
+        job.result(60)
+    hold = next(o for o in state["operators"] if o["uid"] == "hold")
+    assert [s["timers"] for s in hold["subtasks"]] == want
+    assert all(s["timers"] == 0 for o in state["operators"] if o["uid"] != "hold"
+               for s in o["subtasks"])
+    for i in range(2):
+        assert prom[f'cutline_task_timers{{job="timers",operator="hold",task="hold.{i}"}}'] \
+            == want[i]

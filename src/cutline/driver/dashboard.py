@@ -38,6 +38,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from ..protocol.messages import TIMERS_COUNTED
 from ..protocol.watermarks import decode_ts
 from ..report import format_event_time
 from ..runtime.tls import JobSecret
@@ -155,6 +156,7 @@ class JobView:
                 "records_per_s": sum(s["records_per_s"] for s in subtasks),
                 "backpressure": max(s["backpressure"] for s in subtasks),
                 "watermark_text": format_event_time(min(marks)) if marks else None,
+                "timers": sum(s["timers"] for s in subtasks),
                 "subtasks": subtasks})
         history = [_completed(r, now, wall) for r in list(c.checkpoints)[-_HISTORY:]]
         history += [{"id": f.id, "status": "failed", "attempt": f.attempt,
@@ -203,7 +205,8 @@ def _subtask(task: str, x: Any, rate: tuple[float, float]) -> dict[str, Any]:
             "backpressure": rate[1], "backpressured_s": x.backpressured if x else 0.0,
             "timed": wm is not None,
             "watermark": "end" if wm == math.inf else None if wm == -math.inf else wm,
-            "watermark_text": format_event_time(wm) if wm is not None else None}
+            "watermark_text": format_event_time(wm) if wm is not None else None,
+            "timers": x.timers if x else 0}
 
 
 def _completed(r: Any, now: float, wall: float) -> dict[str, Any]:
@@ -287,6 +290,9 @@ class _Collector:
              "this attempt."),
             ("backpressure", GaugeMetricFamily, "backpressure_ratio",
              "Share of the last second or more a task was backpressured."),
+            ("timers", GaugeMetricFamily, "timers",
+             "A task's pending timers (process with on_timer), counted every 5 s up to "
+             f"{TIMERS_COUNTED:,}."),
             ("watermark", GaugeMetricFamily, "watermark_seconds",
              "A task's output watermark (event time)."))}
         for op in s["operators"]:

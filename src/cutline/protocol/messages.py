@@ -149,13 +149,17 @@ class ForwardClosed:
     TAG: ClassVar[str]
 
 
+TIMERS_COUNTED = 100_000  # a task counts its pending timers up to this (RocksDB reads them)
+
+
 @_message("metrics")
 @dataclass(frozen=True, slots=True)
 class Metrics:
     """A task's progress.  ``watermark``: its output watermark with event time, encoded
     (:func:`~cutline.protocol.watermarks.encode_ts`: ``None`` none yet, ``"inf"`` the end);
     ``timed``: whether it has one.  ``backpressured``: seconds so far its output waited for
-    credit from a slower receiver."""
+    credit from a slower receiver.  ``timers``: its pending timers (``process`` with
+    ``on_timer``), counted up to :data:`TIMERS_COUNTED`."""
     task: str
     records: int
     source: bool
@@ -163,6 +167,7 @@ class Metrics:
     timed: bool = False
     watermark: float | str | None = None
     backpressured: float = 0.0
+    timers: int = 0
     TAG: ClassVar[str]
 
 

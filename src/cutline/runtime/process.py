@@ -358,9 +358,14 @@ class Process(Keyed):
         self._after_batch()
         return out
 
-    def timer_count(self) -> int:
-        """Pending timers of both domains (RocksDB: reads them; for reports and tools)."""
-        return sum(q.count() for q in self._queues.values())
+    def timer_count(self, limit: int | None = None) -> int:
+        """Pending timers of both domains, up to ``limit`` (RocksDB reads them)."""
+        n = 0
+        for q in self._queues.values():
+            n += q.count(None if limit is None else limit - n)
+            if n == limit:
+                break
+        return n
 
     # ------------------------------------------------------------------ snapshots
 

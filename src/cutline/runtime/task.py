@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import os
 import queue
 import threading
@@ -184,6 +185,9 @@ class Subtask:
         self.records_in = 0
         self.error: BaseException | None = None
         self.last_metrics = 0.0
+        # pending timers for the live view: counted every few seconds (RocksDB reads them)
+        self.timer_ops = [op for op in ops if getattr(op, "has_processing_timers", False)]
+        self.timers_counted, self.timers_at = 0, -math.inf
 
     def plan_faults(self, attempt: int) -> None:
         """Install the faults planned for this subtask in ``attempt`` (tests, chaos)."""
@@ -310,10 +314,17 @@ class Subtask:
         if force or now - self.last_metrics >= 0.5:
             self.last_metrics = now
             et = self.event_time
+            if self.timer_ops and (force or now - self.timers_at >= 5.0):
+                self.timers_at, left = now, m.TIMERS_COUNTED
+                for op in self.timer_ops:
+                    left -= op.timer_count(left)
+                    if left <= 0:
+                        break
+                self.timers_counted = m.TIMERS_COUNTED - left
             self.slot.send(m.Metrics(self.task_id, self.records_in, self.reader is not None,
                                      self.slot.cpu(), et is not None,
                                      None if et is None else encode_ts(et.output),
-                                     self.router.backpressured_now()))
+                                     self.router.backpressured_now(), self.timers_counted))
 
     def _timers(self) -> None:
         now = time.monotonic()

@@ -133,8 +133,9 @@ class TimerQueue(ABC):
         nothing is due before it."""
 
     @abstractmethod
-    def count(self) -> int:
-        """Pending timers (the RocksDB queue reads them all: for tools and tests)."""
+    def count(self, limit: int | None = None) -> int:
+        """Pending timers, or ``limit`` if there are at least that many (the RocksDB queue
+        reads them, up to ``limit``)."""
 
     @abstractmethod
     def flush(self) -> None:
@@ -216,8 +217,8 @@ class MemoryTimerQueue(TimerQueue):
             heapq.heappop(heap)  # stale
         return math.inf
 
-    def count(self) -> int:
-        return self._live
+    def count(self, limit: int | None = None) -> int:
+        return self._live if limit is None else min(self._live, limit)
 
     def flush(self) -> None:
         pass  # written in place
@@ -349,7 +350,7 @@ class RocksDBTimerQueue(TimerQueue):
             self._next = min(bound.values(), default=math.inf)
         return self._next
 
-    def count(self) -> int:
+    def count(self, limit: int | None = None) -> int:
         self.flush()
         b, n = self._b, 0
         for g in b.key_groups:
@@ -358,4 +359,6 @@ class RocksDBTimerQueue(TimerQueue):
                 if not entry.startswith(start):
                     break
                 n += 1
+                if n == limit:
+                    return n
         return n
