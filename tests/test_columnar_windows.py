@@ -144,6 +144,63 @@ def test_session_windows_and_late_rows_of_a_batch_pipeline(tmp_path):
     assert observed_sessions(*sinks) == (rows, late)
 
 
+def _reading(i):
+    """Reading ``i``: (sensor, time, value), times 0.25 s apart, some out of order."""
+    return {"k": i % 3, "ts": (i + (3 if i % 7 == 0 else 0)) * 0.25, "v": i % 11}
+
+
+def _readings(idx):
+    rows = [_reading(int(i)) for i in idx]
+    return pa.RecordBatch.from_pylist(rows, schema=pa.schema(
+        [("k", pa.int64()), ("ts", pa.float64()), ("v", pa.int64())]))
+
+
+def _per_sensor(r):
+    return r["k"] if isinstance(r, dict) else r.key
+
+
+def test_windows_of_a_batch_streams_windows_as_record_by_record(tmp_path):
+    """A batch window's rows carry event time, their window's last instant (``end`` less
+    1 µs, as a record window's result): windows of them follow, on batches and after
+    ``rows()``, with the per-record pipeline's rows (a 2 s window ending at 10 falls in
+    the 10 s window [0, 10), not [10, 20))."""
+    from cutline.connectors import CollectSink
+
+    def pipeline(name):
+        return Pipeline(name, parallelism=2, checkpoint=CheckpointConfig(
+            interval=0.2, storage=f"file://{tmp_path}/{name}-ck"))
+
+    n = 400
+    p = pipeline("records")
+    sink = CollectSink(str(tmp_path / "records"))
+    (p.source(GeneratorSource(count=n, fn=_reading), uid="src")
+     .assign_timestamps(lambda r: r["ts"], max_delay=1, uid="t")
+     .key_by(_per_sensor).window(tumbling(2)).sum("v", uid="two")
+     .key_by(_per_sensor).window(tumbling(10)).max(lambda r: r.value, uid="ten")
+     .map(lambda r: (r.key, float(r.start), float(r.end), r.value), uid="rows")
+     .sink(sink, uid="out"))
+    p.run(engine="threads", timeout=60)
+    want = sorted(sink.results())
+    assert len(want) >= 30 and {w[2] - w[1] for w in want} == {10.0}
+
+    p = pipeline("batches")
+    on_batches, on_rows = CollectSink(str(tmp_path / "b")), CollectSink(str(tmp_path / "r"))
+    two = (p.source(GeneratorSource(count=n, batch_fn=_readings, batch_rows=37), uid="src")
+           .assign_timestamps("ts", max_delay=1, uid="t")
+           .key_by("k").window(tumbling(2)).agg(v_sum=("v", "sum"), uid="two"))
+    two.key_by("k").window(tumbling(10)).agg(hi=("v_sum", "max"), uid="ten").sink(
+        on_batches, uid="out")
+    (two.rows(uid="as-rows").key_by(_per_sensor).window(tumbling(10))
+     .max(lambda r: r["v_sum"], uid="ten-rows")
+     .map(lambda r: (r.key, float(r.start), float(r.end), r.value), uid="rows")
+     .sink(on_rows, uid="rows-out"))
+    p.run(engine="threads", timeout=60)
+    got = sorted((r["k"], r["start"], r["end"], r["hi"])
+                 for b in on_batches.results() for r in b.to_pylist())
+    assert got == want
+    assert sorted(on_rows.results()) == want
+
+
 def _stream(tmp_path):
     p = Pipeline("bad", checkpoint=CheckpointConfig(storage=f"file://{tmp_path}/ck"))
     return p.source(GeneratorSource(count=10, batch_fn=lambda i: pa.record_batch(

@@ -353,17 +353,22 @@ def build(query: str, events: Any, max_delay: float, prefix: str = "") -> Any:
     raise ValueError(f"unknown Nexmark query {query!r}; one of {', '.join(QUERIES)}")
 
 
-# Columnar (q0-q2): the same queries on a batch stream of Arrow record batches
-# (``FileSource(path, "parquet").batches()``), vectorised with pyarrow.compute.
-COLUMNAR = ("q0", "q1", "q2")
+# Columnar: the same queries on a batch stream of Arrow record batches
+# (``FileSource(path, "parquet").batches()``), vectorised with pyarrow.compute.  q5 and q7
+# run their windows on the batches too; what is left after them (a few rows per window) goes
+# on record by record.
+COLUMNAR = ("q0", "q1", "q2", "q5", "q7")
 
 
 def bid_columns(batch: Any) -> Any:
-    """A batch of events (all bids) as the flat bid columns."""
+    """A batch of events (all bids) as the flat bid columns (and ``ts``, if it has one)."""
     import pyarrow as pa
 
     bid = batch.column("bid")
-    return pa.RecordBatch.from_arrays(bid.flatten(), names=[f.name for f in bid.type])
+    cols, names = bid.flatten(), [f.name for f in bid.type]
+    if "ts" in batch.schema.names:
+        cols, names = [*cols, batch.column("ts")], [*names, "ts"]
+    return pa.RecordBatch.from_arrays(cols, names=names)
 
 
 def euro_columns(batch: Any) -> Any:
@@ -384,10 +389,78 @@ def q2_multiple(batch: Any) -> Any:
     return pc.equal(pc.subtract(a, pc.multiply(pc.divide(a, SKIP), SKIP)), 0)
 
 
-def build_columnar(query: str, events: Any) -> Any:
-    """Query ``query`` (q0, q1, q2) on a batch stream of events: a batch stream of rows."""
+def event_seconds(batch: Any) -> Any:
+    """Every event's time in seconds (float, as ``event_time``): the bid's, auction's or
+    person's ``dateTime``, whichever the event has."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
+    when = pc.coalesce(*(pc.struct_field(batch.column(k), "dateTime")
+                         for k in ("bid", "auction", "person")))
+    return pc.divide(pc.cast(when, pa.float64()), 1000.0)
+
+
+def q5_local_top(batch: Any) -> Any:
+    """Of one subtask's fired (auction, window, count) rows, those with the most bids of
+    their window *here*: no other row can be the window's hottest over all subtasks."""
+    import numpy as np
+
+    if not batch.num_rows:
+        return batch
+    start = batch.column("start").to_numpy()
+    count = batch.column("count").to_numpy()
+    _, window = np.unique(start, return_inverse=True)
+    top = np.zeros(window.max() + 1, dtype=count.dtype)
+    np.maximum.at(top, window, count)
+    return batch.filter(count == top[window])
+
+
+def window_bounds(r: dict) -> tuple:
+    return (r["start"], r["end"])
+
+
+def q5_hottest_rows(window: tuple, _w: Any, rows: list) -> list:
+    """:func:`q5_hottest` on the rows the columnar windows left."""
+    top = max(r["count"] for r in rows)
+    return [(ms(window[0]), ms(window[1]), r["auction"], r["count"]) for r in rows
+            if r["count"] == top]
+
+
+Q7_ORDER = [("start", "ascending"), ("price", "descending"), ("dateTime", "descending"),
+            ("auction", "descending"), ("bidder", "descending"), ("extra", "descending")]
+
+
+def q7_local_top(batch: Any) -> Any:
+    """The highest bid of each 10 s window in one record batch (a local pre-aggregate, as
+    Spark's partial aggregation or Flink's two-phase one): the window keeps the highest of
+    these.  Sorted by window, then the tie order of :func:`q7_add`; the first of each."""
+    import numpy as np
+    import pyarrow as pa
+
+    if not batch.num_rows:
+        return batch
+    when = batch.column("dateTime").to_numpy()
+    start = when - when % (WINDOW * 1000)
+    t = pa.Table.from_batches([batch]).append_column("start", pa.array(start))
+    t = t.sort_by(Q7_ORDER)
+    s = t.column("start").to_numpy()
+    first = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    return t.take(first).drop_columns(["start"]).to_batches()[0]
+
+
+def q7_add_row(acc: tuple | None, r: dict) -> tuple:
+    mine = (r["price"], r["dateTime"], r["auction"], r["bidder"], r["extra"])
+    return mine if acc is None or mine > acc else acc
+
+
+def build_columnar(query: str, events: Any, max_delay: float = 0.0) -> Any:
+    """Query ``query`` (one of ``COLUMNAR``) on a batch stream of events: its rows, as
+    record batches (q0-q2) or records (q5, q7: the rows out of their windows)."""
+    import pyarrow.compute as pc
+
+    if query in ("q5", "q7"):
+        events = events.with_column("ts", event_seconds, uid="ts").assign_timestamps(
+            "ts", max_delay=max_delay, uid="event-time")
     bids = events.where(pc.field("event_type") == BID, uid="bids")
     if query == "q0":
         return bids.map_batches(bid_columns, uid="q0")
@@ -397,6 +470,18 @@ def build_columnar(query: str, events: Any) -> Any:
         return (bids.map_batches(bid_columns, uid="bid-columns")
                 .filter_batches(q2_multiple, uid="q2-filter").select("auction", "price",
                                                                      uid="q2"))
+    if query == "q5":
+        return (bids.map_batches(bid_columns, uid="bid-columns").key_by("auction")
+                .window(sliding(WINDOW, SLIDE)).count(uid="bids-per-auction")
+                .map_batches(q5_local_top, uid="local-top").rows()
+                .key_by(window_bounds).window(tumbling(SLIDE))
+                .apply(q5_hottest_rows, uid="q5"))
+    if query == "q7":
+        return (bids.map_batches(bid_columns, uid="bid-columns")
+                .map_batches(q7_local_top, uid="local-top").rows()
+                .key_by(everything).window(tumbling(WINDOW))
+                .aggregate(q7_create, q7_add_row, q7_merge, uid="q7")
+                .map(q7_row, uid="q7-rows"))
     raise ValueError(f"query {query!r} has no columnar form; those that do: "
                      f"{', '.join(COLUMNAR)}")
 

@@ -41,7 +41,7 @@ def cutline_pipeline(query: str, input_dir: str, sink: Any, storage: str, max_de
                      parallelism: int = 2, interval: float = 1.0,
                      columnar: bool = False) -> Any:
     """Query ``query`` over the Parquet event files in ``input_dir`` (``columnar``: the
-    batch-stream form, q0-q2) into ``sink``."""
+    batch-stream form, ``Q.COLUMNAR``) into ``sink``."""
     from cutline import CheckpointConfig, Pipeline
     from cutline.connectors import FileSource
 
@@ -49,7 +49,7 @@ def cutline_pipeline(query: str, input_dir: str, sink: Any, storage: str, max_de
                  checkpoint=CheckpointConfig(interval=interval, storage=storage))
     files = FileSource(input_dir, format="parquet")
     if columnar:
-        out = Q.build_columnar(query, p.source(files.batches(), uid="events"))
+        out = Q.build_columnar(query, p.source(files.batches(), uid="events"), max_delay)
     else:
         out = Q.build(query, p.source(files, uid="events"), max_delay)
     out.sink(sink, uid="out")
@@ -69,9 +69,13 @@ def run_cutline(query: str, input_dir: str, work: str, max_delay: float, *, spar
     if not engine:
         Q.ship_by_value()
     p.run(timeout=300, **kw)
-    if columnar:
-        return [tuple(r.values()) for b in sink.results() for r in b.to_pylist()]
-    return [tuple(r) for r in sink.results()]
+    out: list[tuple] = []
+    for r in sink.results():  # record batches (columnar), or rows
+        if hasattr(r, "to_pylist"):
+            out.extend(tuple(d.values()) for d in r.to_pylist())
+        else:
+            out.append(tuple(r))
+    return out
 
 
 def start_spark(spark: Any, query: str, input_dir: str, work: str, max_delay: float,

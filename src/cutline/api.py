@@ -931,8 +931,8 @@ class BatchWindowedStream(_Aggregations):
     aggregates; the result is a batch stream of one row per key and window."""
 
     def __init__(self, keyed: "BatchKeyedStream", assigner: WindowAssigner, lateness: float,
-                 column: str) -> None:
-        self.keyed, self.assigner, self.lateness, self.column = keyed, assigner, lateness, column
+                 time: ColumnTime) -> None:
+        self.keyed, self.assigner, self.lateness, self.time = keyed, assigner, lateness, time
 
     def agg(self, *, uid: str | None = None, parallelism: int | None = None,
             **named: Any) -> BatchStream:
@@ -944,13 +944,15 @@ class BatchWindowedStream(_Aggregations):
         if clash:
             raise ValueError(f"window agg(): {sorted(clash)} name the window's bounds; "
                              "name the aggregates (or keys) otherwise")
-        spec = BatchWindowSpec(keys, aggs, self.assigner, self.lateness, self.column,
-                               columns(aggs))
+        spec = BatchWindowSpec(keys, aggs, self.assigner, self.lateness, self.time.column,
+                               columns(aggs), ts_shift=self.time.shift)
         win = self.keyed.stream._then("window_agg", spec, uid=uid, parallelism=parallelism,
                                       partitioning=HASH, key_fn=self.keyed.key_fn)
         results = win._then("window_results", spec, uid=None, parallelism=parallelism)
-        # rows of windows: their event time is no column of theirs (assign_timestamps again)
-        results.node.timestamp_fn = results.node.timestamps_from = None
+        # a row's event time is its window's last instant, ``end`` less 1 µs (as a record
+        # window's result): windows of windows follow, on batches or after rows()
+        results.node.timestamp_fn = ColumnTime("end", shift=-1e-6)
+        results.node.timestamps_from = win.node.uid
         return BatchWindowedResults(results.pipeline, results.node, win.node, spec)
 
 
@@ -1013,5 +1015,5 @@ class BatchKeyedStream(_Aggregations):
         if self.stream.node.timestamps_from is None or not isinstance(ts, ColumnTime):
             raise ValueError("window() needs event time: call .assign_timestamps(column, "
                              "max_delay=...) upstream (its watermarks fire the windows)")
-        return BatchWindowedStream(self, assigner, lateness, ts.column)
+        return BatchWindowedStream(self, assigner, lateness, ts)
 

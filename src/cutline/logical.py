@@ -81,26 +81,28 @@ class ColumnKey:
 
 class ColumnTime:
     """``assign_timestamps("col")`` on a batch stream: event time is the column ``col``
-    (seconds as numbers, or an Arrow timestamp).  Called on a dict record (after
-    ``rows()``) it reads ``record["col"]``, so per-record timed operators downstream read
-    the same time."""
+    (seconds as numbers, or an Arrow timestamp), plus ``shift`` seconds (the rows of a batch
+    stream's windows: ``end`` less 1 µs, their window's last instant).  Called on a dict
+    record (after ``rows()``) it reads ``record["col"]``, so per-record timed operators
+    downstream read the same time."""
 
-    __slots__ = ("column",)
+    __slots__ = ("column", "shift")
 
-    def __init__(self, column: str) -> None:
-        self.column = column
+    def __init__(self, column: str, shift: float = 0.0) -> None:
+        self.column, self.shift = column, shift
 
     def __call__(self, record: Any) -> Any:
-        return record[self.column]
+        t = record[self.column]
+        return t + self.shift if self.shift else t
 
-    def __getstate__(self) -> str:
-        return self.column
+    def __getstate__(self) -> tuple:
+        return (self.column, self.shift)
 
-    def __setstate__(self, state: str) -> None:
-        self.column = state
+    def __setstate__(self, state: Any) -> None:
+        self.column, self.shift = (state, 0.0) if isinstance(state, str) else state
 
     def __repr__(self) -> str:
-        return f"ColumnTime({self.column!r})"
+        return f"ColumnTime({self.column!r}{f', shift={self.shift!r}' if self.shift else ''})"
 
 
 @dataclass(frozen=True)
@@ -139,10 +141,11 @@ class BatchWindowSpec:
     ts_column: str
     aggregate: Any
     emit_late: bool = False
+    ts_shift: float = 0.0
 
     @property
     def ts_fn(self) -> ColumnTime:
-        return ColumnTime(self.ts_column)
+        return ColumnTime(self.ts_column, self.ts_shift)
 
     def state_signature(self) -> str:
         """A restore into other windows or aggregates is refused."""

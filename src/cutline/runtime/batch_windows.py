@@ -121,7 +121,7 @@ class BatchWindowAggregate(WindowOperator):
                  state_backend: str = "memory", storage: Any = None) -> None:
         super().__init__(node, subtask, parallelism, max_parallelism, state_backend, storage)
         spec: BatchWindowSpec = node.fn
-        self.keys, self.column = list(spec.keys), spec.ts_column
+        self.keys, self.column, self.shift = list(spec.keys), spec.ts_column, spec.ts_shift
         self.names = [name for name, _, _ in spec.aggs]
         self.partials = Partials(spec.aggs)
         self.kinds = [fn for _, _, fn in spec.aggs]
@@ -238,7 +238,7 @@ class BatchWindowAggregate(WindowOperator):
 
     def _fixed(self, rb: pa.RecordBatch, out: list) -> np.ndarray:
         """Tumbling and sliding windows: the indices of the rows late for all theirs."""
-        ts = seconds(rb, self.column)
+        ts = seconds(rb, self.column) + self.shift
         rows, starts = self._windows(ts)
         cur = self._marks(rb)[rows]
         ends = starts + self.size if self.assigner.exact else np.array(
@@ -287,7 +287,7 @@ class BatchWindowAggregate(WindowOperator):
         or behind the watermark takes its rows one at a time, in order, as the per-record
         operator does (a row may be late alone and not once another row bridged it to a
         later session)."""
-        ts = seconds(rb, self.column)
+        ts = seconds(rb, self.column) + self.shift
         gap = self.gap
         ends = ts + gap
         cur = self._marks(rb)
