@@ -11,8 +11,8 @@ embedded Spark session (``local[2,8]``) runs both systems.  Every query
 systems' results are equal) runs:
 
 - on cutline at parallelism 2 with checkpoints every 1 s into a ``DiscardSink`` (Nexmark's
-  blackhole), from ``FileSource(parquet)``; q0-q2 also in their columnar form (batch
-  streams).  Processing time: attempt 0 started -> the final checkpoint completed.
+  blackhole), from ``FileSource(parquet)``; q0-q2, q5 and q7 also in their columnar form
+  (batch streams; q5 and q7 window on batches, then per record on what is left).  Processing time: attempt 0 started -> the final checkpoint completed.
 - on Spark with ``spark.sql.shuffle.partitions=2``, ``trigger(availableNow=True)`` (the
   whole backlog in one micro-batch: Spark's best case), into the ``noop`` sink.  Processing
   time: the first micro-batch's trigger -> the end of the last micro-batch.
@@ -54,7 +54,7 @@ commit, N s after the kill.
 Records/s = events in the backlog / processing time.  One unmeasured warm-up run of each
 system goes first; rounds rotate the order of the cases; medians are reported, with the
 noise (half the spread of the per-round ratios).  The ratio
-is cutline / Spark (cutline's better form for q0-q2).  Results: ``bench/results/
+is cutline / Spark (cutline's better form where it has two).  Results: ``bench/results/
 nexmark.json``.
 """
 

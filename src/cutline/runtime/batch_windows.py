@@ -26,7 +26,9 @@
   batch (the input's columns, wrapped in a :class:`~.windows.LateRecord`) per batch.
   Fired windows leave as one record batch per watermark: ``(key columns..., start, end,
   aggregates...)``, one row per key and window, in the order the per-record operator
-  emits them (by end, start).
+  emits them (by end, start).  Their event time is their window's last instant (``end``
+  less 1 µs, the spec's ``ts_shift`` when a window reads them), as a record window's
+  results: windows of windows follow.
 
 Timestamps are seconds (int or float columns) or Arrow timestamps (any unit, converted to
 seconds); a null timestamp fails the job naming the operator and the batch.
