@@ -12,7 +12,9 @@ systems' results are equal) runs:
 
 - on cutline at parallelism 2 with checkpoints every 1 s into a ``DiscardSink`` (Nexmark's
   blackhole), from ``FileSource(parquet)``; q0-q2, q5 and q7 also in their columnar form
-  (batch streams; q5 and q7 window on batches, then per record on what is left).  Processing time: attempt 0 started -> the final checkpoint completed.
+  (batch streams reading only the columns they use; q5 and q7 window on batches, then per
+  record on what is left).  Processing time: attempt 0 started -> the final checkpoint
+  completed.
 - on Spark with ``spark.sql.shuffle.partitions=2``, ``trigger(availableNow=True)`` (the
   whole backlog in one micro-batch: Spark's best case), into the ``noop`` sink.  Processing
   time: the first micro-batch's trigger -> the end of the last micro-batch.

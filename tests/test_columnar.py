@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from columnar_pipelines import columnar, events, expected, observed
 from cutline import CheckpointConfig, Pipeline, sliding, tumbling
 from cutline.connectors import FileSource, GeneratorSource, ParquetSink, RecordError
+from cutline.connectors.base import MissingColumnError
 from cutline.logical import HASH, ColumnKey, Node
 from cutline.runtime.batches import decode_batches, split_by_key
 from cutline.runtime.channels import ARROW, RECORDS, encode_frame
@@ -112,6 +113,50 @@ def test_columnar_file_read_restores_at_the_record(tmp_path, fmt):
     got = pa.Table.from_batches(first + _drain(later)).to_pylist()
     assert got == rows  # nothing lost, nothing twice, in order
     assert len(first) >= 3 and all(isinstance(b, pa.RecordBatch) for b in first)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+def test_columns_reads_only_those_columns_in_their_order(tmp_path, fmt):
+    rows = _write_inputs(tmp_path / "in", fmt)
+    src = FileSource(str(tmp_path / "in"), format=fmt).batches(columns=["value", "user"],
+                                                                batch_bytes=4096)
+    reader = src.create_reader()
+    reader.open(0, 1)
+    got = pa.Table.from_batches(_drain(reader))
+    assert got.column_names == ["value", "user"]
+    assert got.to_pylist() == [{"value": r["value"], "user": r["user"]} for r in rows]
+    missing = FileSource(str(tmp_path / "in"), format=fmt).batches(columns=["user", "nope"])
+    reader = missing.create_reader()
+    reader.open(0, 1)
+    with pytest.raises(MissingColumnError, match=r"p0\.\w+ has no column 'nope' .*; its "
+                       r"columns: user, value, f"):
+        _drain(reader)
+
+
+def test_nested_parquet_columns_keep_only_those_fields(tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    pq.write_table(pa.table({"kind": [1, 2], "bid": [{"price": 5, "who": "a"},
+                                                     {"price": 7, "who": "b"}]}),
+                   d / "p.parquet")
+    reader = FileSource(str(d), format="parquet").batches(
+        columns=["bid.price", "kind"]).create_reader()
+    reader.open(0, 1)
+    assert pa.Table.from_batches(_drain(reader)).to_pylist() == [
+        {"bid": {"price": 5}, "kind": 1}, {"bid": {"price": 7}, "kind": 2}]
+    reader = FileSource(str(d), format="parquet").batches(
+        columns=["bid.when"]).create_reader()
+    reader.open(0, 1)
+    with pytest.raises(MissingColumnError, match=r"p\.parquet has no column 'bid\.when' "
+                       r"\(batches\(columns=\.\.\.\)\); its columns: kind, bid"):
+        _drain(reader)
+    for bad, error in ((lambda: FileSource(str(d)).batches(columns="kind"), TypeError),
+                       (lambda: FileSource(str(d)).batches(columns=[]), TypeError),
+                       (lambda: FileSource(str(d)).batches(columns=["a", "a"]), ValueError),
+                       (lambda: FileSource(str(d)).batches(
+                           pa.schema([("kind", pa.int64())]), columns=["kind"]), ValueError)):
+        with pytest.raises(error, match=r"batches\("):
+            bad()
 
 
 def test_malformed_json_line_names_file_and_line(tmp_path):

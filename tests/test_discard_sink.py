@@ -58,6 +58,22 @@ def test_writer_counts_and_its_handles_carry_the_running_total():
     w.close()
 
 
+def _numbers(idx):
+    import pyarrow as pa
+
+    return pa.record_batch({"n": pa.array(idx)})
+
+
+def test_a_batch_stream_counts_rows_not_batches(tmp_path):
+    sink = DiscardSink()
+    p = Pipeline("batches", parallelism=2, checkpoint=CheckpointConfig(
+        interval=0.1, storage=f"file://{tmp_path}/ck"))
+    p.source(GeneratorSource(count=10_000, batch_fn=_numbers, batch_rows=300),
+             uid="numbers").sink(sink, uid="out")
+    p.run(engine="threads", timeout=60)
+    assert sink.count() == 10_000
+
+
 def test_recover_continues_from_the_restored_count_and_adds_up_after_a_rescale(tmp_path):
     sink = DiscardSink(str(tmp_path / "counts"))
     old = []

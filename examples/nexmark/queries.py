@@ -22,6 +22,13 @@ q11    bids per bidder per session (gap 10 s)           session window          
 q18    last bid per (bidder, auction)                   keyed process            max(struct)
 =====  ===============================================  =======================  ==========
 
+Columnar forms (``build_columnar``, batch streams of Arrow record batches): q0-q2 with
+pyarrow.compute; q5 counts bids per auction and sliding window on batches, keeps per
+subtask the rows with the window's highest count there, and picks the hottest per window
+record by record; q7 keeps the highest bid per window of each record batch (a local
+pre-aggregate, as Spark's partial aggregation) and the highest of those per window record
+by record.
+
 Where the results are compared (``expected_kind``):
 
 - *rows*: append output, equal multisets of rows (q0-q3, q5, q7, q8, q11).  Windows are
@@ -358,6 +365,13 @@ def build(query: str, events: Any, max_delay: float, prefix: str = "") -> Any:
 # run their windows on the batches too; what is left after them (a few rows per window) goes
 # on record by record.
 COLUMNAR = ("q0", "q1", "q2", "q5", "q7")
+# what each reads (``FileSource(...).batches(columns=...)``: parquet reads nothing else, as
+# Spark prunes the columns, nested fields too, its query does not use)
+_EVENT_TIMES = ["auction.dateTime", "person.dateTime"]  # the watermark follows all events
+COLUMNS = {"q0": ["event_type", "bid"], "q1": ["event_type", "bid"],
+           "q2": ["event_type", "bid.auction", "bid.price"],
+           "q5": ["event_type", "bid.auction", "bid.dateTime", *_EVENT_TIMES],
+           "q7": ["event_type", "bid", *_EVENT_TIMES]}
 
 
 def bid_columns(batch: Any) -> Any:

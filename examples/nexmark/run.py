@@ -49,7 +49,8 @@ def cutline_pipeline(query: str, input_dir: str, sink: Any, storage: str, max_de
                  checkpoint=CheckpointConfig(interval=interval, storage=storage))
     files = FileSource(input_dir, format="parquet")
     if columnar:
-        out = Q.build_columnar(query, p.source(files.batches(), uid="events"), max_delay)
+        out = Q.build_columnar(query, p.source(files.batches(columns=Q.COLUMNS[query]),
+                                               uid="events"), max_delay)
     else:
         out = Q.build(query, p.source(files, uid="events"), max_delay)
     out.sink(sink, uid="out")

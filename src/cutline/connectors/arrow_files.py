@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .base import RecordError
+from .base import MissingColumnError, RecordError
 from .files import FileReader, FileSource
 
 __all__ = ["ColumnarFileSource", "batch_of"]
@@ -41,12 +41,25 @@ class ColumnarFileSource:
     columnar = True
 
     def __init__(self, files: FileSource, schema: Any = None,
-                 batch_bytes: int = DEFAULT_BATCH_BYTES) -> None:
+                 batch_bytes: int = DEFAULT_BATCH_BYTES,
+                 columns: list[str] | None = None) -> None:
         import pyarrow as pa
 
         if schema is not None and not isinstance(schema, pa.Schema):
             raise TypeError(f"batches(schema=...) takes a pyarrow.Schema or None, "
                             f"got {type(schema).__name__}: {schema!r}")
+        if columns is not None:
+            if isinstance(columns, str) or not all(isinstance(c, str) and c for c in columns) \
+                    or not columns:
+                raise TypeError(f"batches(columns=...) takes a list of column names, got "
+                                f"{columns!r}")
+            if schema is not None:
+                raise ValueError("batches(): give schema= (its fields are the columns read) "
+                                 "or columns=, not both")
+            if len(set(columns)) != len(columns):
+                raise ValueError(f"batches(columns=...) names a column twice: {columns!r}")
+            columns = list(columns)
+        self.columns: list[str] | None = columns
         if not isinstance(batch_bytes, int) or isinstance(batch_bytes, bool) or \
                 batch_bytes < 1024:
             raise ValueError(f"batches(batch_bytes=...) must be a whole number >= 1024, "
@@ -65,7 +78,8 @@ class ColumnarFileSource:
         return ColumnarFileReader(self)
 
     def __repr__(self) -> str:
-        return f"{self.files!r}.batches(schema={self.schema!r})"
+        cols = f", columns={self.columns!r}" if self.columns else ""
+        return f"{self.files!r}.batches(schema={self.schema!r}{cols})"
 
 
 class _Chunk:
@@ -92,6 +106,23 @@ class ColumnarFileReader(FileReader):
         ``None`` the end of input.  jsonl with a schema: blocks of several small files are
         parsed as one (one JSON reader call and one record batch, not one per file), unless
         batches must come from one file (a watermark per file, ``files_at_once``)."""
+        got = self._read_batches()
+        columns = self._columnar.columns
+        if not got or columns is None or self._src.format != "jsonl":
+            return got  # parquet and csv read only the columns
+        out = []
+        for b in got:
+            missing = [c for c in columns if c not in b.schema.names]
+            if missing:
+                raise MissingColumnError(self._last_path(), missing[0], b.schema.names)
+            out.append(b.select(columns))
+        return out
+
+    def _last_path(self) -> str:
+        last = self._last or self._cur
+        return self._known.get(last, self._src.path) if last else self._src.path
+
+    def _read_batches(self) -> list | None:
         if self._src.format != "jsonl" or self._columnar.schema is None or \
                 self._per_split or self._src.files_at_once > 1:
             return super().read_batch(1)
@@ -131,6 +162,7 @@ class ColumnarFileReader(FileReader):
         fmt = self._src.format
         if fmt == "parquet":
             super()._open_current()
+            self._check_columns()
             return
         self._handle = self._fs.open(self._current_path(), "rb")
         if fmt == "csv":
@@ -257,12 +289,22 @@ class ColumnarFileReader(FileReader):
         ro = pc.ReadOptions(use_threads=False, block_size=self._columnar.batch_bytes,
                             column_names=src.fieldnames, skip_rows_after_names=self._off)
         co = pc.ConvertOptions(column_types=schema, include_columns=(
-            schema.names if schema is not None else None))
+            self._columnar.columns or (schema.names if schema is not None else None)))
         po = pc.ParseOptions(delimiter=src.delimiter, newlines_in_values=True)
         try:
             self._csv = pc.open_csv(self._handle, read_options=ro, parse_options=po,
                                     convert_options=co)
         except Exception as exc:  # noqa: BLE001 - named by file and row
+            import re
+
+            missing = re.search(r"Column '(.*)' in include_columns", str(exc))
+            if missing and self._columnar.columns:
+                with self._fs.open(self._current_path(), "rb") as f:
+                    have = pc.open_csv(f, read_options=pc.ReadOptions(
+                        use_threads=False, column_names=src.fieldnames),
+                        parse_options=po).schema.names
+                raise MissingColumnError(self._current_path(), missing.group(1),
+                                         have) from None
             raise RecordError(self._current_path(), self._off, str(exc)) from None
 
     def _read_csv(self, out: list) -> bool:
@@ -282,6 +324,24 @@ class ColumnarFileReader(FileReader):
 
     # ------------------------------------------------------------------ parquet
 
+    def _check_columns(self) -> None:
+        """``columns`` all in the current parquet file (pyarrow skips names it lacks);
+        nested ``a.b`` names a field of struct column ``a``."""
+        columns = self._columnar.columns
+        if columns is None:
+            return
+        import pyarrow as pa
+
+        schema = self._pf.schema_arrow
+        for name in columns:
+            fields = schema
+            for part in name.split("."):
+                idx = fields.get_field_index(part) if fields is not None else -1
+                if idx < 0:
+                    raise MissingColumnError(self._current_path(), name, schema.names)
+                t = fields.field(idx).type
+                fields = pa.schema(list(t)) if pa.types.is_struct(t) else None
+
     def _read_parquet_batches(self, out: list) -> bool:
         import bisect
 
@@ -290,7 +350,8 @@ class ColumnarFileReader(FileReader):
             return True
         idx = bisect.bisect_right(self._starts, self._off) - 1
         if self._rg is None or self._rg[0] != idx:
-            self._rg = (idx, self._pf.read_row_group(idx, columns=(
+            columns = self._columnar.columns
+            self._rg = (idx, self._pf.read_row_group(idx, columns=columns or (
                 self._columnar.schema.names if self._columnar.schema is not None else None)))
         table = self._rg[1]
         per_row = max(1, table.nbytes // max(1, table.num_rows))

@@ -88,6 +88,17 @@ class RecordError(ValueError):
         super().__init__(f"malformed record in {file} ({where}): {reason}")
 
 
+class MissingColumnError(RecordError):
+    """``FileSource(...).batches(columns=...)`` names a column an input file does not have:
+    fails the job at once, naming the file, the column and the file's columns."""
+
+    def __init__(self, file: str, column: str, have: list[str]) -> None:
+        super().__init__(file, 0, f"no column {column!r}")
+        self.column = column
+        ValueError.__init__(self, f"{file} has no column {column!r} (batches(columns=...)); "
+                                  f"its columns: {', '.join(have)}")
+
+
 class SchemaMismatchError(TypeError):
     """A sink got record batches whose schema differs from the one it writes (the first
     batch's, or the table's): it fails the job at once, naming the sink and both schemas."""

@@ -99,17 +99,21 @@ class FileSource:
     def create_reader(self) -> "FileReader":
         return FileReader(self)
 
-    def batches(self, schema: Any = None, *, batch_bytes: int = 1 << 20) -> Any:
+    def batches(self, schema: Any = None, *, columns: list[str] | None = None,
+                batch_bytes: int = 1 << 20) -> Any:
         """The same files read as Arrow record batches of about ``batch_bytes`` (a batch
         stream, like ``spark.read.schema(schema).json(path)``): pyarrow parses them, with
-        ``schema`` (a ``pyarrow.Schema``) or inferring the types.  Positions stay exact (a
-        restore resumes at the record).  See :mod:`cutline.connectors.arrow_files`."""
+        ``schema`` (a ``pyarrow.Schema``) or inferring the types.  ``columns``: only these
+        columns, in this order (Spark's column pruning): parquet reads nothing else, and
+        takes nested fields as ``"bid.price"`` (the struct keeps those fields only).
+        Positions stay exact (a restore resumes at the record).  See
+        :mod:`cutline.connectors.arrow_files`."""
         from .arrow_files import ColumnarFileSource
 
         if self.rate is not None:
             raise ValueError("FileSource(rate=...) paces records; batches() reads whole blocks "
                              "of files: leave rate None")
-        return ColumnarFileSource(self, schema, batch_bytes)
+        return ColumnarFileSource(self, schema, batch_bytes, columns)
 
     def __repr__(self) -> str:
         return f"FileSource({self.path!r}, format={self.format!r}, follow={self.follow})"
