@@ -335,7 +335,7 @@ class ColumnarFileReader(FileReader):
         schema = self._pf.schema_arrow
         for name in columns:
             fields = schema
-            for part in name.split("."):
+            for part in [name] if name in schema.names else name.split("."):
                 idx = fields.get_field_index(part) if fields is not None else -1
                 if idx < 0:
                     raise MissingColumnError(self._current_path(), name, schema.names)
