@@ -895,7 +895,8 @@ def plot(result: dict, stem: Path) -> list[str]:
     p99 = {r["query"]: r["ratio"] for r in lat}
     queries = [q for q in Q.QUERIES if tp.get(q) or p99.get(q)]
     if queries:
-        panels = [(tp, 2.0, "throughput, cutline / Spark (higher is better)", "tab:blue"),
+        panels = [(tp, TARGET_THROUGHPUT, "throughput, cutline / Spark (higher is better; "
+                   "dashes: the target)", "tab:blue"),
                   (p99, TARGET_P99, "p99 latency, cutline / Spark's best trigger (lower is "
                    "better)", "tab:orange")]
         panels = [x for x in panels if x[0]]
@@ -903,7 +904,12 @@ def plot(result: dict, stem: Path) -> list[str]:
                                  squeeze=False)
         for ax, (values, target, title, colour) in zip(axes.flat, panels):
             ax.bar(queries, [values.get(q) or 0 for q in queries], color=colour)
-            ax.axhline(target, color="grey", ls="--", lw=1)
+            if isinstance(target, dict):  # a target per query (or none)
+                for i, q in enumerate(queries):
+                    if target.get(q):
+                        ax.hlines(target[q], i - 0.45, i + 0.45, color="grey", ls="--", lw=1)
+            else:
+                ax.axhline(target, color="grey", ls="--", lw=1)
             ax.set_title(title, fontsize=9)
             ax.tick_params(labelsize=8)
         fig.tight_layout()
