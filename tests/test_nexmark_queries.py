@@ -70,9 +70,13 @@ def test_cutline_and_spark_structured_streaming_agree(nexmark, query, tmp_path):
         assert R.compare(query, batches, spark_rows[query])["equal"]
 
 
+COLUMNAR = "-columnar"  # a sink's name: the query's columnar form
+
+
 def _branches(storage: str, sinks: dict, rate: float | None):
-    """One branch per query (``sinks``) of one pipeline from one NexmarkSource: the same
-    events as the files of the fixture (without the sentinel, which only Spark needs)."""
+    """One branch per query (``sinks``; ``q5-columnar``: its columnar form) of one pipeline
+    from two NexmarkSources, of records and of record batches: the same events as the files
+    of the fixture (without the sentinel, which only Spark needs)."""
     from cutline import CheckpointConfig, Pipeline
     from cutline.connectors.nexmark import NexmarkConfig, NexmarkSource
 
@@ -80,21 +84,27 @@ def _branches(storage: str, sinks: dict, rate: float | None):
     p = Pipeline("nexmark-kills", parallelism=2,
                  checkpoint=CheckpointConfig(interval=0.2, storage=storage))
     events = p.source(NexmarkSource(EVENTS, rate=rate, config=config), uid="events")
+    batches = p.source(NexmarkSource(EVENTS, rate=rate, config=config, batches=True),
+                       uid="event-batches")
     for q, sink in sinks.items():
-        Q.build(q, events, config.max_delay, prefix=f"{q}-").sink(sink, uid=f"{q}-out")
+        query = q.removesuffix(COLUMNAR)
+        out = Q.build_columnar(query, batches, config.max_delay, prefix=f"{q}-") \
+            if q.endswith(COLUMNAR) else Q.build(q, events, config.max_delay, prefix=f"{q}-")
+        out.sink(sink, uid=f"{q}-out")
     return p
 
 
 @pytest.mark.slow
 def test_q3_q5_q7_q8_exactly_once_under_five_kills_on_spark(nexmark, spark, tmp_path):
     """Five ``kill -9`` of Spark Python workers at random points (one in four while the job
-    restores) during one run of q3, q5, q7 and q8: each query's committed output equals the
-    failure-free run's and Spark Structured Streaming's answer."""
+    restores) during one run of q3, q5, q7 and q8 (q5 and q7 per record and columnar): each
+    query's committed output equals the failure-free run's and Spark Structured
+    Streaming's answer."""
     from cutline.connectors import CollectSink
     from cutline.spark.chaos import Chaos
 
     _, _, spark_rows = nexmark
-    queries = ("q3", "q5", "q7", "q8")
+    queries = ("q3", "q5", "q7", "q8", "q5" + COLUMNAR, "q7" + COLUMNAR)
     clean = {q: CollectSink(str(tmp_path / "clean" / q)) for q in queries}
     _branches(f"file://{tmp_path}/clean-ck", clean, None).run(engine="threads", timeout=120)
     killed = {q: CollectSink(str(tmp_path / "killed" / q)) for q in queries}
@@ -108,4 +118,5 @@ def test_q3_q5_q7_q8_exactly_once_under_five_kills_on_spark(nexmark, spark, tmp_
         got = [tuple(r) for r in killed[q].results()]
         assert len(want) >= (1 if q == "q3" else 3), (q, want)
         assert sorted(got) == sorted(want), q
-        assert R.compare(q, got, spark_rows[q])["equal"], q
+        query = q.removesuffix(COLUMNAR)
+        assert R.compare(query, got, spark_rows[query])["equal"], q

@@ -27,7 +27,7 @@ pyarrow.compute; q5 counts bids per auction and sliding window on batches, keeps
 subtask the rows with the window's highest count there, and picks the hottest per window
 record by record; q7 keeps the highest bid per window of each record batch (a local
 pre-aggregate, as Spark's partial aggregation) and the highest of those per window record
-by record.
+by record; q11 counts bids per bidder session on batches.
 
 Where the results are compared (``expected_kind``):
 
@@ -364,14 +364,15 @@ def build(query: str, events: Any, max_delay: float, prefix: str = "") -> Any:
 # (``FileSource(path, "parquet").batches()``), vectorised with pyarrow.compute.  q5 and q7
 # run their windows on the batches too; what is left after them (a few rows per window) goes
 # on record by record.
-COLUMNAR = ("q0", "q1", "q2", "q5", "q7")
+COLUMNAR = ("q0", "q1", "q2", "q5", "q7", "q11")
 # what each reads (``FileSource(...).batches(columns=...)``: parquet reads nothing else, as
 # Spark prunes the columns, nested fields too, its query does not use)
 _EVENT_TIMES = ["auction.dateTime", "person.dateTime"]  # the watermark follows all events
 COLUMNS = {"q0": ["event_type", "bid"], "q1": ["event_type", "bid"],
            "q2": ["event_type", "bid.auction", "bid.price"],
            "q5": ["event_type", "bid.auction", "bid.dateTime", *_EVENT_TIMES],
-           "q7": ["event_type", "bid", *_EVENT_TIMES]}
+           "q7": ["event_type", "bid", *_EVENT_TIMES],
+           "q11": ["event_type", "bid.bidder", "bid.dateTime", *_EVENT_TIMES]}
 
 
 def bid_columns(batch: Any) -> Any:
@@ -467,35 +468,56 @@ def q7_add_row(acc: tuple | None, r: dict) -> tuple:
     return mine if acc is None or mine > acc else acc
 
 
-def build_columnar(query: str, events: Any, max_delay: float = 0.0) -> Any:
-    """Query ``query`` (one of ``COLUMNAR``) on a batch stream of events: its rows, as
-    record batches (q0-q2) or records (q5, q7: the rows out of their windows)."""
+def q11_columns(batch: Any) -> Any:
+    """Session rows as :func:`q11_row`'s: (bidder, count, start, end), times in ms."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
-    if query in ("q5", "q7"):
-        events = events.with_column("ts", event_seconds, uid="ts").assign_timestamps(
-            "ts", max_delay=max_delay, uid="event-time")
-    bids = events.where(pc.field("event_type") == BID, uid="bids")
+    def ms_of(c: str) -> Any:
+        return pc.cast(pc.round(pc.multiply(batch.column(c), 1000)), pa.int64())
+
+    return pa.RecordBatch.from_arrays(
+        [batch.column("bidder"), batch.column("count"), ms_of("start"), ms_of("end")],
+        names=["bidder", "count", "start", "end"])
+
+
+def build_columnar(query: str, events: Any, max_delay: float = 0.0, prefix: str = "") -> Any:
+    """Query ``query`` (one of ``COLUMNAR``) on a batch stream of events: its rows, as
+    record batches (q0-q2, q11) or records (q5, q7: the rows out of their windows).  ``prefix``
+    goes before every operator's uid."""
+    import pyarrow.compute as pc
+
+    def u(name: str) -> str:
+        return prefix + name
+
+    if query in ("q5", "q7", "q11"):
+        events = events.with_column("ts", event_seconds, uid=u("ts")).assign_timestamps(
+            "ts", max_delay=max_delay, uid=u("event-time"))
+    bids = events.where(pc.field("event_type") == BID, uid=u("bids"))
     if query == "q0":
-        return bids.map_batches(bid_columns, uid="q0")
+        return bids.map_batches(bid_columns, uid=u("q0"))
     if query == "q1":
-        return bids.map_batches(euro_columns, uid="q1")
+        return bids.map_batches(euro_columns, uid=u("q1"))
     if query == "q2":
-        return (bids.map_batches(bid_columns, uid="bid-columns")
-                .filter_batches(q2_multiple, uid="q2-filter").select("auction", "price",
-                                                                     uid="q2"))
+        return (bids.map_batches(bid_columns, uid=u("bid-columns"))
+                .filter_batches(q2_multiple, uid=u("q2-filter"))
+                .select("auction", "price", uid=u("q2")))
     if query == "q5":
-        return (bids.map_batches(bid_columns, uid="bid-columns").key_by("auction")
-                .window(sliding(WINDOW, SLIDE)).count(uid="bids-per-auction")
-                .map_batches(q5_local_top, uid="local-top").rows()
+        return (bids.map_batches(bid_columns, uid=u("bid-columns")).key_by("auction")
+                .window(sliding(WINDOW, SLIDE)).count(uid=u("bids-per-auction"))
+                .map_batches(q5_local_top, uid=u("local-top")).rows(uid=u("rows"))
                 .key_by(window_bounds).window(tumbling(SLIDE))
-                .apply(q5_hottest_rows, uid="q5"))
+                .apply(q5_hottest_rows, uid=u("q5")))
     if query == "q7":
-        return (bids.map_batches(bid_columns, uid="bid-columns")
-                .map_batches(q7_local_top, uid="local-top").rows()
+        return (bids.map_batches(bid_columns, uid=u("bid-columns"))
+                .map_batches(q7_local_top, uid=u("local-top")).rows(uid=u("rows"))
                 .key_by(everything).window(tumbling(WINDOW))
-                .aggregate(q7_create, q7_add_row, q7_merge, uid="q7")
-                .map(q7_row, uid="q7-rows"))
+                .aggregate(q7_create, q7_add_row, q7_merge, uid=u("q7"))
+                .map(q7_row, uid=u("q7-rows")))
+    if query == "q11":
+        return (bids.map_batches(bid_columns, uid=u("bid-columns")).key_by("bidder")
+                .window(session(GAP)).count(uid=u("q11"))
+                .map_batches(q11_columns, uid=u("q11-rows")))
     raise ValueError(f"query {query!r} has no columnar form; those that do: "
                      f"{', '.join(COLUMNAR)}")
 
