@@ -27,7 +27,8 @@ pyarrow.compute; q5 counts bids per auction and sliding window on batches, keeps
 subtask the rows with the window's highest count there, and picks the hottest per window
 record by record; q7 keeps the highest bid per window of each record batch (a local
 pre-aggregate, as Spark's partial aggregation) and the highest of those per window record
-by record; q11 counts bids per bidder session on batches.
+by record; q11 counts bids per bidder session on batches; q18 keeps each record batch's
+last bid per (bidder, auction), and keyed state the last of those.
 
 Where the results are compared (``expected_kind``):
 
@@ -364,7 +365,7 @@ def build(query: str, events: Any, max_delay: float, prefix: str = "") -> Any:
 # (``FileSource(path, "parquet").batches()``), vectorised with pyarrow.compute.  q5 and q7
 # run their windows on the batches too; what is left after them (a few rows per window) goes
 # on record by record.
-COLUMNAR = ("q0", "q1", "q2", "q5", "q7", "q11")
+COLUMNAR = ("q0", "q1", "q2", "q5", "q7", "q11", "q18")
 # what each reads (``FileSource(...).batches(columns=...)``: parquet reads nothing else, as
 # Spark prunes the columns, nested fields too, its query does not use)
 _EVENT_TIMES = ["auction.dateTime", "person.dateTime"]  # the watermark follows all events
@@ -372,7 +373,8 @@ COLUMNS = {"q0": ["event_type", "bid"], "q1": ["event_type", "bid"],
            "q2": ["event_type", "bid.auction", "bid.price"],
            "q5": ["event_type", "bid.auction", "bid.dateTime", *_EVENT_TIMES],
            "q7": ["event_type", "bid", *_EVENT_TIMES],
-           "q11": ["event_type", "bid.bidder", "bid.dateTime", *_EVENT_TIMES]}
+           "q11": ["event_type", "bid.bidder", "bid.dateTime", *_EVENT_TIMES],
+           "q18": ["event_type", "bid"]}
 
 
 def bid_columns(batch: Any) -> Any:
@@ -460,7 +462,7 @@ def q7_local_top(batch: Any) -> Any:
     t = t.sort_by(Q7_ORDER)
     s = t.column("start").to_numpy()
     first = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
-    return t.take(first).drop_columns(["start"]).to_batches()[0]
+    return t.take(first).drop_columns(["start"]).combine_chunks().to_batches()[0]
 
 
 def q7_add_row(acc: tuple | None, r: dict) -> tuple:
@@ -481,9 +483,43 @@ def q11_columns(batch: Any) -> Any:
         names=["bidder", "count", "start", "end"])
 
 
+Q18_ORDER = [("bidder", "ascending"), ("auction", "ascending"), ("dateTime", "descending"),
+             ("price", "descending"), ("extra", "descending")]
+
+
+def q18_local_last(batch: Any) -> Any:
+    """The last bid of each (bidder, auction) in one record batch (the tie order of
+    :func:`q18_last`): the keyed state sees a third of the rows, and emits an update per
+    key per batch at most, as Spark's update mode does per micro-batch."""
+    import numpy as np
+    import pyarrow as pa
+
+    if not batch.num_rows:
+        return batch
+    t = pa.Table.from_batches([batch]).sort_by(Q18_ORDER)
+    b, a = t.column("bidder").to_numpy(), t.column("auction").to_numpy()
+    first = np.flatnonzero(np.r_[True, (b[1:] != b[:-1]) | (a[1:] != a[:-1])])
+    return t.take(first).combine_chunks().to_batches()[0]
+
+
+def q18_key_row(r: dict) -> tuple:
+    return (r["bidder"], r["auction"])
+
+
+def q18_last_row(ctx: Any, r: dict) -> list:
+    """:func:`q18_last` on a row of :func:`q18_local_last`."""
+    last = ctx.value_state("last", None)
+    mine = (r["dateTime"], r["price"], r["extra"])
+    if last.value is not None and last.value >= mine:
+        return []
+    last.update(mine)
+    return [(r["bidder"], r["auction"], *mine)]
+
+
 def build_columnar(query: str, events: Any, max_delay: float = 0.0, prefix: str = "") -> Any:
     """Query ``query`` (one of ``COLUMNAR``) on a batch stream of events: its rows, as
-    record batches (q0-q2, q11) or records (q5, q7: the rows out of their windows).  ``prefix``
+    record batches (q0-q2, q11) or records (q5, q7, q18: what the record-by-record step
+    after the batches gives).  ``prefix``
     goes before every operator's uid."""
     import pyarrow.compute as pc
 
@@ -518,6 +554,10 @@ def build_columnar(query: str, events: Any, max_delay: float = 0.0, prefix: str 
         return (bids.map_batches(bid_columns, uid=u("bid-columns")).key_by("bidder")
                 .window(session(GAP)).count(uid=u("q11"))
                 .map_batches(q11_columns, uid=u("q11-rows")))
+    if query == "q18":
+        return (bids.map_batches(bid_columns, uid=u("bid-columns"))
+                .map_batches(q18_local_last, uid=u("local-last")).rows(uid=u("rows"))
+                .key_by(q18_key_row).process(q18_last_row, uid=u("q18")))
     raise ValueError(f"query {query!r} has no columnar form; those that do: "
                      f"{', '.join(COLUMNAR)}")
 
