@@ -39,14 +39,17 @@ Q = _queries()
 
 def cutline_pipeline(query: str, input_dir: str, sink: Any, storage: str, max_delay: float,
                      parallelism: int = 2, interval: float = 1.0,
-                     columnar: bool = False) -> Any:
+                     columnar: bool = False, state_backend: str | None = None) -> Any:
     """Query ``query`` over the Parquet event files in ``input_dir`` (``columnar``: the
-    batch-stream form, ``Q.COLUMNAR``) into ``sink``."""
+    batch-stream form, ``Q.COLUMNAR``) into ``sink``; keyed state in ``state_backend``
+    (default: ``Q.STATE_BACKEND``'s choice for the query)."""
     from cutline import CheckpointConfig, Pipeline
     from cutline.connectors import FileSource
 
     p = Pipeline(f"nexmark-{query}{'-columnar' if columnar else ''}", parallelism=parallelism,
-                 checkpoint=CheckpointConfig(interval=interval, storage=storage))
+                 checkpoint=CheckpointConfig(interval=interval, storage=storage,
+                                             state_backend=state_backend or
+                                             Q.STATE_BACKEND.get(query, "memory")))
     files = FileSource(input_dir, format="parquet")
     if columnar:
         out = Q.build_columnar(query, p.source(files.batches(columns=Q.COLUMNS[query]),
