@@ -333,9 +333,11 @@ class Workdir:
 # --------------------------------------------------------------------------- Spark
 
 
-def spark_session(slots: int, shuffle_partitions: int | None = None) -> Any:
+def spark_session(slots: int, shuffle_partitions: int | None = None,
+                  driver_memory: str | None = None) -> Any:
     """cutline's embedded ``local[slots,8]`` session; ``shuffle_partitions`` gives Spark's
-    own stateful queries as many partitions as cutline has subtasks."""
+    own stateful queries as many partitions as cutline has subtasks; ``driver_memory``:
+    the JVM's heap (local mode runs Spark's tasks and their state stores in it)."""
     from pyspark import cloudpickle
 
     from cutline.spark.launcher import embedded_session
@@ -343,7 +345,9 @@ def spark_session(slots: int, shuffle_partitions: int | None = None) -> Any:
     # Spark workers cannot import this module (bench/ is not on their path): what of it
     # travels to them (LegacyDiscardSink, the cutline.__file__ probe) goes by value.
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    spark = embedded_session(slots=slots, quick_start=False)  # Spark's own engine at full speed
+    spark = embedded_session(slots=slots, quick_start=False,  # Spark's engine at full speed
+                             conf={"spark.driver.memory": driver_memory}
+                             if driver_memory else None)
     if shuffle_partitions is not None:
         spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
         spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "1000")

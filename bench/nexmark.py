@@ -626,7 +626,9 @@ def spark_child(argv: list[str]) -> int:
     Spark session (default trigger) until killed; ``OUT/_ready`` once it is up."""
     query, inp, out, ck, max_delay = argv
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = spark_session(SLOTS, shuffle_partitions=PARALLELISM)
+    # Spark's q18 keeps millions of keys in its state store, in the JVM's heap: 1 GB (the
+    # default) ran out at 5,000,000 events
+    spark = spark_session(SLOTS, shuffle_partitions=PARALLELISM, driver_memory="6g")
     q = start_spark_live(spark, query, Path(inp), Path(out), Path(ck), float(max_delay), {})
     while q.lastProgress is None and q.exception() is None:
         time.sleep(0.01)
@@ -998,7 +1000,9 @@ def main(argv: list[str] | None = None) -> int:
     events = args.events or EVENTS[1 if args.quick else 0]
     console = make_console()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = spark_session(SLOTS, shuffle_partitions=PARALLELISM)
+    # Spark's q18 keeps millions of keys in its state store, in the JVM's heap: 1 GB (the
+    # default) ran out at 5,000,000 events
+    spark = spark_session(SLOTS, shuffle_partitions=PARALLELISM, driver_memory="6g")
     for conf in Q.SPARK_CONF.values():
         for k, v in conf.items():
             spark.conf.set(k, v)

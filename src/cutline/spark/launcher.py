@@ -48,14 +48,15 @@ SPARK_LOG: Path | None = None
 
 
 def embedded_session(slots: int, max_failures: int = 8, stage_attempts: int = 8, *,
-                     quick_start: bool = True) -> Any:
+                     quick_start: bool = True, conf: dict[str, str] | None = None) -> Any:
     """The library's own ``local[N,F]`` session (N slots, F task attempts); a job's barrier
     stage may be resubmitted ``stage_attempts`` times in a row (one per failure).
 
     ``quick_start``: the JVM compiles with its quick compiler only (C1).  cutline's records
     never pass through the JVM (tasks talk over their own channels; Spark schedules and
     restarts them), so its peak speed does not matter and starting is 1.5-2.5x faster.
-    Benchmarks that run Spark's own engine on the session pass False."""
+    Benchmarks that run Spark's own engine on the session pass False.  ``conf``: more
+    Spark settings for the new session (e.g. ``spark.driver.memory``)."""
     global _SESSION
     from pyspark.sql import SparkSession
 
@@ -77,6 +78,8 @@ def embedded_session(slots: int, max_failures: int = 8, stage_attempts: int = 8,
             if quick_start:
                 builder = builder.config("spark.driver.extraJavaOptions",
                                          "-XX:TieredStopAtLevel=1")
+            for k, v in (conf or {}).items():
+                builder = builder.config(k, v)
             _SESSION = _build_session(builder, slots, max_failures, stage_attempts)
         _SESSION.sparkContext.setLogLevel("WARN")
     return _SESSION
