@@ -440,12 +440,15 @@ def test_batch_window_drops_late_rows_and_updates_within_the_lateness():
     assert last == [{"user": "a", "start": 10.0, "end": 20.0, "n": 1, "total": 4}]
 
 
-def test_batch_window_state_rescales_and_fired_windows_stay_fired():
+@pytest.mark.parametrize("assigner", [tumbling(10), sliding(10, 5)])  # sliding: panes
+def test_batch_window_state_rescales_and_fired_windows_stay_fired(assigner):
     from cutline.logical import BatchWindowSpec
     from cutline.protocol.windows import columns
 
     aggs = (("n", None, "count"),)
-    spec = BatchWindowSpec(("user",), aggs, tumbling(10), 0, "ts", columns(aggs))
+    spec = BatchWindowSpec(("user",), aggs, assigner, 0, "ts", columns(aggs))
+    slide = getattr(assigner, "slide", assigner.size)
+    assert spec.panes == (slide < assigner.size)
     node = _node("window_agg", spec, key_fn=ColumnKey(("user",)), partitioning=HASH,
                  columnar=True)
     data = _timed(np.arange(600))  # ts 0 .. 60
@@ -465,4 +468,4 @@ def test_batch_window_state_rescales_and_fired_windows_stay_fired():
     got = collections.Counter((r["user"], r["start"]) for r in rows)
     assert set(got.values()) == {1}  # no window fired twice, across the rescale
     assert {k: r["n"] for r in rows for k in [(r["user"], r["start"])]} == \
-        {(u, float(s)): n for (u, s), (n, *_) in _windows_of(600, 10, 10).items()}
+        {(u, float(s)): n for (u, s), (n, *_) in _windows_of(600, 10, slide).items()}

@@ -212,10 +212,9 @@ def window_of(r: Any) -> tuple:
     return (r.start, r.end)
 
 
-def q5_hottest(window: tuple, _w: Any, results: list) -> list:
+def q5_hottest(window: tuple, w: Any, results: list) -> list:
     """The auctions with the most bids of one sliding window (all of them on a tie)."""
-    top = max(r.value for r in results)
-    return [(ms(window[0]), ms(window[1]), r.key, r.value) for r in results if r.value == top]
+    return q5_hottest_rows(window, w, [{"auction": r.key, "count": r.value} for r in results])
 
 
 # q7: the highest bid of every tumbling window (ties: the largest (price, dateTime, auction,
@@ -231,7 +230,11 @@ def q7_create() -> None:
 
 
 def q7_add(acc: tuple | None, e: dict) -> tuple:
-    b = e["bid"]
+    return q7_add_row(acc, e["bid"])
+
+
+def q7_add_row(acc: tuple | None, b: dict) -> tuple:
+    """A bid (its fields) into the window's highest."""
     mine = (b["price"], b["dateTime"], b["auction"], b["bidder"], b["extra"])
     return mine if acc is None or mine > acc else acc
 
@@ -312,11 +315,20 @@ def q11_row(r: Any) -> tuple:
 
 
 def q18_key(e: dict) -> tuple:
-    return (e["bid"]["bidder"], e["bid"]["auction"])
+    return q18_key_row(e["bid"])
+
+
+def q18_key_row(b: dict) -> tuple:
+    return (b["bidder"], b["auction"])
 
 
 def q18_last(ctx: Any, e: dict) -> list:
-    b = e["bid"]
+    return q18_last_row(ctx, e["bid"])
+
+
+def q18_last_row(ctx: Any, b: dict) -> list:
+    """A bid (its fields; per record, or a row of :func:`q18_local_last`): an update if it
+    is the key's latest."""
     last = ctx.value_state("last", None)
     mine = (b["dateTime"], b["price"], b["extra"])
     if last.value is not None and last.value >= mine:
@@ -442,7 +454,7 @@ def window_bounds(r: dict) -> tuple:
 
 
 def q5_hottest_rows(window: tuple, _w: Any, rows: list) -> list:
-    """:func:`q5_hottest` on the rows the columnar windows left."""
+    """Of (auction, count) rows of one sliding window, those with its most bids."""
     top = max(r["count"] for r in rows)
     return [(ms(window[0]), ms(window[1]), r["auction"], r["count"]) for r in rows
             if r["count"] == top]
@@ -468,11 +480,6 @@ def q7_local_top(batch: Any) -> Any:
     s = t.column("start").to_numpy()
     first = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
     return t.take(first).drop_columns(["start"]).combine_chunks().to_batches()[0]
-
-
-def q7_add_row(acc: tuple | None, r: dict) -> tuple:
-    mine = (r["price"], r["dateTime"], r["auction"], r["bidder"], r["extra"])
-    return mine if acc is None or mine > acc else acc
 
 
 def q11_columns(batch: Any) -> Any:
@@ -505,20 +512,6 @@ def q18_local_last(batch: Any) -> Any:
     b, a = t.column("bidder").to_numpy(), t.column("auction").to_numpy()
     first = np.flatnonzero(np.r_[True, (b[1:] != b[:-1]) | (a[1:] != a[:-1])])
     return t.take(first).combine_chunks().to_batches()[0]
-
-
-def q18_key_row(r: dict) -> tuple:
-    return (r["bidder"], r["auction"])
-
-
-def q18_last_row(ctx: Any, r: dict) -> list:
-    """:func:`q18_last` on a row of :func:`q18_local_last`."""
-    last = ctx.value_state("last", None)
-    mine = (r["dateTime"], r["price"], r["extra"])
-    if last.value is not None and last.value >= mine:
-        return []
-    last.update(mine)
-    return [(r["bidder"], r["auction"], *mine)]
 
 
 def build_columnar(query: str, events: Any, max_delay: float = 0.0, prefix: str = "") -> Any:

@@ -147,9 +147,20 @@ class BatchWindowSpec:
     def ts_fn(self) -> ColumnTime:
         return ColumnTime(self.ts_column, self.ts_shift)
 
+    @property
+    def panes(self) -> bool:
+        """Sliding windows kept as panes (slices of one slide; a window is the merge of the
+        ``size / slide`` panes it covers, as Flink SQL slices hopping windows): exact
+        sliding windows whose size is a whole number of slides, without allowed lateness."""
+        a = self.assigner
+        return (type(a).__name__ == "Sliding" and a.exact and a.slide < a.size
+                and not self.allowed_lateness and (a.size / a.slide).is_integer())
+
     def state_signature(self) -> str:
-        """A restore into other windows or aggregates is refused."""
-        return f"{self.assigner.signature()}.{self.aggregate.name}"
+        """A restore into other windows or aggregates is refused (panes too: their state
+        holds panes, not windows)."""
+        panes = ".panes" if self.panes else ""
+        return f"{self.assigner.signature()}.{self.aggregate.name}{panes}"
 
 
 @dataclass

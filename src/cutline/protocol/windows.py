@@ -496,6 +496,17 @@ class _Columns:
     def add(self, acc: list, parts: Any) -> list:
         return [merge_partial(f, a, p) for f, a, p in zip(self.fns, acc, parts)]
 
+    @staticmethod
+    def add_one_count(acc: list, parts: Any) -> list:
+        """:meth:`add` of a lone ``count`` (a window's hot path: no per-aggregate dispatch)."""
+        a = acc[0]
+        return [parts[0] if a is None else a + parts[0]]
+
+    @staticmethod
+    def result_as_is(acc: list) -> tuple:
+        """:meth:`result` without a ``mean``: the partials are the results."""
+        return tuple(acc)
+
     def result(self, acc: list) -> tuple:
         return tuple((a[0] / a[1] if a is not None and a[1] else None) if f == "mean" else a
                      for f, a in zip(self.fns, acc))
@@ -509,7 +520,9 @@ def columns(aggs: Iterable[tuple[str, str | None, str]]) -> Aggregate:
     aggs = tuple(aggs)
     impl = _Columns(tuple(fn for _, _, fn in aggs))
     name = "columns(" + ", ".join(f"{n}={f}({c or ''})" for n, c, f in aggs) + ")"
-    return Aggregate(name, impl.create, impl.add, impl.add, impl.result)
+    add = impl.add_one_count if impl.fns == ("count",) else impl.add
+    result = impl.result if "mean" in impl.fns else impl.result_as_is
+    return Aggregate(name, impl.create, add, add, result)
 
 
 class _Reducing:

@@ -36,6 +36,8 @@ seconds); a null timestamp fails the job naming the operator and the batch.
 
 from __future__ import annotations
 
+import heapq
+import math
 from typing import Any
 
 import numpy as np
@@ -43,8 +45,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..logical import BatchWindowSpec, Node
-from ..protocol.windows import Session, Tumbling
+from ..protocol.windows import Session, Tumbling, WindowResult
 from ..state.arrow_keys import key_groups
+from ..state.keygroups import key_group
 from .batches import Described, Partials
 from .operators import AssignTimestamps, UserFunctionError
 from .windows import LateRecord, WindowOperator
@@ -97,6 +100,10 @@ class BatchAssignTimestamps(AssignTimestamps):
         return batch
 
 
+def _first(f: tuple) -> tuple:
+    return f[0]
+
+
 def _whole(x: float) -> Any:
     return int(x) if x.is_integer() else x
 
@@ -135,6 +142,7 @@ class BatchWindowAggregate(WindowOperator):
         else:  # sliding: a row is in up to ceil(size / slide) windows
             self.size, self.slide, self.offset = a.size, a.slide, a.offset  # type: ignore
             self.copies = int(np.ceil(self.size / self.slide))
+        self.panes = spec.panes  # state per key and pane (one slide), windows merge panes
 
     # ------------------------------------------------------------------ records
 
@@ -144,7 +152,7 @@ class BatchWindowAggregate(WindowOperator):
             if rb.num_rows:
                 try:
                     late = self._sessions(rb, out) if self.assigner.merging else \
-                        self._fixed(rb, out)
+                        self._panes(rb) if self.panes else self._fixed(rb, out)
                 except UserFunctionError:
                     raise
                 except (KeyError, ValueError, TypeError, pa.ArrowInvalid,
@@ -261,9 +269,10 @@ class BatchWindowAggregate(WindowOperator):
                             else rows)
         table = table.append_column(_START, pa.array(starts))
         _, keys, _, part_cols = self.partials.group(table, [*self.keys, _START])
+        parts = self.partials.tuples(part_cols)
         mutable, fast, lateness = self.windows.mutable, self.windows.fast, self.lateness
         create, add, at, key = self.agg.create, self.agg.add, self._at, self._key
-        size, of, end_of = self.size, self.partials.of, self.assigner.end_of
+        size, end_of = self.size, self.assigner.end_of
         exact = self.assigner.exact
         for i, kw in enumerate(keys):
             k = key(kw, 1)
@@ -279,8 +288,122 @@ class BatchWindowAggregate(WindowOperator):
                 at(end, k)
                 if lateness:
                     at(end + lateness, k)
-            m[w] = add(acc, of(part_cols, i))
+            m[w] = add(acc, parts[i])
         return late
+
+    def _panes(self, rb: pa.RecordBatch) -> np.ndarray:
+        """Sliding windows as panes: each row's partial goes into its pane (one group per
+        key and pane, not per key and window); a row is late when its pane's last window
+        fired.  The rows' windows that fired already are not updated (no lateness), as
+        the per-record operator skips them."""
+        ts = seconds(rb, self.column) + self.shift
+        slide, size = self.slide, self.size
+        pane = ts - np.mod(ts - self.offset, slide)
+        fresh = pane + size > self._marks(rb)
+        late = np.flatnonzero(~fresh)
+        rows = None
+        if len(late):
+            rows = np.flatnonzero(fresh)
+            if not len(rows):
+                return late
+            pane = pane[rows]
+        table = self._table(rb, rows).append_column(_START, pa.array(pane))
+        _, keys, _, part_cols = self.partials.group(table, [*self.keys, _START])
+        parts = self.partials.tuples(part_cols)
+        mutable, fast, create, add = self.windows.mutable, self.windows.fast, \
+            self.agg.create, self.agg.add
+        key, at, due = self._key, self._at, self._next_end(self.wm)
+        for i, kw in enumerate(keys):
+            k = key(kw, 1)
+            start = _whole(kw[-1])
+            w = (start, _whole(float(start + slide)))
+            m = fast.get(k)
+            if m is None:
+                m = mutable(k, dict)
+            acc = m.get(w)
+            if acc is None:
+                acc = create()
+                at(max(w[1], due), k)  # the first of its windows not fired yet
+            m[w] = add(acc, parts[i])
+        return late
+
+    def _next_end(self, t: float) -> float:
+        """The first window end after ``t``."""
+        if math.isinf(t):
+            return t
+        return _whole(float(t - np.mod(t - self.offset, self.slide) + self.slide))
+
+    def _fire_panes(self, ts: float) -> list:
+        """:meth:`on_watermark` of panes: per due key, every window ending after the
+        watermark acted on (the key group's, after a rescale) and by ``ts`` that covers one
+        of its panes fires with the merge of those panes; panes whose last window fired
+        are dropped; the key is due again at its next window end."""
+        prev = self.wm
+        if ts <= prev:
+            return []
+        self.wm = ts
+        times, due = self._times, self._due
+        if not times or times[0] > ts:
+            if self.ahead:
+                self.ahead = {g: v for g, v in self.ahead.items() if v > ts}
+            return []
+        keys: dict[Any, None] = {}
+        while times and times[0] <= ts:
+            keys.update(due.pop(heapq.heappop(times)))
+        table, ahead, maxp = self.windows, self.ahead, self.max_parallelism
+        fast, read, delete, at = table.fast, table.read, table.delete, self._at
+        slide, size, copies = self.slide, self.size, self.copies
+        merge, result = self.agg.merge, self.agg.result
+        assert merge is not None  # columns() merge as they add
+        nxt = self._next_end(ts)
+        fired: list = []
+        for seq, k in enumerate(keys):
+            m = fast.get(k)
+            if m is None:
+                m = read(k, None)
+                if not m:
+                    continue
+                fast[k] = m
+            p = prev
+            if ahead:
+                g = ahead.get(key_group(k, maxp))
+                if g is not None and g > p:
+                    p = g
+            # the window ends after p and by ts that cover a pane: stepping one slide from
+            # the first (panes and ends are on the grid: exact floats, equal as dict keys)
+            lo = min(w[0] for w in m)
+            e = lo + slide
+            if e <= p:
+                e += (math.floor((p - e) / slide) + 1) * slide
+                while e <= p:
+                    e += slide
+            last = min(ts, max(w[0] for w in m) + size)
+            while e <= last:
+                acc = None
+                s = e - size
+                for _ in range(copies):
+                    a = m.get((s, s + slide))
+                    if a is not None:
+                        acc = a if acc is None else merge(acc, a)
+                    s += slide
+                if acc is not None:
+                    fired.append(((e, e - size, seq), k, (e - size, e), acc))
+                e += slide
+            dead = [w for w in m if w[0] + size <= ts]
+            if len(dead) == len(m):
+                delete(k)
+                continue
+            for w in dead:
+                del m[w]
+            at(max(nxt, min(w[1] for w in m)), k)
+        if ahead:
+            self.ahead = {g: v for g, v in ahead.items() if v > ts}
+        self.state.after_batch()
+        if not fired:
+            return []
+        fired.sort(key=_first)
+        new = tuple.__new__
+        return [new(WindowResult, (k, w[0], w[1], result(acc))) for _, k, w, acc in fired]
 
     def _sessions(self, rb: pa.RecordBatch, out: list) -> np.ndarray:
         """Session windows: the indices of the rows too late for theirs.  A key whose rows
@@ -335,7 +458,7 @@ class BatchWindowAggregate(WindowOperator):
     # ------------------------------------------------------------------ time
 
     def on_watermark(self, ts: float) -> list:
-        fired = super().on_watermark(ts)
+        fired = self._fire_panes(ts) if self.panes else super().on_watermark(ts)
         return [self._rows(fired)] if fired else []
 
     def _rows(self, results: list) -> pa.RecordBatch:

@@ -268,6 +268,12 @@ class Partials:
         values = key_lists[0] if len(key_lists) == 1 else list(zip(*key_lists))
         return key_cols, values, part_arrays, [a.to_pylist() for a in part_arrays]
 
+    def tuples(self, part_cols: list) -> list[tuple]:
+        """Every group's partials (:meth:`of` of each), built at once."""
+        cols = [list(zip(part_cols[idx[0]], part_cols[idx[1]])) if fn == "mean"
+                else part_cols[idx[0]] for fn, idx in self.reads]
+        return list(zip(*cols))
+
     def of(self, part_cols: list, i: int) -> tuple:
         """Group ``i``'s partial per aggregate (mean: ``(sum, count)``)."""
         return tuple((part_cols[idx[0]][i], part_cols[idx[1]][i]) if fn == "mean"
