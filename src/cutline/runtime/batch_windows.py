@@ -16,6 +16,12 @@
     (:func:`cutline.protocol.windows.columns`); nothing is emitted.  A row for a fired
     window (within ``allowed_lateness``) is added on its own and emits the window again,
     as a record does;
+  - sliding windows whose size is a whole number of slides, without allowed lateness
+    (``BatchWindowSpec.panes``): the state holds *panes*, one slide each, as Flink SQL
+    slices hopping windows.  A row's partial goes to its one pane (``group_by(keys +
+    pane)``: a fifth of the groups for ``sliding(10, 2)``), and a window fires as the
+    merge of the panes it covers; a pane is dropped when its last window fired, and a row
+    whose pane is gone is late (all its windows fired), as per record;
   - sessions: a key whose rows all open windows past the watermark has them merged into
     sessions first (sorted by key and time; order does not matter, nothing fires), one
     partial per session merged into the key's sessions.  A key with a row at or behind
