@@ -51,7 +51,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..logical import BatchWindowSpec, Node
-from ..protocol.windows import Session, Tumbling, WindowResult
+from ..protocol.windows import Session, Tumbling
 from ..state.arrow_keys import key_groups
 from ..state.keygroups import key_group
 from .batches import Described, Partials
@@ -106,8 +106,8 @@ class BatchAssignTimestamps(AssignTimestamps):
         return batch
 
 
-def _first(f: tuple) -> tuple:
-    return f[0]
+def _by_window(f: tuple) -> tuple:
+    return f[:3]
 
 
 def _whole(x: float) -> Any:
@@ -339,20 +339,20 @@ class BatchWindowAggregate(WindowOperator):
             return t
         return _whole(float(t - np.mod(t - self.offset, self.slide) + self.slide))
 
-    def _fire_panes(self, ts: float) -> list:
+    def _fire_panes(self, ts: float) -> pa.RecordBatch | None:
         """:meth:`on_watermark` of panes: per due key, every window ending after the
         watermark acted on (the key group's, after a rescale) and by ``ts`` that covers one
         of its panes fires with the merge of those panes; panes whose last window fired
         are dropped; the key is due again at its next window end."""
         prev = self.wm
         if ts <= prev:
-            return []
+            return None
         self.wm = ts
         times, due = self._times, self._due
         if not times or times[0] > ts:
             if self.ahead:
                 self.ahead = {g: v for g, v in self.ahead.items() if v > ts}
-            return []
+            return None
         keys: dict[Any, None] = {}
         while times and times[0] <= ts:
             keys.update(due.pop(heapq.heappop(times)))
@@ -377,13 +377,13 @@ class BatchWindowAggregate(WindowOperator):
                     p = g
             # the window ends after p and by ts that cover a pane: stepping one slide from
             # the first (panes and ends are on the grid: exact floats, equal as dict keys)
-            lo = min(w[0] for w in m)
-            e = lo + slide
+            starts = [w[0] for w in m]
+            e = min(starts) + slide
             if e <= p:
                 e += (math.floor((p - e) / slide) + 1) * slide
                 while e <= p:
                     e += slide
-            last = min(ts, max(w[0] for w in m) + size)
+            last = min(ts, max(starts) + size)
             while e <= last:
                 acc = None
                 s = e - size
@@ -393,23 +393,24 @@ class BatchWindowAggregate(WindowOperator):
                         acc = a if acc is None else merge(acc, a)
                     s += slide
                 if acc is not None:
-                    fired.append(((e, e - size, seq), k, (e - size, e), acc))
+                    fired.append((e, e - size, seq, k, acc))
                 e += slide
-            dead = [w for w in m if w[0] + size <= ts]
+            gone = ts - size  # panes starting by then: their last window fired
+            dead = [w for w in m if w[0] <= gone]
             if len(dead) == len(m):
                 delete(k)
                 continue
             for w in dead:
                 del m[w]
-            at(max(nxt, min(w[1] for w in m)), k)
+            at(max(nxt, min(x for x in starts if x > gone) + slide), k)
         if ahead:
             self.ahead = {g: v for g, v in ahead.items() if v > ts}
         self.state.after_batch()
         if not fired:
-            return []
-        fired.sort(key=_first)
-        new = tuple.__new__
-        return [new(WindowResult, (k, w[0], w[1], result(acc))) for _, k, w, acc in fired]
+            return None
+        fired.sort(key=_by_window)  # by end, start; keys in the order they came
+        return self._columns([f[3] for f in fired], [f[1] for f in fired],
+                             [f[0] for f in fired], [result(f[4]) for f in fired])
 
     def _sessions(self, rb: pa.RecordBatch, out: list) -> np.ndarray:
         """Session windows: the indices of the rows too late for theirs.  A key whose rows
@@ -464,21 +465,29 @@ class BatchWindowAggregate(WindowOperator):
     # ------------------------------------------------------------------ time
 
     def on_watermark(self, ts: float) -> list:
-        fired = self._fire_panes(ts) if self.panes else super().on_watermark(ts)
+        if self.panes:
+            rows = self._fire_panes(ts)
+            return [rows] if rows is not None else []
+        fired = super().on_watermark(ts)
         return [self._rows(fired)] if fired else []
 
     def _rows(self, results: list) -> pa.RecordBatch:
         """Window results as one record batch: key columns, start, end, aggregates."""
+        return self._columns([r.key for r in results], [r.start for r in results],
+                             [r.end for r in results], [r.value for r in results])
+
+    def _columns(self, keys: list, starts: list, ends: list, values: list) -> pa.RecordBatch:
+        """Windows as one record batch: key columns, start, end, aggregates (``values``:
+        a tuple per window, one value per aggregate)."""
         cols: dict[str, Any] = {}
         if len(self.keys) == 1:
-            cols[self.keys[0]] = pa.array([r.key for r in results])
+            cols[self.keys[0]] = pa.array(keys)
         else:
             for j, k in enumerate(self.keys):
-                cols[k] = pa.array([r.key[j] for r in results])
-        cols["start"] = pa.array([float(r.start) for r in results], pa.float64())
-        cols["end"] = pa.array([float(r.end) for r in results], pa.float64())
+                cols[k] = pa.array([key[j] for key in keys])
+        cols["start"] = pa.array(starts, pa.float64())
+        cols["end"] = pa.array(ends, pa.float64())
         for j, (name, fn) in enumerate(zip(self.names, self.kinds)):
-            values = [r.value[j] for r in results]
-            cols[name] = pa.array(values, pa.int64() if fn == "count" else
+            cols[name] = pa.array([v[j] for v in values], pa.int64() if fn == "count" else
                                   pa.float64() if fn == "mean" else None)
         return pa.RecordBatch.from_pydict(cols)
