@@ -1,6 +1,7 @@
 """Smoke test: ``bench/nexmark.py --quick`` on a small input runs throughput (per record and
-columnar), latency and kill runs on both systems, prints its tables and writes JSON and
-plots.  Numbers are not checked: this is a benchmark, not a test."""
+columnar) and latency on both systems, prints its tables and writes JSON and plots.  Numbers
+are not checked: this is a benchmark, not a test.  (The kill runs restart a Spark
+application from its checkpoint: minutes, and not the benchmark's code under test.)"""
 
 import json
 import os
@@ -18,8 +19,8 @@ def test_nexmark_bench_quick(tmp_path):
     out = tmp_path / "nexmark.json"
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--quick", "--events", "20000", "--queries", "q1", "q7",
-         "--latency-queries", "q7", "--kill-queries", "q1", "--short-trigger-queries",
-         "--latency-seconds", "4", "--warmup", "1", "--kill-seconds", "12",
+         "--only", "throughput", "--only", "latency", "--latency-queries", "q7",
+         "--short-trigger-queries", "--latency-seconds", "4", "--warmup", "1",
          "--out", str(out)],
         capture_output=True, text=True, timeout=900,
         env={**os.environ, "COLUMNS": "200"},
@@ -34,13 +35,11 @@ def test_nexmark_bench_quick(tmp_path):
         assert row["target"] == 1.5 and row["verdict"] in ("PASS", "FAIL", "undecided")
     for name, runs in result["runs"].items():
         assert all(r is not None for r in runs), name
-        if name.endswith(("cutline", "cutline columnar")):
+        if name.split()[0] in ("q1", "q7") and name.endswith(("cutline", "columnar")):
             assert all(r["attempts"] == 1 for r in runs), (name, runs)
             if name.startswith("q1 "):  # every bid of 20,000 events, and the sentinel bid
                 assert all(r["rows"] == 20_000 * 46 // 50 + 1 for r in runs), (name, runs)
     (lat,) = result["latency"]
     assert lat["query"] == "q7" and lat["cutline_p99"] > 0, lat
-    (kill,) = result["kills"]
-    assert kill["query"] == "q1" and kill["cutline"]["after_kill"], kill
     for plot in result["plots"]:
         assert Path(plot).stat().st_size > 0
