@@ -275,15 +275,21 @@ class BatchWindowAggregate(WindowOperator):
                             else rows)
         table = table.append_column(_START, pa.array(starts))
         _, keys, _, part_cols = self.partials.group(table, [*self.keys, _START])
-        parts = self.partials.tuples(part_cols)
+        self._add_groups(keys, self.partials.tuples(part_cols), self.size)
+        return late
+
+    def _add_groups(self, keys: list, parts: list, length: float,
+                    due: float = -np.inf) -> None:
+        """Each group's partials (``parts``) into its key's window (or pane) starting at the
+        group's last key column and ``length`` long; a new one is due at its end (``due``
+        at the earliest), and again after the lateness."""
         mutable, fast, lateness = self.windows.mutable, self.windows.fast, self.lateness
         create, add, at, key = self.agg.create, self.agg.add, self._at, self._key
-        size, end_of = self.size, self.assigner.end_of
-        exact = self.assigner.exact
+        end_of, exact = self.assigner.end_of, self.assigner.exact
         for i, kw in enumerate(keys):
             k = key(kw, 1)
             start = _whole(kw[-1])
-            end = _whole(float(start + size)) if exact else end_of(start)
+            end = _whole(float(start + length)) if exact else end_of(start)
             w = (start, end)
             m = fast.get(k)
             if m is None:
@@ -291,11 +297,10 @@ class BatchWindowAggregate(WindowOperator):
             acc = m.get(w)
             if acc is None:
                 acc = create()
-                at(end, k)
+                at(end if end > due else due, k)
                 if lateness:
                     at(end + lateness, k)
             m[w] = add(acc, parts[i])
-        return late
 
     def _panes(self, rb: pa.RecordBatch) -> np.ndarray:
         """Sliding windows as panes: each row's partial goes into its pane (one group per
@@ -315,22 +320,9 @@ class BatchWindowAggregate(WindowOperator):
             pane = pane[rows]
         table = self._table(rb, rows).append_column(_START, pa.array(pane))
         _, keys, _, part_cols = self.partials.group(table, [*self.keys, _START])
-        parts = self.partials.tuples(part_cols)
-        mutable, fast, create, add = self.windows.mutable, self.windows.fast, \
-            self.agg.create, self.agg.add
-        key, at, due = self._key, self._at, self._next_end(self.wm)
-        for i, kw in enumerate(keys):
-            k = key(kw, 1)
-            start = _whole(kw[-1])
-            w = (start, _whole(float(start + slide)))
-            m = fast.get(k)
-            if m is None:
-                m = mutable(k, dict)
-            acc = m.get(w)
-            if acc is None:
-                acc = create()
-                at(max(w[1], due), k)  # the first of its windows not fired yet
-            m[w] = add(acc, parts[i])
+        # a new pane is due at the first of its windows not fired yet
+        self._add_groups(keys, self.partials.tuples(part_cols), slide,
+                         self._next_end(self.wm))
         return late
 
     def _next_end(self, t: float) -> float:
