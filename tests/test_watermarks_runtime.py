@@ -377,8 +377,8 @@ def test_in_flight_watermarks_are_channel_state_in_unaligned_checkpoints(tmp_pat
 def test_an_idle_split_does_not_hold_windows_back(tmp_path, idle):
     """Split 1 is silent (no records, not ended) until split 0 has read everything.
     Without idle_timeout it holds the windows back: the operator sees no watermark until
-    split 0 ended, then only split 1's (one per read of it: 1000 records each, fewer on a
-    busy machine) and the end.  With it, they
+    split 1 speaks, then split 1's (one per read of it: 1000 records each, fewer on a busy
+    machine; split 0's last, once, if its end comes later) and the end.  With it, they
     fire as split 0's watermark advances, and split 1's records, behind that watermark
     when they finally come, are late."""
     n = 4_000
@@ -396,7 +396,10 @@ def test_an_idle_split_does_not_hold_windows_back(tmp_path, idle):
         for wms in watermarks_by_subtask(rows).values():
             finite = wms[:-1]
             assert wms[-1] == math.inf and finite == sorted(set(finite)), wms
-            assert finite and set(finite) <= split1, sorted(set(finite) - split1)[:5]
+            # the first is split 1's (nothing passed while it was silent); after it, split
+            # 0's last may still show: split 0 releases split 1 as it ends, before its end
+            # (+inf) reaches the window (seen once in CI, under load)
+            assert finite and finite[0] in split1, finite[:5]
             assert finite[-1] >= max(split1) - DISORDER, wms  # split 1 read to its end
         assert fired(rows) == expected_windows(n) and not late
     else:
