@@ -468,7 +468,6 @@ def q7_local_top(batch: Any) -> Any:
     """The highest bid of each 10 s window in one record batch (a local pre-aggregate, as
     Spark's partial aggregation or Flink's two-phase one): the window keeps the highest of
     these.  Sorted by window, then the tie order of :func:`q7_add`; the first of each."""
-    import numpy as np
     import pyarrow as pa
 
     if not batch.num_rows:
@@ -476,10 +475,21 @@ def q7_local_top(batch: Any) -> Any:
     when = batch.column("dateTime").to_numpy()
     start = when - when % (WINDOW * 1000)
     t = pa.Table.from_batches([batch]).append_column("start", pa.array(start))
-    t = t.sort_by(Q7_ORDER)
-    s = t.column("start").to_numpy()
-    first = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
-    return t.take(first).drop_columns(["start"]).combine_chunks().to_batches()[0]
+    return first_of_each(t, Q7_ORDER, ["start"]).drop_columns(["start"])
+
+
+def first_of_each(table: Any, order: list, keys: list[str]) -> Any:
+    """``table`` sorted by ``order`` (which begins with ``keys``): the first row of each
+    group of equal ``keys``, as one record batch."""
+    import numpy as np
+
+    t = table.sort_by(order)
+    new = np.zeros(t.num_rows, dtype=bool)
+    new[0] = True
+    for k in keys:
+        c = t.column(k).to_numpy()
+        new[1:] |= c[1:] != c[:-1]
+    return t.take(np.flatnonzero(new)).combine_chunks().to_batches()[0]
 
 
 def q11_columns(batch: Any) -> Any:
@@ -503,15 +513,11 @@ def q18_local_last(batch: Any) -> Any:
     """The last bid of each (bidder, auction) in one record batch (the tie order of
     :func:`q18_last`): the keyed state sees a third of the rows, and emits an update per
     key per batch at most, as Spark's update mode does per micro-batch."""
-    import numpy as np
     import pyarrow as pa
 
     if not batch.num_rows:
         return batch
-    t = pa.Table.from_batches([batch]).sort_by(Q18_ORDER)
-    b, a = t.column("bidder").to_numpy(), t.column("auction").to_numpy()
-    first = np.flatnonzero(np.r_[True, (b[1:] != b[:-1]) | (a[1:] != a[:-1])])
-    return t.take(first).combine_chunks().to_batches()[0]
+    return first_of_each(pa.Table.from_batches([batch]), Q18_ORDER, ["bidder", "auction"])
 
 
 def build_columnar(query: str, events: Any, max_delay: float = 0.0, prefix: str = "") -> Any:

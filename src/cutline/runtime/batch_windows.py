@@ -42,7 +42,6 @@ seconds); a null timestamp fails the job naming the operator and the batch.
 
 from __future__ import annotations
 
-import heapq
 import math
 from typing import Any
 
@@ -337,17 +336,9 @@ class BatchWindowAggregate(WindowOperator):
         of its panes fires with the merge of those panes; panes whose last window fired
         are dropped; the key is due again at its next window end."""
         prev = self.wm
-        if ts <= prev:
+        keys = self._due_keys(ts)
+        if keys is None:
             return None
-        self.wm = ts
-        times, due = self._times, self._due
-        if not times or times[0] > ts:
-            if self.ahead:
-                self.ahead = {g: v for g, v in self.ahead.items() if v > ts}
-            return None
-        keys: dict[Any, None] = {}
-        while times and times[0] <= ts:
-            keys.update(due.pop(heapq.heappop(times)))
         table, ahead, maxp = self.windows, self.ahead, self.max_parallelism
         fast, read, delete, at = table.fast, table.read, table.delete, self._at
         slide, size, copies = self.slide, self.size, self.copies

@@ -297,21 +297,29 @@ class WindowOperator(Keyed):
 
     # ------------------------------------------------------------------ time
 
-    def on_watermark(self, ts: float) -> list:
-        """Fire the windows whose end the watermark passed since the last call, and drop
-        those past ``end + allowed_lateness``."""
-        prev = self.wm
-        if ts <= prev:
-            return []
+    def _due_keys(self, ts: float) -> dict[Any, None] | None:
+        """Watermark ``ts`` acted on: the keys with something due by then, in the order
+        they became due; None when ``ts`` is no advance or nothing is due."""
+        if ts <= self.wm:
+            return None
         self.wm = ts
         times, due = self._times, self._due
         if not times or times[0] > ts:
             if self.ahead:
                 self.ahead = {g: v for g, v in self.ahead.items() if v > ts}
-            return []
+            return None
         keys: dict[Any, None] = {}
         while times and times[0] <= ts:
             keys.update(due.pop(heapq.heappop(times)))
+        return keys
+
+    def on_watermark(self, ts: float) -> list:
+        """Fire the windows whose end the watermark passed since the last call, and drop
+        those past ``end + allowed_lateness``."""
+        prev = self.wm
+        keys = self._due_keys(ts)
+        if keys is None:
+            return []
         fired: list[tuple[tuple, Any, tuple, Any]] = []
         add_fired = fired.append
         table, lateness, ahead = self.windows, self.lateness, self.ahead
