@@ -11,7 +11,9 @@ pytest.importorskip("deltalake")
 
 from cutline import CheckpointConfig, Pipeline  # noqa: E402
 from cutline.connectors import CommitError, DeltaSink, GeneratorSource  # noqa: E402
+from cutline.connectors.base import UnsupportedRecordError  # noqa: E402
 from cutline.connectors.delta import app_id  # noqa: E402
+from cutline.runtime.failures import repeats  # noqa: E402
 from pipelines import expected_rows, sentence  # noqa: E402
 
 
@@ -138,9 +140,11 @@ def test_records_are_conformed_to_the_table_schema(tmp_path):
     schema = pa.schema([("k", pa.string()), ("v", pa.int64()), ("note", pa.string())])
     sink = DeltaSink(str(tmp_path / "t"), schema=schema)
     w = _writer(sink)
-    w.write([{"k": "a", "v": 1}, "not a dict"])
-    with pytest.raises(ValueError, match=r"record fields \['value'\] are not columns"):
-        w.pre_commit(1)  # (the task fails and restarts from its checkpoint)
+    # a field the table lacks fails the job at once, never retried (UnsupportedRecordError)
+    with pytest.raises(UnsupportedRecordError, match=r"fields \['value'\] are not columns of "
+                                                     r"the Delta table \(columns: k, v, note\)"):
+        w.write([{"k": "a", "v": 1}, "not a dict"])
+    assert repeats(UnsupportedRecordError("s", 1, "x"))
     w = _writer(sink)
     w.write([{"k": "a", "v": 1}])
     w.commit([w.pre_commit(2)])

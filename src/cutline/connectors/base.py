@@ -113,6 +113,29 @@ def _schema_text(schema: Any) -> str:
     return ", ".join(f"{f.name}: {f.type}" for f in schema)
 
 
+class UnsupportedRecordError(TypeError):
+    """A sink got a record it cannot convert to what it writes (a set, an arbitrary object,
+    a column Arrow cannot type, a key that is not JSON): the same record fails the same way
+    on every retry, so the job fails at once, naming the sink, the Python type and what
+    the sink accepts.  ``type_name``: the type at fault (the record's, or the offending
+    value's when ``reason`` names a column or a key)."""
+
+    def __init__(self, sink: str, record: Any, accepts: str, reason: str = "",
+                 value: Any = None) -> None:
+        self.sink, self.record, self.accepts, self.reason = sink, record, accepts, reason
+        self.type_name = type(record if value is None else value).__qualname__
+        what = f"the record {_short(record)}: {reason}" if reason else \
+            f"a record of type {self.type_name} ({_short(record)})"
+        super().__init__(f"sink {sink} cannot write {what}. It accepts {accepts}")
+
+
+def sink_label(writer: Any) -> str:
+    """How a sink writer's errors name its sink: the operator's uid and the sink."""
+    name = getattr(writer, "operator", None)
+    sink = getattr(writer, "_sink", None)
+    return f"{name!r} ({sink!r})" if name else repr(sink)
+
+
 class CommitError(RuntimeError):
     """A staged transaction cannot be committed (its files are gone, or the target is taken)."""
 

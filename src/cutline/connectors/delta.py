@@ -23,7 +23,10 @@ Two-phase commit, keyed by job and checkpoint id:
 
 The table is created on the first commit (schema: ``schema`` if given, else the first
 file's), or appended to if it exists; records are conformed to the table's schema (a missing
-field is null, an unknown field is an error).  Partitioned tables are not supported.
+field is null; an unknown field, or a value that does not cast to its column's type, fails
+the job at once, never retried).  Records become rows as in :mod:`.parquet_sink`: a
+``WindowResult`` is ``key, start, end, value`` with no ``map``.  Partitioned tables are not
+supported.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ import time
 from typing import Any
 
 from ..storage.fs import check_storage_options, scheme
-from .base import CommitError, commit_file, join
+from .base import CommitError, UnsupportedRecordError, commit_file, join, sink_label
+from .parquet_sink import ACCEPTS as _PARQUET_ACCEPTS
 from .parquet_sink import ParquetWriter, table_of
 
 __all__ = ["DeltaSink", "app_id"]
@@ -42,6 +46,8 @@ __all__ = ["DeltaSink", "app_id"]
 log = logging.getLogger(__name__)
 
 _RETRIES = 5
+
+ACCEPTS = _PARQUET_ACCEPTS + "; every column one of the table's, castable to its type"
 
 
 def app_id(job: str, subtask: int) -> str:
@@ -71,8 +77,10 @@ def _delta_options(fsspec_options: dict | None) -> dict[str, str] | None:
 
 
 class DeltaSink:
-    """Append records (dicts; other values become ``{"value": record}``) to the Delta table at
-    ``path`` exactly once.  See the module docstring for the protocol.
+    """Append records to the Delta table at ``path`` exactly once: dicts, ``WindowResult``
+    (columns ``key, start, end, value``), named tuples and dataclasses as rows, other values
+    as ``{"value": record}`` (:func:`~.parquet_sink.row_of`).  See the module docstring for
+    the protocol.
 
     ``schema``: a ``pyarrow.Schema`` for a table that does not exist yet (default: the schema
     of the first file written).  ``storage_options``: fsspec options for ``path`` (used to
@@ -136,15 +144,12 @@ class DeltaWriter(ParquetWriter):
 
     # ------------------------------------------------------------------ staging
 
-    def _write_file(self, path: str, records: list[dict]) -> None:
-        import pyarrow.parquet as pq
-
-        table = table_of(records, path)
+    def _table(self, records: list) -> Any:
+        """The file's Arrow table, conformed to the table's schema once there is one."""
+        label = sink_label(self)
+        table = table_of(records, label, ACCEPTS)
         schema = self._table_schema()
-        if schema is not None:
-            table = _conform(table, schema, self._sink.path)
-        with self._fs.open(path, "wb") as f:
-            pq.write_table(table, f, compression=self._sink.compression)
+        return table if schema is None else _conform(table, schema, records, label)
 
     def _expected_schema(self, first: Any) -> Any:
         """Record batches must have the table's schema (the user's, or the table's once it
@@ -256,22 +261,38 @@ class DeltaWriter(ParquetWriter):
         log.info("committed checkpoints %s of %s to %s", ids, app, self._sink.path)
 
 
-def _conform(table: Any, schema: Any, where: str) -> Any:
-    """``table`` with the columns of ``schema``, in its order and types."""
+def _conform(table: Any, schema: Any, records: list, sink: str) -> Any:
+    """``table`` (of ``records``) with the columns of ``schema``, in its order and types; a
+    column the table lacks is null.  A field that is no column of the table, or a value that
+    does not cast to its column's type, raises :class:`UnsupportedRecordError`: it would
+    fail the same way on every retry."""
     import pyarrow as pa
 
     extra = [n for n in table.column_names if n not in schema.names]
     if extra:
-        raise ValueError(f"record fields {extra} are not columns of Delta table {where} "
-                         f"(columns: {schema.names})")
+        raise UnsupportedRecordError(
+            sink, _first_with(records, extra), ACCEPTS,
+            f"its fields {extra} are not columns of the Delta table (columns: "
+            f"{', '.join(schema.names)})")
     cols = [table.column(f.name) if f.name in table.column_names
             else pa.nulls(table.num_rows, f.type) for f in schema]
     try:
         return pa.Table.from_arrays(cols, schema=schema) if cols else table
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         pass
-    try:
-        return pa.Table.from_arrays(
-            [c.cast(f.type) for c, f in zip(cols, schema)], schema=schema)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
-        raise TypeError(f"records do not fit the schema of Delta table {where}: {e}") from e
+    cast = []
+    for c, f in zip(cols, schema):
+        try:
+            cast.append(c if c.type == f.type else c.cast(f.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+            raise UnsupportedRecordError(
+                sink, _first_with(records, [f.name]), ACCEPTS,
+                f"its column {f.name!r} ({c.type}) does not fit the Delta table's column "
+                f"{f.name}: {f.type} ({e})") from e
+    return pa.Table.from_arrays(cast, schema=schema)
+
+
+def _first_with(records: list, names: list[str]) -> Any:
+    """The first of ``records`` (rows) that has one of the columns ``names``."""
+    return next((r for r in records if isinstance(r, dict) and any(n in r for n in names)),
+                records[0])

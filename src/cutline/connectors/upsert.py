@@ -14,6 +14,12 @@ subtask INTEGER)``; keys and values are stored as JSON, a ``None`` value is a to
   skipped; re-applying one would be harmless anyway (same values, same checkpoint).
 - ``recover``: re-commit the checkpoint's handles, delete staged rows no handle covers.
 
+Window results need no ``key=``: a :class:`~cutline.protocol.windows.WindowResult` upserts
+its ``value`` under ``(key, start, end)`` (``start`` / ``end`` as float seconds), so a
+window re-emitted under ``allowed_lateness`` replaces its row.  A record the sink cannot
+key (no ``key=`` for it) or encode (a key or value that is not JSON) fails the job at once,
+never retried, naming the sink, the type and what it accepts.
+
 Last-writer-wins is per sink subtask and checkpoint: route every key to one subtask (a
 keyed operator before the sink, at the sink's parallelism) so "later" is well defined.
 SQLite is a local file: fine for one machine (Spark local mode) or a shared volume with
@@ -30,14 +36,20 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
+from ..protocol.windows import WindowResult
 from ..storage.fs import scheme
-from .base import CommitError
+from .base import CommitError, UnsupportedRecordError, _short, sink_label
 
 __all__ = ["UpsertSink"]
 
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+ACCEPTS = ("records whose key and value are JSON (dict, list, tuple, str, int, float, bool, "
+           "None); WindowResult with no key= (keyed by (key, start, end), its value "
+           "upserted), other records with key= (a field name of dicts or named tuples, or "
+           "a function)")
 
 
 def _tuples(v: Any) -> Any:
@@ -48,18 +60,21 @@ def _tuples(v: Any) -> Any:
 class UpsertSink:
     """Upsert ``key(record) -> value(record)`` into SQLite table ``table`` of ``path``.
 
-    ``key``: a field name of dict records, or a function.  ``value``: a function (default:
-    the record itself); both must be JSON-serialisable.  ``timeout``: seconds to wait for
-    another writer's lock.
+    ``key``: a field name of dict records (or of named tuples), or a function; ``None``
+    (the default) takes window results only: a ``WindowResult`` upserts under ``(key,
+    start, end)``.  ``value``: a function (default: the record itself; a ``WindowResult``'s
+    ``value``); both must be JSON-serialisable.  ``timeout``: seconds to wait for another
+    writer's lock.
     """
 
-    def __init__(self, path: str, key: str | Callable[[Any], Any], *,
+    def __init__(self, path: str, key: str | Callable[[Any], Any] | None = None, *,
                  value: Callable[[Any], Any] | None = None, table: str = "kv",
                  name: str | None = None, timeout: float = 60.0):
         if scheme(str(path)) != "file":
             raise ValueError(f"UpsertSink needs a local SQLite file path, got {path!r}")
-        if not (isinstance(key, str) or callable(key)):
-            raise TypeError(f"key must be a field name or a function, got {key!r}")
+        if not (key is None or isinstance(key, str) or callable(key)):
+            raise TypeError(f"key must be a field name, a function or None (window results), "
+                            f"got {key!r}")
         if value is not None and not callable(value):
             raise TypeError(f"value must be a function or None, got {value!r}")
         if not isinstance(table, str) or not _NAME.match(table) or table.startswith("_cutline"):
@@ -125,21 +140,41 @@ class UpsertWriter:
         self._subtask, self._parallelism, self._job = subtask, parallelism, job
         self._conn = self._sink.connect()
         self._buf = {}
-        key = self._sink.key
-        self._key = (lambda r: r[key]) if isinstance(key, str) else key
 
     def write(self, batch: list) -> None:
         if self._conn is None:
             raise RuntimeError("UpsertWriter.write() before open()")
-        key_fn, value_fn, buf = self._key, self._sink.value, self._buf
+        key, value_fn, buf = self._sink.key, self._sink.value, self._buf
         for r in batch:
-            k, v = key_fn(r), r if value_fn is None else value_fn(r)
+            if type(r) is WindowResult:
+                k = (r.key, float(r.start), float(r.end)) if key is None else self._key(key, r)
+                v = r.value if value_fn is None else value_fn(r)
+            else:
+                k = self._key(key, r)
+                v = r if value_fn is None else value_fn(r)
             try:
                 buf[json.dumps(k, separators=(",", ":"))] = \
                     None if v is None else json.dumps(v, separators=(",", ":"))
-            except TypeError as e:
-                raise TypeError(f"UpsertSink {self._sink.path}: key and value must be "
-                                f"JSON-serialisable ({e}); record {r!r}") from e
+            except (TypeError, ValueError) as e:
+                which, part = ("key", k) if not _is_json(k) else ("value", v)
+                bad = _not_json(part)
+                raise UnsupportedRecordError(
+                    sink_label(self), r, ACCEPTS,
+                    f"its {which} {_short(part)} holds a {type(bad).__qualname__}, which is "
+                    f"not JSON ({e})", value=bad) from e
+
+    def _key(self, key: Any, r: Any) -> Any:
+        if callable(key):
+            return key(r)
+        if key is None:
+            raise UnsupportedRecordError(sink_label(self), r, ACCEPTS,
+                                         "UpsertSink(key=None) takes WindowResult records only")
+        if isinstance(r, dict):
+            if key in r:
+                return r[key]
+        elif key in getattr(type(r), "_fields", ()):
+            return getattr(r, key)
+        raise UnsupportedRecordError(sink_label(self), r, ACCEPTS, f"it has no field {key!r}")
 
     def pre_commit(self, checkpoint_id: int) -> dict:
         cid, t = int(checkpoint_id), self._sink.table
@@ -240,6 +275,29 @@ class UpsertWriter:
         c.execute("INSERT INTO _cutline_txn (tbl, app, version) VALUES (?, ?, ?) "
                   "ON CONFLICT(tbl, app) DO UPDATE SET version=excluded.version "
                   "WHERE excluded.version > _cutline_txn.version", (t, app, cid))
+
+
+def _is_json(x: Any) -> bool:
+    try:
+        json.dumps(x)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _not_json(x: Any) -> Any:
+    """The innermost part of ``x`` that is not JSON (whose type to name)."""
+    if isinstance(x, dict):
+        for k, v in x.items():
+            if not (k is None or isinstance(k, (str, int, float, bool))):
+                return k
+            if not _is_json(v):
+                return _not_json(v)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            if not _is_json(v):
+                return _not_json(v)
+    return x
 
 
 class _Tx:

@@ -2,11 +2,11 @@
 has registered.
 
 A failure that will happen again on every retry (a user function raising on a record, a
-malformed input, a record that cannot be pickled, a sink refusing a commit, a pipeline or
-configuration the task cannot even be built from) is *fatal*: the driver fails the job at
-once, naming it, and Spark does not retry the stage.  Anything else (a peer or the network
-went away, a storage hiccup) fails the Spark task, and Spark restarts the stage from the
-latest checkpoint.
+malformed input, a record that cannot be pickled or that a sink cannot convert, a sink
+refusing a commit, a pipeline or configuration the task cannot even be built from) is
+*fatal*: the driver fails the job at once, naming it, and Spark does not retry the stage.
+Anything else (a peer or the network went away, a storage hiccup) fails the Spark task, and
+Spark restarts the stage from the latest checkpoint.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from ..connectors.base import (
     RecordError,
     SchemaMismatchError,
     UnpicklableRecordError,
+    UnsupportedRecordError,
 )
 from ..protocol import messages as m
 from .channels import ChannelError
@@ -40,7 +41,8 @@ class SetupError(RuntimeError):
 def repeats(exc: BaseException) -> bool:
     """Will ``exc`` happen again when the stage is retried?"""
     return isinstance(exc, (UserFunctionError, RecordError, CommitError,
-                            UnpicklableRecordError, SetupError, SchemaMismatchError))
+                            UnpicklableRecordError, SetupError, SchemaMismatchError,
+                            UnsupportedRecordError))
 
 
 def setup_error(what: str, exc: BaseException) -> BaseException:
