@@ -78,8 +78,9 @@ def _delta_options(fsspec_options: dict | None) -> dict[str, str] | None:
 
 class DeltaSink:
     """Append records to the Delta table at ``path`` exactly once: dicts, ``WindowResult``
-    (columns ``key, start, end, value``), named tuples and dataclasses as rows, other values
-    as ``{"value": record}`` (:func:`~.parquet_sink.row_of`).  See the module docstring for
+    (columns ``key, start, end, value``), named tuples and dataclasses as rows, tuples as
+    ``value_0, value_1, ...``, other values as ``{"value": record}``
+    (:func:`~.parquet_sink.row_of`).  See the module docstring for
     the protocol.
 
     ``schema``: a ``pyarrow.Schema`` for a table that does not exist yet (default: the schema

@@ -6,9 +6,12 @@ Records become rows (:func:`row_of`, shared with :mod:`.delta`):
 - a :class:`~cutline.protocol.windows.WindowResult`: ``key`` (a tuple key: ``key_0``,
   ``key_1``, ...), ``start``, ``end`` (float64 seconds of event time, as the rows of a
   batch stream's windows), ``value`` (a dict value with str keys: one column per key,
-  ``value_<name>`` where a name is already a key / start / end column);
+  ``value_<name>`` where a name is already a key / start / end column; a tuple value:
+  ``value_0``, ``value_1``, ...);
+- a tuple (``("u1", 3.0)``, a late record of the docs' examples): ``value_0``,
+  ``value_1``, ...;
 - another named tuple or a dataclass: one column per field;
-- a scalar, list or tuple: one column ``value``.
+- a scalar or a list: one column ``value``.
 
 Anything else (a set, an arbitrary object), or a column Arrow cannot type, fails the job at
 once (:class:`~.base.UnsupportedRecordError`, never retried), naming the sink, the type and
@@ -39,8 +42,9 @@ _PART = re.compile(r"^part-(\d+)-(\d+)-(\d+)\.parquet$")
 
 ACCEPTS = ("dicts (a column per key), WindowResult (columns key or key_0, key_1, ..., "
            "start, end, value or the value dict's keys), named tuples and dataclasses (a "
-           "column per field), and None, bool, int, float, str, bytes, Decimal, dates, "
-           "times, lists and tuples (one column 'value'), with values Arrow can type")
+           "column per field), tuples (value_0, value_1, ...), and None, bool, int, float, "
+           "str, bytes, Decimal, dates, times and lists (one column 'value'), with values "
+           "Arrow can type")
 
 _VALUES = (str, int, float, bool, bytes, bytearray, Decimal, _dt.date, _dt.time,
            _dt.timedelta, list, tuple, type(None))
@@ -56,9 +60,15 @@ def window_row(r: WindowResult) -> dict:
     if type(value) is dict and value and all(type(n) is str for n in value):
         for n, v in value.items():
             row[f"value_{n}" if n in row else n] = v
+    elif type(value) is tuple:
+        row.update(_tuple_row(value))
     else:
         row["value"] = value
     return row
+
+
+def _tuple_row(t: tuple) -> dict:
+    return {f"value_{i}": v for i, v in enumerate(t)}
 
 
 def row_of(record: Any) -> dict | None:
@@ -67,6 +77,8 @@ def row_of(record: Any) -> dict | None:
         return record
     if type(record) is WindowResult:
         return window_row(record)
+    if type(record) is tuple:
+        return _tuple_row(record)
     if isinstance(record, tuple) and hasattr(type(record), "_fields"):
         return record._asdict()  # type: ignore[attr-defined]
     if isinstance(record, _VALUES) or type(record).__module__ == "numpy":
@@ -139,12 +151,13 @@ class ParquetSink:
 
     Records become rows as the module docstring says: dicts as they are, ``WindowResult``
     as ``key, start, end, value`` (no ``map`` needed), named tuples and dataclasses by
-    field, other values as ``{"value": record}``; a record of another type (a set, an
-    arbitrary object) fails the job at once, naming the sink, the type and what it accepts.
-    The schema is inferred per file by pyarrow over all of the file's records (union of keys,
-    a missing key = null; ``Table.from_pylist`` would keep only the first record's keys); a
-    writer converts its first batch at once, so a column Arrow cannot type fails before the
-    first checkpoint (a later one: at the pre-commit), never retried. Records are buffered in memory
+    field, tuples as ``value_0, value_1, ...``, other values as ``{"value": record}``; a
+    record of another type (a set, an arbitrary object) fails the job at once, naming the
+    sink, the type and what it accepts. The schema is inferred per file by pyarrow over all
+    of the file's records (union of keys, a missing key = null; ``Table.from_pylist`` would
+    keep only the first record's keys); a writer converts its first batch at once, so a
+    column Arrow cannot type fails before the first checkpoint (a later one: at the
+    pre-commit), never retried. Records are buffered in memory
     and written at ``pre_commit``; more than ``roll_records`` records in one checkpoint are rolled
     into extra staging files (``n`` = 0, 1, ...). A pre-commit with nothing written: no file.
     ``storage_options``: fsspec options for ``path`` (for ``s3://``: ``endpoint_url``, ``key``,
