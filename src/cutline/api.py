@@ -562,7 +562,8 @@ class KeyedStream:
     # ------------------------------------------------------------------ windows (issue 14)
 
     def window(self, assigner: WindowAssigner, *, allowed_lateness: Any = 0,
-               timestamp: Callable[[Any], Any] | None = None) -> "WindowedStream":
+               timestamp: Callable[[Any], Any] | None = None,
+               on_late: str = "drop") -> "WindowedStream":
         """Event-time windows per key: ``tumbling(size)``, ``sliding(size, slide)`` or
         ``session(gap)`` (from ``cutline``); then an aggregate (``count()``, ``sum(field)``,
         ``min``, ``max``, ``mean``, ``reduce(fn)``, ``aggregate(...)``, ``apply(fn)``).
@@ -575,6 +576,12 @@ class KeyedStream:
         ``allowed_lateness`` (seconds or ``timedelta``): a record up to that late for a fired
         window updates it and its result is emitted again (as Flink does); a record later
         than that for all its windows is dropped, or goes to ``.late()`` of the result.
+
+        ``on_late``: what happens to a dropped late record.  ``"drop"`` (the default):
+        it is counted per operator and subtask (``JobResult.late_records``, the live line,
+        the dashboard, ``/metrics``, ``cutline checkpoints show``; the first drop prints a
+        warning).  ``"fail"``: the job fails at once, naming the operator, the record, its
+        time and the watermark (no retry: a replay would fail the same way).
         """
         if not isinstance(assigner, WindowAssigner):
             raise TypeError("window() takes tumbling(size), sliding(size, slide) or "
@@ -593,7 +600,23 @@ class KeyedStream:
                 "window() cannot tell which timestamp function to use: its input comes from "
                 "different assign_timestamps (e.g. after a union); pass "
                 "window(..., timestamp=ts_fn)")
-        return WindowedStream(self, assigner, lateness, ts_fn)
+        windowed = WindowedStream(self, assigner, lateness, ts_fn)
+        windowed.on_late = _on_late(on_late)
+        return windowed
+
+
+def _on_late(on_late: Any) -> str:
+    if on_late not in ("drop", "fail"):
+        raise ValueError('window(on_late=...) is "drop" (count late records, the default) '
+                         f'or "fail" (fail the job on one), got {on_late!r}')
+    return on_late
+
+
+def _keep_late(spec: Any) -> None:
+    """``.late()`` keeps the late records: refused after ``window(on_late="fail")``."""
+    if spec.on_late == "fail":
+        raise ValueError('.late() keeps late records, window(..., on_late="fail") fails the '
+                         "job on one: choose one of them")
 
 
 class WindowedStream:
@@ -604,13 +627,14 @@ class WindowedStream:
     def __init__(self, keyed: KeyedStream, assigner: WindowAssigner, lateness: float,
                  ts_fn: Callable[[Any], Any]) -> None:
         self.keyed, self.assigner, self.lateness, self.ts_fn = keyed, assigner, lateness, ts_fn
+        self.on_late = "drop"
 
     def _build(self, agg: Aggregate, uid: str | None,
                parallelism: int | None) -> "WindowedResults":
         if self.assigner.merging and agg.merge is None:
             raise ValueError(f"{self.assigner!r} windows merge, and so do their "
                              "accumulators: aggregate() needs merge=fn(a, b)")
-        spec = WindowSpec(self.assigner, self.lateness, self.ts_fn, agg)
+        spec = WindowSpec(self.assigner, self.lateness, self.ts_fn, agg, on_late=self.on_late)
         win = self.keyed._keyed("window", spec, uid, parallelism)
         results = win._then("window_results", spec, uid=None, parallelism=parallelism)
         if agg.full is None:  # a WindowResult's event time is its window's last instant
@@ -686,6 +710,7 @@ class WindowedResults(Stream):
         """The records that came later than ``allowed_lateness`` for all their windows, as a
         stream to route to any sink.  They are output of the window operator like its
         results: written exactly once, through the same channels and checkpoints."""
+        _keep_late(self.spec)
         self.spec.emit_late = True
         w = self.window_node
         node = self.pipeline._add("window_late", self.spec, [w.id], uid=uid,
@@ -933,6 +958,7 @@ class BatchWindowedStream(_Aggregations):
     def __init__(self, keyed: "BatchKeyedStream", assigner: WindowAssigner, lateness: float,
                  time: ColumnTime) -> None:
         self.keyed, self.assigner, self.lateness, self.time = keyed, assigner, lateness, time
+        self.on_late = "drop"
 
     def agg(self, *, uid: str | None = None, parallelism: int | None = None,
             **named: Any) -> BatchStream:
@@ -945,7 +971,7 @@ class BatchWindowedStream(_Aggregations):
             raise ValueError(f"window agg(): {sorted(clash)} name the window's bounds; "
                              "name the aggregates (or keys) otherwise")
         spec = BatchWindowSpec(keys, aggs, self.assigner, self.lateness, self.time.column,
-                               columns(aggs), ts_shift=self.time.shift)
+                               columns(aggs), ts_shift=self.time.shift, on_late=self.on_late)
         win = self.keyed.stream._then("window_agg", spec, uid=uid, parallelism=parallelism,
                                       partitioning=HASH, key_fn=self.keyed.key_fn)
         results = win._then("window_results", spec, uid=None, parallelism=parallelism)
@@ -969,6 +995,7 @@ class BatchWindowedResults(BatchStream):
         """The rows that came later than ``allowed_lateness`` for all their windows, as
         they came (the input's columns): a batch stream to route to any sink, written
         exactly once like the windows' rows."""
+        _keep_late(self.spec)
         self.spec.emit_late = True
         w = self.window_node
         node = self.pipeline._add("window_late", self.spec, [w.id], uid=uid,
@@ -997,8 +1024,8 @@ class BatchKeyedStream(_Aggregations):
                                    key_fn=self.key_fn)
         return stream  # type: ignore[return-value]
 
-    def window(self, assigner: WindowAssigner, *,
-               allowed_lateness: Any = 0) -> "BatchWindowedStream":
+    def window(self, assigner: WindowAssigner, *, allowed_lateness: Any = 0,
+               on_late: str = "drop") -> "BatchWindowedStream":
         """Event-time windows per key, ``tumbling(size)``, ``sliding(size, slide)`` or
         ``session(gap)`` (sessions merge), fired by the watermark of the
         ``assign_timestamps(column)`` upstream; then ``agg(...)`` (or ``count()``,
@@ -1006,7 +1033,9 @@ class BatchKeyedStream(_Aggregations):
         reaches its end: ``(keys..., start, end, aggregates...)``, ``start`` / ``end`` in
         seconds.  ``allowed_lateness`` as for records: each row within it of a fired
         window updates it and emits its row again; later rows are dropped, or go to
-        ``.late()`` of the result.  The output is the per-record window's, row for row."""
+        ``.late()`` of the result.  The output is the per-record window's, row for row.
+        ``on_late="fail"`` fails the job on a late row instead of dropping (and counting)
+        it, as for records."""
         if not isinstance(assigner, WindowAssigner):
             raise TypeError("window() takes tumbling(size), sliding(size, slide) or "
                             f"session(gap) (from cutline), got {assigner!r}")
@@ -1015,5 +1044,7 @@ class BatchKeyedStream(_Aggregations):
         if self.stream.node.timestamps_from is None or not isinstance(ts, ColumnTime):
             raise ValueError("window() needs event time: call .assign_timestamps(column, "
                              "max_delay=...) upstream (its watermarks fire the windows)")
-        return BatchWindowedStream(self, assigner, lateness, ts)
+        windowed = BatchWindowedStream(self, assigner, lateness, ts)
+        windowed.on_late = _on_late(on_late)
+        return windowed
 

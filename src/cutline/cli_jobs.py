@@ -60,6 +60,17 @@ def _watermark(op: dict) -> str:
     return format_event_time(decode_ts(op["watermark"]))
 
 
+def _late(op: dict) -> str:
+    """A window's late records dropped, in all and per subtask when several dropped some."""
+    if "late_records" not in op:
+        return "-"
+    by = {k: n for k, n in sorted((op.get("late_by_subtask") or {}).items()) if n}
+    text = f"{op['late_records']:,}"
+    if len(by) > 1:
+        text += " (" + ", ".join(f"#{k}: {n:,}" for k, n in by.items()) + ")"
+    return text
+
+
 def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -104,8 +115,11 @@ def run(args: argparse.Namespace) -> int:
                       f"  mode {info['mode']}, {info['tasks']} task states, "
                       f"{_size(info['state_bytes'])}")
         t = Table()
+        # late records dropped: a column once a window dropped some (JSON: every window's)
+        late = any(op.get("late_records") for op in info["operators"])
         for col in ("operator", "kind", "parallelism", "keyed state", "keys", "source position",
-                    "pending sink transactions", "in-flight", "timers", "watermark"):
+                    "pending sink transactions", "in-flight", "timers", "watermark",
+                    *(["late dropped"] if late else [])):
             t.add_column(col, justify="left" if col in ("operator", "kind") else "right")
         for op in info["operators"]:
             t.add_row(op["uid"], op["kind"] or "-", str(op["parallelism"] or "-"),
@@ -114,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
                       "yes" if op.get("source") else "-",
                       str(op.get("pending_transactions", "-")),
                       _size(op["in_flight_bytes"]) if op.get("in_flight_bytes") else "-",
-                      f"{op['timers']:,}" if op.get("timers") else "-", _watermark(op))
+                      f"{op['timers']:,}" if op.get("timers") else "-", _watermark(op),
+                      *([_late(op)] if late else []))
         console.print(t)
         return 0
     try:

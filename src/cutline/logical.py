@@ -132,7 +132,7 @@ class BatchWindowSpec:
     ``allowed_lateness``; ``aggregate`` is what the window operator merges per key and
     window (``cutline.protocol.windows.columns(aggs)``).  The attributes the per-record
     window operator reads (``assigner``, ``allowed_lateness``, ``ts_fn``, ``aggregate``,
-    ``emit_late``) have its meaning."""
+    ``emit_late``, ``on_late``) have its meaning."""
 
     keys: tuple[str, ...]
     aggs: tuple[tuple[str, str | None, str], ...]
@@ -142,6 +142,7 @@ class BatchWindowSpec:
     aggregate: Any
     emit_late: bool = False
     ts_shift: float = 0.0
+    on_late: str = "drop"
 
     @property
     def ts_fn(self) -> ColumnTime:

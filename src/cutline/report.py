@@ -96,5 +96,8 @@ class Progress:
         wm = driver.watermark() if hasattr(driver, "watermark") else None
         if wm is not None:
             text += f"  watermark {format_event_time(wm)}"
+        late = sum(driver.late_records().values()) if hasattr(driver, "late_records") else 0
+        if late:
+            text += f"  [yellow]late dropped {late:,}[/]"
         if self.live is not None:
             self.live.update(text)

@@ -42,6 +42,7 @@ from ..protocol.messages import TIMERS_COUNTED
 from ..protocol.watermarks import decode_ts
 from ..report import format_event_time
 from ..runtime.tls import JobSecret
+from .late import late_by_subtask
 
 log = logging.getLogger("cutline.dashboard")
 
@@ -157,6 +158,8 @@ class JobView:
                 "backpressure": max(s["backpressure"] for s in subtasks),
                 "watermark_text": format_event_time(min(marks)) if marks else None,
                 "timers": sum(s["timers"] for s in subtasks),
+                "late_records": sum(s["late_records"] for s in subtasks),
+                "late": _sum_late(s["late"] for s in subtasks),
                 "subtasks": subtasks})
         history = [_completed(r, now, wall) for r in list(c.checkpoints)[-_HISTORY:]]
         history += [{"id": f.id, "status": "failed", "attempt": f.attempt,
@@ -187,6 +190,7 @@ class JobView:
                          for a in list(c.attempt_log)[-_HISTORY:]],
             "last_failure": c.last_failure,
             "source_records": c.source_records_before + c.source_records(),
+            "late_records": sum(o["late_records"] for o in operators),
             "records_per_s": sum(o["records_per_s"] for o in operators
                                  if o["uid"] in self.graph["sources"]),
             "watermark_text": (format_event_time(c.watermark())
@@ -206,7 +210,17 @@ def _subtask(task: str, x: Any, rate: tuple[float, float]) -> dict[str, Any]:
             "timed": wm is not None,
             "watermark": "end" if wm == math.inf else None if wm == -math.inf else wm,
             "watermark_text": format_event_time(wm) if wm is not None else None,
-            "timers": x.timers if x else 0}
+            "timers": x.timers if x else 0,
+            # late records dropped, per window operator of the chain (uid) and in all
+            "late": late_by_subtask(x), "late_records": sum(late_by_subtask(x).values())}
+
+
+def _sum_late(per_subtask: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for late in per_subtask:
+        for uid, n in late.items():
+            out[uid] = out.get(uid, 0) + n
+    return out
 
 
 def _completed(r: Any, now: float, wall: float) -> dict[str, Any]:
@@ -306,6 +320,18 @@ class _Collector:
                         family.add_metric(values, math.inf if w == "end" else
                                           -math.inf if w is None else w)
         yield from per_task.values()
+
+        late = CounterMetricFamily(
+            "cutline_late_records_dropped",
+            "Records a window operator's subtask dropped as late: later than allowed_lateness "
+            "for every window they belong to (records read with .late() are not dropped). "
+            "Counted exactly once, in its checkpoints: a restored count goes on.",
+            labels=["job", "operator", "subtask"])
+        for op in s["operators"]:
+            for st in op["subtasks"]:
+                for uid, n in st["late"].items():
+                    late.add_metric([name, uid, st["task"].rsplit(".", 1)[-1]], n)
+        yield late
 
         latest = next((h for h in ck["history"] if h["status"] == "completed"), None)
         if latest is None:

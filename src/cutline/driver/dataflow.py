@@ -41,6 +41,7 @@ from ..runtime.heartbeats import Heartbeats
 from ..runtime.restore import check_compatible, plan_summary, read_states
 from ..runtime.tls import JobSecret
 from ..storage.checkpoints import CheckpointStorage
+from .late import LateWarnings, late_totals, lateness_of
 
 log = logging.getLogger("cutline.driver")
 
@@ -144,6 +145,7 @@ class JobDriver:
                                        heartbeats=self.heartbeats)
         self.address = self._control.address
         self._routes_of: tuple[int, dict] = (-1, {})  # an attempt's Start addresses, routed
+        self.late = LateWarnings(lateness_of(plan))  # the console's word on late records
 
     # ------------------------------------------------------------------ what callers read
 
@@ -179,6 +181,11 @@ class JobDriver:
     def watermark(self) -> float | None:
         """The job's event time (lowest timed task's output watermark), or None."""
         return self.controller.watermark()
+
+    def late_records(self) -> dict[str, int]:
+        """Late records dropped per window operator (uid), by the current attempt's tasks
+        (counts restored from a checkpoint included); every such operator, 0 too."""
+        return late_totals(list(self.controller.metrics.values()))
 
     @property
     def cpu_seconds(self) -> dict[int, float]:
@@ -232,11 +239,25 @@ class JobDriver:
                         self._perform(c.request_savepoint(msg.future, msg.stop, now))
                     else:
                         self._perform(c.on_message(conn, msg, now))
-                self._perform(c.tick(time.monotonic()))
+                        if type(msg) is m.Metrics and msg.first_late:
+                            self._say(self.late.on_metrics(msg, self.late_records(), now))
+                now = time.monotonic()
+                if self.late.reported:
+                    self._say(self.late.tick(self.late_records(), now))
+                self._perform(c.tick(now))
         except Exception as exc:  # pragma: no cover - reported to the caller
             log.exception("driver failed")
             self.error = f"driver failed: {exc}"
             self.done.set()
+
+    @staticmethod
+    def _say(lines: list[str]) -> None:
+        for line in lines:
+            log.warning("%s", line)
+
+    def say_late_summary(self) -> None:
+        """At the end of the run: the late records not reported on the console yet."""
+        self._say(self.late.summary(self.late_records()))
 
     def _perform(self, commands: list) -> None:
         for cmd in commands:

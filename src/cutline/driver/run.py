@@ -46,6 +46,9 @@ class JobResult:
     cpu_seconds: dict[int, float] = field(default_factory=dict)
     # completed checkpoints in the whole run (``checkpoints`` keeps the newest of them)
     checkpoints_completed: int = 0
+    # late records dropped per window operator (uid), every subtask: counted exactly once
+    # (in the checkpoints, so a restored count goes on); every window that drops them
+    late_records: dict[str, int] = field(default_factory=dict)
 
     @property
     def latest_checkpoint(self) -> CheckpointRecord | None:
@@ -120,6 +123,7 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
         # bookkeeping of the stage (its shuffle and result stage, 0.3-2 s) may end after
         # the run returns; a next job's barrier stage simply waits for its slots.
         engine.join(_STAGE_GRACE)
+        driver.say_late_summary()
     except KeyboardInterrupt:
         _cancelled(pipeline, driver)
         raise _interrupted(pipeline, driver) from None
@@ -136,7 +140,8 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
                      time.monotonic() - t0, driver.restored_from, plan.describe(),
                      task_pids=driver.task_pids, cpu_seconds=driver.cpu_seconds,
                      savepoint=driver.stopped_with_savepoint,
-                     checkpoints_completed=driver.controller.checkpoints_completed)
+                     checkpoints_completed=driver.controller.checkpoints_completed,
+                     late_records=driver.late_records())
 
 
 def _start_dashboard(driver: JobDriver, option: Any, engine: Any) -> Any:

@@ -159,7 +159,11 @@ class Metrics:
     (:func:`~cutline.protocol.watermarks.encode_ts`: ``None`` none yet, ``"inf"`` the end);
     ``timed``: whether it has one.  ``backpressured``: seconds so far its output waited for
     credit from a slower receiver.  ``timers``: its pending timers (``process`` with
-    ``on_timer``), counted up to :data:`TIMERS_COUNTED`."""
+    ``on_timer``), counted up to :data:`TIMERS_COUNTED`.  ``records``: records only (not
+    watermarks, not idle markers).  ``late``: per window operator (uid) that drops late
+    records, how many it dropped (restored counts included: they are in its checkpoints);
+    ``first_late``: per such operator, ``[time, watermark]`` of the first record it dropped
+    in this attempt (the driver's console warning names them)."""
     task: str
     records: int
     source: bool
@@ -168,6 +172,8 @@ class Metrics:
     watermark: float | str | None = None
     backpressured: float = 0.0
     timers: int = 0
+    late: dict[str, int] | None = None
+    first_late: dict[str, list] | None = None
     TAG: ClassVar[str]
 
 

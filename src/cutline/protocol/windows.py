@@ -586,13 +586,15 @@ class WindowSpec:
     record may be (``allowed_lateness`` seconds past a window's end: the window is updated
     and its result emitted again), how a record's timestamp is read (``ts_fn``), and the
     aggregate.  ``emit_late``: records later than that are emitted (wrapped) for the late
-    side output, else dropped."""
+    side output, else dropped and counted (``on_late="drop"``) or the job fails
+    (``on_late="fail"``)."""
 
     assigner: WindowAssigner
     allowed_lateness: float
     ts_fn: Callable[[Any], Any]
     aggregate: Aggregate
     emit_late: bool = False
+    on_late: str = "drop"
 
     def state_signature(self) -> str:
         """What a checkpoint's state of this operator depends on (a restore into another

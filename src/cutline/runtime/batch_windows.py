@@ -54,6 +54,7 @@ from ..protocol.windows import Session, Tumbling
 from ..state.arrow_keys import key_groups
 from ..state.keygroups import key_group
 from .batches import Described, Partials
+from .late import late_error
 from .operators import AssignTimestamps, UserFunctionError
 from .windows import LateRecord, WindowOperator
 
@@ -167,8 +168,22 @@ class BatchWindowAggregate(WindowOperator):
                     self.late_records += len(late)
                     if self.spec.emit_late:
                         out.append(LateRecord(rb.take(pa.array(late))))
+                    else:
+                        self._drop_late(rb, late)
         self.state.after_batch()
         return out
+
+    def _drop_late(self, rb: pa.RecordBatch, late: np.ndarray) -> None:
+        """Rows ``late`` (indices) of ``rb`` came too late for all their windows: counted
+        per key group, or the job fails on the first (``on_late="fail"``)."""
+        first = int(late[0])
+        ts = float(seconds(rb, self.column)[first]) + self.shift
+        cur = float(self._marks(rb)[first])
+        if self.spec.on_late == "fail":
+            raise late_error(self.uid, rb.slice(first, 1).to_pylist()[0], ts, cur,
+                             self.lateness)
+        groups = key_groups(rb.take(pa.array(late)), self.keys, self.max_parallelism)
+        self.late.add_groups(groups.tolist(), ts, cur)
 
     def _marks(self, rb: pa.RecordBatch) -> np.ndarray:
         """The watermark each row meets: the operator's, or its key group's (after a

@@ -46,7 +46,7 @@ from ..protocol import (
 )
 from ..protocol import messages as m
 from ..protocol.liveness import HEARTBEAT_TIMEOUT
-from ..protocol.watermarks import encode_ts
+from ..protocol.watermarks import InputIdle, Watermark, encode_ts
 from .chain import EventTime, OperatorChain
 from .channels import InputGate, OutputChannel
 from .control import FrameConnection, connect
@@ -54,6 +54,7 @@ from .deadletter import DeadLetters
 from .failures import repeats, setup_error
 from .faults import FaultPlan
 from .heartbeats import Heartbeats
+from .late import LateDrops
 from .operators import UserFunctionError, build_operator
 from .restore import RestoreView, read_states
 from .routing import Router
@@ -88,6 +89,9 @@ class JobSpec:
     heartbeat_timeout: float = HEARTBEAT_TIMEOUT
 
 
+_TIME_TYPES = frozenset((Watermark, InputIdle))
+
+
 class _Stop(Exception):
     pass
 
@@ -102,8 +106,11 @@ class _Abandon:
     quietly (the sibling's failure is the news)."""
 
 
-def _count(batch: Any) -> int:
-    """Records in a batch: the rows of a batch stream's record batches."""
+def _count(batch: Any, timed: bool = False) -> int:
+    """Records in a batch: the rows of a batch stream's record batches.  With event time
+    (``timed``) a batch also carries watermarks and idle markers: they are not records."""
+    if timed and batch and not _TIME_TYPES.isdisjoint(map(type, batch)):
+        batch = [x for x in batch if type(x) not in _TIME_TYPES]
     if batch and type(batch[0]).__module__ == "pyarrow.lib":
         return sum(getattr(b, "num_rows", 1) for b in batch)
     return len(batch)
@@ -187,6 +194,9 @@ class Subtask:
         self.last_metrics = 0.0
         # pending timers for the live view: counted every few seconds (RocksDB reads them)
         self.timer_ops = [op for op in ops if getattr(op, "has_processing_timers", False)]
+        # window operators that drop late records (no .late()): counts for the driver
+        self.late_ops = [op for op in ops if isinstance(getattr(op, "late", None), LateDrops)
+                         and not op.spec.emit_late]
         self.timers_counted, self.timers_at = 0, -math.inf
 
     def plan_faults(self, attempt: int) -> None:
@@ -240,7 +250,7 @@ class Subtask:
         for a in actions:
             t = type(a)
             if t is Deliver:
-                self.records_in += _count(a.records)
+                self.records_in += _count(a.records, self.event_time is not None)
                 self.operators.origin = a.channel
                 if self.event_time is None:
                     self._emit(self._process(list(a.records)))
@@ -321,10 +331,16 @@ class Subtask:
                     if left <= 0:
                         break
                 self.timers_counted = m.TIMERS_COUNTED - left
+            late = first = None
+            if self.late_ops:
+                late = {op.uid: op.late.total for op in self.late_ops}
+                first = {op.uid: list(op.late.first) for op in self.late_ops
+                         if op.late.first is not None} or None
             self.slot.send(m.Metrics(self.task_id, self.records_in, self.reader is not None,
                                      self.slot.cpu(), et is not None,
                                      None if et is None else encode_ts(et.output),
-                                     self.router.backpressured_now(), self.timers_counted))
+                                     self.router.backpressured_now(), self.timers_counted,
+                                     late, first))
 
     def _timers(self) -> None:
         now = time.monotonic()

@@ -39,6 +39,7 @@ from ..protocol.watermarks import NO_WATERMARK, to_timestamp
 from ..protocol.windows import TimeWindow, Tumbling, WindowResult, WindowSpec, merge_into
 from ..state import DeferredSnapshot
 from ..state.keygroups import key_group
+from .late import LATE_STATE, LateDrops, late_error
 from .operators import Keyed, Operator, UserFunctionError
 
 __all__ = ["LateRecord", "WindowLate", "WindowOperator", "WindowResults", "group_keys"]
@@ -111,6 +112,8 @@ class WindowOperator(Keyed):
         self._due: dict[float, dict[Any, None]] = {}  # time -> keys with something due
         self._times: list[float] = []  # heap of the times in _due
         self.late_records = 0  # dropped or sent to the late output
+        # the dropped ones, per key group: keyed state, so counted exactly once
+        self.late = LateDrops(self.state.table(LATE_STATE), self.mark_keys, max_parallelism)
 
     # ------------------------------------------------------------------ records
 
@@ -156,10 +159,15 @@ class WindowOperator(Keyed):
                                     batch_size=n) from exc
         self.on_bad_record(self, record, exc, i, n)
 
-    def _late(self, record: Any, emit: Callable[[Any], None]) -> None:
+    def _late(self, record: Any, emit: Callable[[Any], None], key: Any, ts: float,
+              cur: float) -> None:
         self.late_records += 1
         if self.spec.emit_late:
             emit(LateRecord(record))
+        elif self.spec.on_late == "fail":
+            raise late_error(self.uid, record, ts, cur, self.lateness)
+        else:
+            self.late.add(key, ts, cur)
 
     def _process_tumbling(self, batch: list, out: list) -> None:
         """The common case, inlined: one window per record, no merging."""
@@ -190,7 +198,7 @@ class WindowOperator(Keyed):
                 else:
                     end = start + size
                 if end + lateness <= cur:
-                    self._late(record, emit)
+                    self._late(record, emit, k, ts, cur)
                     continue
                 m = fast.get(k)
                 if m is None:
@@ -255,7 +263,7 @@ class WindowOperator(Keyed):
                         if end <= cur:  # a fired window, within the lateness: emit it again
                             self._fire(k, w, acc, emit)
                 if late:
-                    self._late(record, emit)
+                    self._late(record, emit, k, ts, cur)
             except Exception as exc:  # noqa: BLE001 - reported with the record
                 self._failed(record, exc, i, n)
 
@@ -390,6 +398,7 @@ class WindowOperator(Keyed):
         for g, key in self.mark_keys.items():
             a = ahead.get(g)
             put[key] = a if a is not None and a > wm else wm
+        self.late.snapshot()
         return self.state.snapshot()
 
     def restore(self, blobs: list[bytes]) -> None:
@@ -398,6 +407,7 @@ class WindowOperator(Keyed):
         self._due.clear()
         self._times.clear()
         marks: dict[int, float] = {}
+        late: dict[int, int] = {}
         lateness, at = self.lateness, self._at
         for g, name, key, value in self.state.entries():
             if name == WINDOWS:
@@ -407,6 +417,9 @@ class WindowOperator(Keyed):
                         at(w[1] + lateness, key)
             elif name == MARKS and self.mark_keys.get(g) == key:
                 marks[g] = value
+            elif name == LATE_STATE:
+                late[g] = value
+        self.late.restored(late)
         owned = self.mark_keys
         self.wm = (min(marks[g] for g in owned) if owned and all(g in marks for g in owned)
                    else NO_WATERMARK)

@@ -21,7 +21,10 @@ from ..storage.schema import TaskState, read_task_states
 from .timers import TIMER_STATES
 from .ttl import Expiring
 
-__all__ = ["keyed_rows", "keyed_entries", "operators_with_state", "summary"]
+__all__ = ["LATE_STATE", "keyed_rows", "keyed_entries", "operators_with_state", "summary"]
+
+#: A window operator's late records dropped, per key group (:mod:`cutline.runtime.late`)
+LATE_STATE = "__late"
 
 
 def keyed_entries(blob: Any) -> Iterator[tuple[int, str, Any, Any]]:
@@ -123,6 +126,11 @@ def summary(handle: Any) -> dict:
                 if name in TIMER_STATES:
                     op["timers"] = op.get("timers", 0) + 1
                     k = v[1]
+                elif name == LATE_STATE:  # a window's dropped late records, per key group
+                    op["late_records"] = op.get("late_records", 0) + v
+                    by = op.setdefault("late_by_subtask", {})
+                    by[st.index] = by.get(st.index, 0) + v
+                    continue
                 elif name.startswith("__"):
                     continue
                 if k.__hash__ is not None:
@@ -146,6 +154,8 @@ def summary(handle: Any) -> dict:
         info.setdefault("tasks", 0)
         info.setdefault("keys", 0)
         info.setdefault("bytes", 0)
+        if plan.get(uid, {}).get("kind") in ("window", "window_agg"):
+            info.setdefault("late_records", 0)  # none dropped (or they go to .late())
         if "_wm" in info:  # None: no watermark yet, "inf": the end of input
             info["watermark"] = encode_ts(info.pop("_wm"))
         operators.append({"uid": uid, "kind": plan.get(uid, {}).get("kind"),
