@@ -75,8 +75,9 @@ LATE = sum(1 for i in range(N) if is_late(i))
 
 
 def pipeline(tmp, name: str = "late", *, n: int | None = N, rate: float | None = None,
-             on_late: str = "drop", interval: float = 0.2) -> tuple[Pipeline, CollectSink]:
-    p = Pipeline(name, parallelism=2, checkpoint=CheckpointConfig(
+             on_late: str = "drop", interval: float = 0.2,
+             parallelism: int = 2) -> tuple[Pipeline, CollectSink]:
+    p = Pipeline(name, parallelism=parallelism, checkpoint=CheckpointConfig(
         storage=f"file://{tmp}/chk", interval=interval))
     out = CollectSink(str(tmp / "out"))
     (p.source(GeneratorSource(count=n, fn=event, rate=rate), uid="events", parallelism=1)
@@ -210,9 +211,11 @@ def test_count_leaves_out_time_items():
     assert _count([Watermark(1.0)], timed=True) == 0
 
 
-def test_late_count_goes_on_after_a_restore_from_a_savepoint(tmp_path, caplog):
+@pytest.mark.parametrize("parallelism", [2, 3])
+def test_late_count_goes_on_after_a_restore_from_a_savepoint(tmp_path, caplog, parallelism):
     """The count is keyed state: a run restored from a savepoint taken mid-way starts from
-    the savepoint's count, and its replay counts no record twice."""
+    the savepoint's count, and its replay counts no record twice; rescaled (3 window
+    subtasks instead of 2), each key group's count moves with it."""
     p, out = pipeline(tmp_path, name="resumed", rate=4_000)
     job = p.start(engine="threads")
     deadline = time.monotonic() + 60
@@ -222,10 +225,15 @@ def test_late_count_goes_on_after_a_restore_from_a_savepoint(tmp_path, caplog):
     savepoint = job.stop_with_savepoint(60)
     before = job.result(60).late_records["counts"]
     assert 0 < before < LATE
-    p2, out2 = pipeline(tmp_path, name="resumed")
+    p2, out2 = pipeline(tmp_path, name="resumed", parallelism=parallelism)
+    drivers: list = []
     with caplog.at_level(logging.WARNING, logger="cutline"):
-        result = p2.run(engine="threads", restore_from=savepoint, progress=False, timeout=120)
+        result = p2.run(engine="threads", restore_from=savepoint, progress=False, timeout=120,
+                        on_start=drivers.append)
     assert result.late_records == {"counts": LATE}
+    window = _chain_of(JobView(drivers[0], "threads").snapshot(), "counts")
+    assert {s["task"].rsplit(".", 1)[1]: s["late_records"] for s in window["subtasks"]} \
+        == late_per_subtask(parallelism=parallelism)
     got = {(r.key, r.start): r.value for r in [*out.results(), *out2.results()]}
     assert got == expected_windows()
 

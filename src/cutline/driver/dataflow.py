@@ -146,6 +146,7 @@ class JobDriver:
         self.address = self._control.address
         self._routes_of: tuple[int, dict] = (-1, {})  # an attempt's Start addresses, routed
         self.late = LateWarnings(lateness_of(plan))  # the console's word on late records
+        self._late_tick = 0.0
 
     # ------------------------------------------------------------------ what callers read
 
@@ -242,7 +243,8 @@ class JobDriver:
                         if type(msg) is m.Metrics and msg.first_late:
                             self._say(self.late.on_metrics(msg, self.late_records(), now))
                 now = time.monotonic()
-                if self.late.reported:
+                if self.late.reported and now >= self._late_tick:  # once a second
+                    self._late_tick = now + 1.0
                     self._say(self.late.tick(self.late_records(), now))
                 self._perform(c.tick(now))
         except Exception as exc:  # pragma: no cover - reported to the caller
