@@ -85,8 +85,11 @@ def refuse_finished(storage: CheckpointStorage, handle: Any = False) -> None:
         f"checkpoint {handle.path.rsplit('/', 1)[-1]} of a run that read all its "
         "input, and a new run would resume from it with nothing left to read. To "
         f"start over, delete {job_dir} (or give the pipeline another name or "
-        "CheckpointConfig(storage=...)); to continue from its final state (new input "
-        f"files, say), run it with restore_from={handle.path!r}")
+        "CheckpointConfig(storage=...)); to continue from its final state with new input "
+        f"(files added to its input, say), run it with restore_from={handle.path!r}: "
+        "event time goes on from the last watermark before the end of input, and a record "
+        "for a window that end of input fired is late (within allowed_lateness it updates "
+        "the window, which is emitted again)")
 
 
 class SavepointError(RuntimeError):

@@ -31,7 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["BoundedOutOfOrderness", "IDLE", "InputIdle", "NO_WATERMARK", "Watermark",
            "WatermarkGenerator", "WatermarkTracker", "decode_ts", "encode_ts", "is_time_item",
-           "to_duration", "to_timestamp"]
+           "restored_ts", "to_duration", "to_timestamp"]
 
 #: The watermark before any: every timestamp is later.
 NO_WATERMARK = -math.inf
@@ -132,15 +132,21 @@ class WatermarkTracker:
     the task then tells its own outputs it is idle).  When every channel is closed it is
     ``math.inf``.  Each method returns the new combined watermark when it advanced, else
     ``None``.
+
+    A watermark that went to ``math.inf`` (the end of input) keeps its last real (finite)
+    value beside it (:attr:`real`, per channel too): a restore takes that one
+    (:func:`restored_ts`), so a job continued with new input goes on from there.
     """
 
-    __slots__ = ("_wm", "_idle", "_closed", "current")
+    __slots__ = ("_wm", "_idle", "_closed", "_real", "current", "real")
 
     def __init__(self, channels: Iterable[Hashable]) -> None:
         self._wm: dict[Hashable, float] = {ch: NO_WATERMARK for ch in channels}
         self._idle: set[Hashable] = set()
         self._closed: set[Hashable] = set()
+        self._real: dict[Hashable, float] = {}  # channel -> its last finite, once at inf
         self.current: float = NO_WATERMARK
+        self.real: float = NO_WATERMARK  # the last finite :attr:`current`, once it is inf
 
     @property
     def channels(self) -> list[Hashable]:
@@ -165,7 +171,10 @@ class WatermarkTracker:
         """``Watermark(ts)`` arrived on ``ch``: it is active again; its watermark rises to
         ``ts`` (a lower one is ignored: a channel's watermark never goes back)."""
         self._idle.discard(ch)
-        if ts > self._wm[ch]:
+        old = self._wm[ch]
+        if ts > old:
+            if ts == math.inf:
+                self._real[ch] = old
             self._wm[ch] = ts
         return self._advance()
 
@@ -205,9 +214,22 @@ class WatermarkTracker:
         if not active and len(closed) < len(self._wm):
             return None  # every open channel idle: hold
         if low > self.current:
+            if low == math.inf:
+                self.real = self._last_real()
             self.current = low
             return low
         return None
+
+    def _last_real(self) -> float:
+        """At the end of input: the lowest last real watermark of the channels that had
+        one (a channel whose sender had no input holds nothing back at the end), at least
+        the combined one before.  The task acts on it before ``inf`` (:class:`EventTime
+        <cutline.runtime.chain.EventTime>`), so the last real watermark of every operator
+        is the same whichever input ended last."""
+        real = self._real
+        low = min((real.get(ch, wm) for ch, wm in self._wm.items()
+                   if real.get(ch, wm) > NO_WATERMARK), default=NO_WATERMARK)
+        return low if low > self.current else self.current
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -215,24 +237,35 @@ class WatermarkTracker:
         """The tracker's state, msgpack/JSON-able: ``{"current": wm, "channels": {str(ch):
         [wm, idle]}}`` (``None`` stands for no watermark yet, ``"inf"`` for the end).
         Closed flags are not kept: after a restore every channel is open again and its
-        sender ends it again."""
-        return {"current": encode_ts(self.current),
-                "channels": {str(ch): [encode_ts(wm), ch in self._idle]
-                             for ch, wm in self._wm.items()}}
+        sender ends it again.  At the end of input, ``"real": {"current": wm, "channels":
+        {str(ch): wm}}`` too: the last real watermarks of those that are ``"inf"``."""
+        out: dict[str, Any] = {"current": encode_ts(self.current),
+                               "channels": {str(ch): [encode_ts(wm), ch in self._idle]
+                                            for ch, wm in self._wm.items()}}
+        if self.current == math.inf or self._real:
+            out["real"] = {"current": encode_ts(self.real),
+                           "channels": {str(ch): encode_ts(wm)
+                                        for ch, wm in self._real.items()}}
+        return out
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Take the state :meth:`snapshot` returned (of a tracker with the same channels, by
         ``str(ch)``; channels it does not name keep no watermark, names it has that this
-        tracker lacks are ignored)."""
+        tracker lacks are ignored).  A watermark at the end of input restores as its last
+        real one (:func:`restored_ts`)."""
         by_name = {str(ch): ch for ch in self._wm}
-        self.current = decode_ts(state.get("current"))
+        real = state.get("real") or {}
+        reals = real.get("channels") or {}
+        self.current = restored_ts(state.get("current"), real, "current")
+        self.real = NO_WATERMARK
+        self._real.clear()
         self._idle.clear()
         self._closed.clear()
         for name, (wm, idle) in state.get("channels", {}).items():
             ch = by_name.get(name)
             if ch is None:
                 continue
-            self._wm[ch] = decode_ts(wm)
+            self._wm[ch] = restored_ts(wm, reals, name)
             if idle:
                 self._idle.add(ch)
 
@@ -240,7 +273,7 @@ class WatermarkTracker:
         """An independent copy (the model checker copies a task's state at every step)."""
         c = WatermarkTracker(())
         c._wm, c._idle, c._closed = dict(self._wm), set(self._idle), set(self._closed)
-        c.current = self.current
+        c._real, c.current, c.real = dict(self._real), self.current, self.real
         return c
 
     def restore_rescaled(self, floor: float | Mapping[Any, float]) -> None:
@@ -252,6 +285,7 @@ class WatermarkTracker:
             else floor
         self._idle.clear()
         self._closed.clear()
+        self._real.clear()
         for ch in self._wm:
             self._wm[ch] = per.get(ch, low)
         self.current = min(self._wm.values(), default=low)
@@ -274,6 +308,21 @@ def decode_ts(v: Any) -> float:
     if v == "inf":
         return math.inf
     return float(v) if not isinstance(v, int) else v
+
+
+def restored_ts(v: Any, real: Mapping[Any, Any] | None = None, name: Any = None) -> float:
+    """A checkpointed watermark ``v`` (:func:`encode_ts`) as a restore takes it.
+
+    ``"inf"`` is the end of *that run's* input, not a time: restored as it is, no record of
+    a continued run (new input files, say) would ever be on time, and no window would fire
+    again.  So it restores as the last real watermark kept beside it, ``real[name]`` (an
+    old checkpoint without one: ``inf`` as before).  What the end of input fired is
+    remembered where it fired (the window operators' fired windows; event-time timers
+    fired at the end of input stay fired)."""
+    ts = decode_ts(v)
+    if ts != math.inf or real is None or name not in real:
+        return ts
+    return decode_ts(real[name])
 
 
 # --------------------------------------------------------------------------- generators

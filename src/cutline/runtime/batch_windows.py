@@ -114,6 +114,11 @@ def _whole(x: float) -> Any:
     return int(x) if x.is_integer() else x
 
 
+def _grid(t: float) -> float:
+    """A window end, to compare ends computed in different ways (stepping, multiplying)."""
+    return round(float(t), 9)
+
+
 def _key_ids(rb: pa.RecordBatch, columns: list[str]) -> np.ndarray:
     """A dense id per row of ``rb``, equal for rows with equal keys (the ``columns``)."""
     ids: np.ndarray | None = None
@@ -232,18 +237,26 @@ class BatchWindowAggregate(WindowOperator):
     def _add_fixed(self, key: Any, w: tuple, parts: Any, cur: float,
                    emit: Any) -> bool:
         """One row's partial into a fired (tumbling or sliding) window, as the per-record
-        operator adds a record; False if it is too late for it."""
+        operator adds a record; False if it is too late for it.  (After a restore of a
+        final checkpoint also a row that may be for a window the end of input fired: one
+        that was not is added as to an open window.)"""
         end = w[1]
         if end + self.lateness <= cur:
             return False
+        done = end <= cur
+        if not done and self.fired and w in self.fired.get(key, ()):
+            return self._refire(key, w, parts, emit)
         m = self.windows.mutable(key, dict)
         acc = m.get(w)
         if acc is None:
             acc = self.agg.create()
+            if not done:
+                self._at(end, key)
             if self.lateness:
                 self._at(end + self.lateness, key)
         m[w] = acc = self.agg.add(acc, parts)
-        self._fire(key, w, acc, emit)
+        if done:
+            self._fire(key, w, acc, emit)
         return True
 
     def _windows(self, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -274,6 +287,8 @@ class BatchWindowAggregate(WindowOperator):
         ends = starts + self.size if self.assigner.exact else np.array(
             [self.assigner.end_of(_whole(s)) for s in starts.tolist()], dtype=np.float64)
         fresh = ends > cur  # open windows: vectorised, nothing is emitted
+        if self.fired:  # windows the end of input may have fired: row by row
+            fresh &= ends > self.fired_until
         late = np.zeros(0, dtype=np.int64)
         if not fresh.all():  # fired ones: row by row, as the per-record operator does
             stale = np.flatnonzero(~fresh)
@@ -324,7 +339,10 @@ class BatchWindowAggregate(WindowOperator):
         ts = seconds(rb, self.column) + self.shift
         slide, size = self.slide, self.size
         pane = ts - np.mod(ts - self.offset, slide)
-        fresh = pane + size > self._marks(rb)
+        cur = self._marks(rb)
+        fresh = pane + size > cur
+        if self.fired:  # after a final checkpoint: rows whose windows the end of input fired
+            fresh &= ~self._all_fired(rb, pane, cur)
         late = np.flatnonzero(~fresh)
         rows = None
         if len(late):
@@ -339,6 +357,26 @@ class BatchWindowAggregate(WindowOperator):
                          self._next_end(self.wm))
         return late
 
+    def _all_fired(self, rb: pa.RecordBatch, pane: np.ndarray, cur: np.ndarray) -> np.ndarray:
+        """Which rows of ``rb`` (in panes ``pane``, meeting watermarks ``cur``) are late
+        because the end of an earlier run's input fired each of their windows that ends
+        after the watermark (their key's marks, :attr:`fired`)."""
+        out = np.zeros(rb.num_rows, dtype=bool)
+        rows = np.flatnonzero(pane + self.slide <= self.fired_until)
+        if not len(rows):
+            return out
+        names = self.keys
+        keyed = pa.table({k: rb.column(k) for k in names}).take(pa.array(rows)).to_pylist()
+        for i, r in zip(rows.tolist(), keyed):
+            marked = self.fired.get(r[names[0]] if len(names) == 1 else
+                                    tuple(r[c] for c in names))
+            if marked:
+                ends = {_grid(w[1]) for w in marked}
+                p, c = float(pane[i]), float(cur[i])
+                out[i] = all(p + j * self.slide <= c or _grid(p + j * self.slide) in ends
+                             for j in range(1, self.copies + 1))
+        return out
+
     def _next_end(self, t: float) -> float:
         """The first window end after ``t``."""
         if math.isinf(t):
@@ -349,11 +387,14 @@ class BatchWindowAggregate(WindowOperator):
         """:meth:`on_watermark` of panes: per due key, every window ending after the
         watermark acted on (the key group's, after a rescale) and by ``ts`` that covers one
         of its panes fires with the merge of those panes; panes whose last window fired
-        are dropped; the key is due again at its next window end."""
+        are dropped; the key is due again at its next window end.  A window the end of an
+        earlier run's input fired (:attr:`fired`) does not fire again; at the end of input,
+        the windows fired are marked so (as :meth:`WindowOperator.on_watermark` does)."""
         prev = self.wm
         keys = self._due_keys(ts)
         if keys is None:
             return None
+        marks, final = self.fired, ts == math.inf
         table, ahead, maxp = self.windows, self.ahead, self.max_parallelism
         fast, read, delete, at = table.fast, table.read, table.delete, self._at
         slide, size, copies = self.slide, self.size, self.copies
@@ -362,6 +403,12 @@ class BatchWindowAggregate(WindowOperator):
         nxt = self._next_end(ts)
         fired: list = []
         for seq, k in enumerate(keys):
+            marked = marks.get(k) if marks else None
+            done = None
+            if marked is not None:
+                done = {_grid(w[1]) for w in marked}
+                if not final:
+                    self._unmark_passed(k, marked, ts)
             m = fast.get(k)
             if m is None:
                 m = read(k, None)
@@ -383,6 +430,9 @@ class BatchWindowAggregate(WindowOperator):
                     e += slide
             last = min(ts, max(starts) + size)
             while e <= last:
+                if done is not None and _grid(e) in done:  # fired at an end of input
+                    e += slide
+                    continue
                 acc = None
                 s = e - size
                 for _ in range(copies):
@@ -392,6 +442,8 @@ class BatchWindowAggregate(WindowOperator):
                     s += slide
                 if acc is not None:
                     fired.append((e, e - size, seq, k, acc))
+                    if final:
+                        self._mark(k, (_whole(float(e - size)), _whole(float(e))))
                 e += slide
             gone = ts - size  # panes starting by then: their last window fired
             dead = [w for w in m if w[0] <= gone]
@@ -422,6 +474,8 @@ class BatchWindowAggregate(WindowOperator):
         ends = ts + gap
         cur = self._marks(rb)
         stale = ends <= cur
+        if self.fired:  # a row may merge into a session the end of input fired: in order
+            stale |= ts <= self.fired_until
         kid = _key_ids(rb, self.keys)
         late = np.zeros(0, dtype=np.int64)
         rows = np.arange(rb.num_rows)

@@ -29,12 +29,12 @@ from ..protocol.watermarks import (
     InputIdle,
     Watermark,
     WatermarkTracker,
-    decode_ts,
     encode_ts,
+    restored_ts,
 )
 from .operators import UserFunctionError
 
-__all__ = ["EventTime", "OperatorChain", "describe_position"]
+__all__ = ["EventTime", "OperatorChain", "describe_position", "restored_segments"]
 
 _TIME_TYPES = frozenset((Watermark, InputIdle))
 
@@ -100,6 +100,14 @@ class OperatorChain:
                 pass
 
 
+def restored_segments(state: Mapping[str, Any]) -> list[float]:
+    """The segments' watermarks of an :meth:`EventTime.snapshot`, as a restore takes them:
+    one at the end of input (``"inf"``) as its last real one (:func:`restored_ts`)."""
+    saved = state.get("segments") or []
+    real = (state.get("real") or {}).get("segments") or []
+    return [restored_ts(v, dict(enumerate(real)), k) for k, v in enumerate(saved)]
+
+
 class EventTime:
     """The event-time part of a subtask's chain (only for pipelines with event time).
 
@@ -121,6 +129,7 @@ class EventTime:
         self.ends = self.assigners + [len(self.ops)]
         self.segment_after = {a: k + 1 for k, a in enumerate(self.assigners)}
         self.wm = [NO_WATERMARK] * len(self.starts)  # per segment: what its operators saw
+        self.real = list(self.wm)  # per segment: its last finite watermark (once at inf)
         self.last = len(self.starts) - 1
         self.idle_assigners = [self.ops[a] for a in self.assigners
                                if self.ops[a].idle_timeout is not None]
@@ -196,6 +205,10 @@ class EventTime:
         segment) ``Watermark(ts)`` on every output channel."""
         if ts <= self.wm[segment]:
             return
+        if ts == math.inf:  # the end of input: keep the last real one for a continued run
+            if segment == 0 and self.wm[0] < self.tracker.real < math.inf:
+                self.advance(0, self.tracker.real)  # (the inputs': whichever ended last)
+            self.real[segment] = self.wm[segment]
         self.wm[segment] = ts
         ops, run, emit = self.ops, self.run, self.emit
         for i in range(self.starts[segment], self.ends[segment]):
@@ -239,12 +252,18 @@ class EventTime:
 
     def snapshot(self) -> dict[str, Any]:
         """msgpack-able: the input tracker, the segments' watermarks, each assigner's
-        emitted watermark and generator state (by uid), the output watermark."""
-        return {"input": self.tracker.snapshot(),
-                "segments": [encode_ts(w) for w in self.wm],
-                "assigners": {self.ops[a].uid: self.ops[a].time_snapshot()
-                              for a in self.assigners},
-                "output": encode_ts(self.output)}
+        emitted watermark and generator state (by uid), the output watermark.  After the
+        end of input (``"inf"``), ``"real"``: ``{"segments": [...], "output": wm}``, the
+        last real watermarks, which a restore takes (:func:`restored_segments`)."""
+        out = {"input": self.tracker.snapshot(),
+               "segments": [encode_ts(w) for w in self.wm],
+               "assigners": {self.ops[a].uid: self.ops[a].time_snapshot()
+                             for a in self.assigners},
+               "output": encode_ts(self.output)}
+        if math.inf in self.wm:
+            real = [encode_ts(r if w == math.inf else w) for w, r in zip(self.wm, self.real)]
+            out["real"] = {"segments": real, "output": real[self.last]}
+        return out
 
     def restore(self, own: Mapping[str, Any] | None, old: list[Mapping[str, Any]],
                 upstream_floor: float | Mapping[str, float] | None) -> None:
@@ -254,23 +273,23 @@ class EventTime:
         rescaled), where each input channel starts (by name; never early: see
         :meth:`RestoreView.input_floors <cutline.runtime.restore.RestoreView.input_floors>`)."""
         segs = len(self.wm)
+        self.real = [NO_WATERMARK] * segs
         if own is not None:
             self.tracker.restore(own.get("input") or {})
-            saved = own.get("segments") or []
-            self.wm = [decode_ts(saved[k]) if k < len(saved) else NO_WATERMARK
-                       for k in range(segs)]
+            saved = restored_segments(own)
+            self.wm = [saved[k] if k < len(saved) else NO_WATERMARK for k in range(segs)]
             assigners = own.get("assigners") or {}
             for a in self.assigners:
                 st = assigners.get(self.ops[a].uid)
                 if st is not None:
                     self.ops[a].time_restore([st], exact=True)
         elif old:
-            lows = [min((decode_ts((o.get("segments") or [None] * segs)[k])
-                         if k < len(o.get("segments") or []) else NO_WATERMARK) for o in old)
-                    for k in range(segs)]
-            self.wm = lows
-            self.tracker.current = min(decode_ts((o.get("input") or {}).get("current"))
-                                       for o in old)
+            saved_old = [restored_segments(o) for o in old]
+            self.wm = [min(s[k] if k < len(s) else NO_WATERMARK for s in saved_old)
+                       for k in range(segs)]
+            self.tracker.current = min(
+                restored_ts((o.get("input") or {}).get("current"),
+                            (o.get("input") or {}).get("real"), "current") for o in old)
             for a in self.assigners:
                 uid = self.ops[a].uid
                 states = [(o.get("assigners") or {}).get(uid) for o in old]

@@ -18,8 +18,8 @@ from ..logical import Node
 from ..protocol.watermarks import (
     NO_WATERMARK,
     BoundedOutOfOrderness,
-    decode_ts,
     encode_ts,
+    restored_ts,
     to_timestamp,
 )
 from ..state import DeferredSnapshot, KeyedStateBackend, create_backend
@@ -185,6 +185,7 @@ class AssignTimestamps(Operator):
         self.reader: Any = None
         self.idle_timeout: float | None = spec.idle_timeout
         self.emitted: float = NO_WATERMARK  # the last watermark emitted (never goes back)
+        self.real: float = math.inf  # at the end of input: the last emitted before it
         self.last_input = time.monotonic()
         self.idle = False
 
@@ -249,6 +250,10 @@ class AssignTimestamps(Operator):
         return None
 
     def end_of_input(self) -> None:
+        """The input ended: the watermark goes to ``inf``; the last real one stays beside
+        it, for a job continued from the final checkpoint (:meth:`time_restore`)."""
+        if self.emitted < math.inf:
+            self.real = self.emitted
         self.emitted = math.inf
 
     def check_idle(self, now: float) -> bool:
@@ -278,6 +283,8 @@ class AssignTimestamps(Operator):
     def time_snapshot(self) -> dict:
         out: dict[str, Any] = {"emitted": encode_ts(self.emitted),
                                "generator": self._snap(self.generator)}
+        if self.emitted == math.inf:  # the end of input: and the last real watermark
+            out["real"] = encode_ts(self.real)
         if self.splits is not None:
             out["splits"] = {k: self._snap(g) for k, g in self.splits.items()}
         return out
@@ -292,10 +299,13 @@ class AssignTimestamps(Operator):
     def time_restore(self, states: list[dict], exact: bool) -> None:
         """``states``: this subtask's own (``exact``), or every old subtask's (rescaled):
         then the lowest ``emitted``, a fresh generator, and per split the state of the
-        splits this reader reads now (a split cut in two starts fresh)."""
+        splits this reader reads now (a split cut in two starts fresh).  An ``emitted`` at
+        the end of input (``"inf"``) restores as the last real one: a job continued from
+        its final checkpoint with new input goes on from there."""
         if not states:
             return
-        self.emitted = min(decode_ts(st.get("emitted")) for st in states)
+        self.emitted = min(restored_ts(st.get("emitted"), st, "real") for st in states)
+        self.real = math.inf
         if exact and states[0].get("generator") is not None:
             self.generator = self._restored(states[0]["generator"])
         if self.splits is not None:

@@ -16,6 +16,13 @@ from the task's loop (:meth:`Process.on_processing_time`) when the wall clock do
 fires on the task's thread between batches, so its removal, the state changes ``on_timer``
 makes and what it emits are all before or all after any checkpoint barrier: exactly once
 across restores.
+
+At the end of a bounded input the watermark goes to ``inf`` and every event-time timer
+fires.  A job continued from that final checkpoint (``restore_from``, new input) restores
+the last real watermark before it (:data:`WATERMARK_REAL`), not ``inf``: the timers fired
+at the end of input stay fired (they are gone from the queue), and a timer the new input
+registers fires when the new watermark reaches it (at once, with the next watermark, if it
+is at or before the restored one).
 """
 
 from __future__ import annotations
@@ -38,6 +45,9 @@ __all__ = ["KeyedContext", "Process", "TimerService"]
 #: The watermark a process operator acted on, kept per key group (a rescaled restore takes
 #: the minimum of its groups': never later than any of the old subtasks').
 WATERMARK_STATE = "__meta.watermark"
+#: Beside it, once that is ``inf`` (the end of input): the last real watermark before it,
+#: where a job continued from the final checkpoint goes on.
+WATERMARK_REAL = "__meta.watermark-real"
 
 _PREFIX = {"value": "", "list": "l:", "map": "m:"}
 
@@ -222,6 +232,7 @@ class Process(Keyed):
         super().__init__(node, subtask, parallelism, max_parallelism, state_backend, storage)
         self.on_timer: Callable[..., Any] | None = node.on_timer
         self.watermark: float = NO_WATERMARK
+        self.real: float = NO_WATERMARK  # the last watermark before the end of input
         self.clock: Callable[[], float] = time.time
         self.ctx = KeyedContext(self.state, self)
         self._queues: dict[str, TimerQueue] = {}
@@ -301,6 +312,8 @@ class Process(Keyed):
         """Fire the event-time timers due at ``ts`` (in time order, then key order)."""
         if ts <= self.watermark:
             return []
+        if ts == math.inf:  # the end of input: every timer fires
+            self.real = self.watermark
         self.watermark = self.ctx.watermark = ts
         q = self._queues.get("event_time")
         if q is None or q.next_time() > ts:
@@ -372,9 +385,14 @@ class Process(Keyed):
     def snapshot(self) -> bytes | DeferredSnapshot:
         if self.watermark > NO_WATERMARK:
             self.state.put_group_value(WATERMARK_STATE, self.watermark)
+            if self.watermark == math.inf:
+                self.state.put_group_value(WATERMARK_REAL, self.real)
         return self.state.snapshot()
 
     def restore(self, blobs: list[bytes]) -> None:
         self.state.restore(blobs)
         marks = self.state.group_values(WATERMARK_STATE)
-        self.watermark = self.ctx.watermark = min(marks) if marks else NO_WATERMARK
+        wm = min(marks) if marks else NO_WATERMARK
+        if wm == math.inf:  # a final checkpoint: go on from the last real watermark
+            wm = min(self.state.group_values(WATERMARK_REAL), default=wm)
+        self.watermark = self.ctx.watermark = wm

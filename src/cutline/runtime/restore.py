@@ -30,7 +30,7 @@ from collections.abc import Mapping
 
 from ..logical import Node
 from ..plan import HASH, Chain, ChannelId, PhysicalPlan
-from ..protocol.watermarks import NO_WATERMARK, Watermark, decode_ts, is_time_item
+from ..protocol.watermarks import NO_WATERMARK, Watermark, is_time_item, restored_ts
 from ..state.keygroups import key_group, subtask_for_key_group
 from ..storage.schema import TaskState, read_task_states
 
@@ -202,11 +202,13 @@ class RestoreView:
     def upstream_output_floor(self, chain: Chain) -> float:
         """The lowest output watermark of the old subtasks of the chains feeding ``chain``
         (no watermark when one of them had none): where its input channels start after a
-        rescale, so that nothing fires early."""
+        rescale, so that nothing fires early.  (The end of input counts as the last real
+        watermark before it: :func:`~cutline.protocol.watermarks.restored_ts`.)"""
         plan = self.plan
         ups = {plan.chains[e.src].uid for e in plan.edges if e.dst == chain.id}
-        lows = [decode_ts(st.watermarks.get("output")) if st.watermarks is not None
-                else NO_WATERMARK for st in self.states.values() if st.chain in ups]
+        lows = [restored_ts(st.watermarks.get("output"), st.watermarks.get("real"), "output")
+                if st.watermarks is not None else NO_WATERMARK
+                for st in self.states.values() if st.chain in ups]
         return min(lows, default=NO_WATERMARK)
 
     def input_floors(self, chain: Chain, inputs: list[ChannelId]) -> dict[str, float]:
@@ -222,9 +224,11 @@ class RestoreView:
                 continue
             lows = []
             for st in olds:
-                seen = ((st.watermarks or {}).get("input") or {}).get("channels") or {}
-                old = ChannelId(c.src_chain, c.src_index, chain.uid, st.index)
-                lows.append(decode_ts((seen.get(str(old)) or [None])[0]))
+                tracker = (st.watermarks or {}).get("input") or {}
+                seen = tracker.get("channels") or {}
+                old = str(ChannelId(c.src_chain, c.src_index, chain.uid, st.index))
+                lows.append(restored_ts((seen.get(old) or [None])[0],
+                                        (tracker.get("real") or {}).get("channels"), old))
             out[str(c)] = min(lows, default=floor)
         return out
 

@@ -10,7 +10,17 @@ every keyed operator):
   key that falls in that group (:func:`group_keys`).  After a rescale a subtask's
   watermark starts at the lowest of its inputs' old watermarks; a key group keeps its
   own, so a window that fired before the checkpoint neither fires again nor takes records
-  that were late for it.
+  that were late for it.  At the end of input (watermark ``inf``) it holds the last real
+  watermark before it, where a job continued from the final checkpoint goes on;
+* table ``window-fired``: key -> ``{(start, end): None}``, the key's windows that the end
+  of input fired although their end is above that last real watermark (a few: those of the
+  time span in flight).  After such a restore a record for one of them is late, or with
+  ``allowed_lateness`` updates it and emits it again (its accumulator stays in
+  ``windows``, as does any fired window's whose ``end + allowed_lateness`` the last real
+  watermark has not passed); the watermark passing its end does not fire it again; the
+  mark goes when the watermark passes ``end + allowed_lateness``.  A session that a new
+  record would merge into one of them is such a window too.  Checked per record only while
+  there are any (:attr:`WindowOperator.fired` is empty otherwise).
 
 The operator fires on :meth:`WindowOperator.on_watermark` (Spark's rule: a window
 ``[start, end)`` fires when the watermark reaches ``end``).  Which keys have something due
@@ -48,6 +58,7 @@ _MISSING: Any = object()
 _INF = math.inf
 WINDOWS = "windows"
 MARKS = "window-watermark"
+FIRED = "window-fired"
 
 
 class LateRecord:
@@ -110,6 +121,12 @@ class WindowOperator(Keyed):
         # key group -> the watermark it acted on before a restore, where above ``wm``
         self.ahead: dict[int, float] = {}
         self._due: dict[float, dict[Any, None]] = {}  # time -> keys with something due
+        # key -> windows the end of input fired above the last real watermark (a restored
+        # final checkpoint's, table ``window-fired``); empty nearly always
+        self.fired_table = self.state.table(FIRED)
+        self.fired: dict[Any, dict[tuple, None]] = {}
+        self.fired_until: float = NO_WATERMARK  # at least the largest end in ``fired``
+        self._real: tuple[float, dict[int, float]] | None = None  # wm, ahead before inf
         self._times: list[float] = []  # heap of the times in _due
         self.late_records = 0  # dropped or sent to the late output
         # the dropped ones, per key group: keyed state, so counted exactly once
@@ -129,6 +146,41 @@ class WindowOperator(Keyed):
             heapq.heappush(self._times, t)
         else:
             keys[key] = None
+
+    def _mark(self, key: Any, w: tuple) -> None:
+        """Window ``w`` of ``key`` fired at the end of input (its end above the last real
+        watermark): remembered, for a job continued from the final checkpoint."""
+        marked = self.fired.get(key)
+        if marked is None:
+            marked = self.fired[key] = {}
+        marked[w] = None
+        self.fired_table.put(key, marked)
+        if w[1] > self.fired_until:
+            self.fired_until = w[1]
+
+    def _unmark_passed(self, key: Any, marked: dict[tuple, None], ts: float) -> None:
+        """Drop ``key``'s marks whose ``end + allowed_lateness`` watermark ``ts`` passed."""
+        lateness = self.lateness
+        for w in [w for w in marked if w[1] + lateness <= ts]:
+            del marked[w]
+        if marked:
+            self.fired_table.put(key, marked)
+            return
+        del self.fired[key]
+        self.fired_table.delete(key)
+        if not self.fired:
+            self.fired_until = NO_WATERMARK
+
+    def _refire(self, key: Any, w: tuple, value: Any, emit: Callable[[Any], None]) -> bool:
+        """A record for window ``w``, which the end of an earlier run's input fired: late
+        (False), or with ``allowed_lateness`` added to it and the window emitted again."""
+        if not self.lateness:
+            return False
+        m = self.windows.mutable(key, dict)
+        acc = m.get(w, _MISSING)
+        m[w] = acc = self.agg.add(self.agg.create() if acc is _MISSING else acc, value)
+        self._fire(key, w, acc, emit)
+        return True
 
     def _fire(self, key: Any, w: tuple, acc: Any, emit: Callable[[Any], None]) -> None:
         agg = self.agg
@@ -179,6 +231,7 @@ class WindowOperator(Keyed):
         fast, mutable, lateness = table.fast, table.mutable, self.lateness
         size, offset = self.assigner.size, self.assigner.offset  # type: ignore[attr-defined]
         wm, ahead, due, at = self.wm, self.ahead, self._due, self._at
+        fired = self.fired  # (empty unless continuing a finished run)
         n = len(batch)
         for i, record in enumerate(batch):
             try:
@@ -200,10 +253,15 @@ class WindowOperator(Keyed):
                 if end + lateness <= cur:
                     self._late(record, emit, k, ts, cur)
                     continue
+                w = (start, end)
+                if fired and end > cur and w in fired.get(k, ()):
+                    if not self._refire(k, w, record if value_fn is None else value_fn(record),
+                                        emit):
+                        self._late(record, emit, k, ts, cur)
+                    continue
                 m = fast.get(k)
                 if m is None:
                     m = mutable(k, dict)
-                w = (start, end)
                 acc = m.get(w, _MISSING)
                 if acc is _MISSING:
                     acc = create()
@@ -231,7 +289,7 @@ class WindowOperator(Keyed):
         value_fn, create, add = agg.value, agg.create, agg.add
         mutable, lateness = self.windows.mutable, self.lateness
         assign, merging = self.assigner.bounds, self.assigner.merging
-        at, n = self._at, len(batch)
+        at, n, fired = self._at, len(batch), self.fired
         for i, record in enumerate(batch):
             try:
                 k = key_fn(record)
@@ -249,6 +307,10 @@ class WindowOperator(Keyed):
                         end = w[1]
                         if end + lateness <= cur:
                             continue  # late for this window
+                        if fired and end > cur and w in fired.get(k, ()):
+                            if self._refire(k, w, v, emit):  # (fired at an end of input)
+                                late = False
+                            continue
                         late = False
                         if m is None:
                             m = mutable(k, dict)
@@ -280,6 +342,17 @@ class WindowOperator(Keyed):
         end = result[1]
         if end + lateness <= cur:
             return False
+        marked = self.fired.get(key) if self.fired else None
+        if marked:  # it would merge into a session the end of an earlier run's input fired:
+            hit = [w for w in marked if w[0] <= end and result[0] <= w[1]]
+            if hit:  # late, or with the lateness (its accumulator kept) emitted again
+                if not lateness or any(w not in merged for w in hit):
+                    return False
+                for w in hit:
+                    del marked[w]
+                marked[result] = None  # (put back in its table by _mark below)
+            else:
+                marked = None
         if m is None:
             m = {}
         table.fast[key] = m  # (changed below: written back at the next spill)
@@ -299,7 +372,9 @@ class WindowOperator(Keyed):
             if lateness:
                 self._at(end + lateness, key)
         m[result] = acc = agg.add(acc, value)
-        if end <= cur:  # the session had fired (or is late, within the lateness)
+        if marked:
+            self._mark(key, result)
+        if end <= cur or marked:  # the session had fired (or is late, within the lateness)
             self._fire(key, result, acc, emit)
         return True
 
@@ -310,6 +385,8 @@ class WindowOperator(Keyed):
         they became due; None when ``ts`` is no advance or nothing is due."""
         if ts <= self.wm:
             return None
+        if ts == _INF:  # the end of input: the last real watermark stays, for a restore
+            self._real = (self.wm, dict(self.ahead))
         self.wm = ts
         times, due = self._times, self._due
         if not times or times[0] > ts:
@@ -323,7 +400,9 @@ class WindowOperator(Keyed):
 
     def on_watermark(self, ts: float) -> list:
         """Fire the windows whose end the watermark passed since the last call, and drop
-        those past ``end + allowed_lateness``."""
+        those past ``end + allowed_lateness``.  At the end of input (``inf``) the windows it
+        fires above the last real watermark are marked fired, and the accumulators the
+        lateness still covers (from that watermark) are kept: see the module docstring."""
         prev = self.wm
         keys = self._due_keys(ts)
         if keys is None:
@@ -333,11 +412,15 @@ class WindowOperator(Keyed):
         table, lateness, ahead = self.windows, self.lateness, self.ahead
         fast, read, delete = table.fast, table.read, table.delete
         maxp, at, merging = self.max_parallelism, self._at, self.assigner.merging
+        marks, final = self.fired, ts == _INF
         for seq, k in enumerate(keys):
+            marked = marks.get(k) if marks else None
             m = fast.get(k)
             if m is None:
                 m = read(k, None)
                 if not m:
+                    if marked is not None and not final:
+                        self._unmark_passed(k, marked, ts)
                     continue  # (stale: fired and gone)
                 fast[k] = m  # changed below: written back at the next spill
             p = prev
@@ -349,14 +432,16 @@ class WindowOperator(Keyed):
             for w, acc in m.items():
                 e = w[1]
                 if e <= ts:
-                    if e > p:
+                    if e > p and (marked is None or w not in marked):
                         add_fired(((e, w[0], seq), k, w, acc))
-                    if e + lateness <= ts:
+                        if final:
+                            self._mark(k, w)
+                    if e + lateness <= ts and not (final and lateness and e + lateness > p):
                         if dead is None:
                             dead = [w]
                         else:
                             dead.append(w)
-                    else:
+                    elif not final:
                         at(e + lateness, k)
                 elif merging:  # a session that grew since it was made due: due at its end
                     at(e, k)
@@ -366,6 +451,8 @@ class WindowOperator(Keyed):
                 else:
                     for w in dead:
                         del m[w]
+            if marked is not None and not final:
+                self._unmark_passed(k, marked, ts)
         out: list = []
         if not fired:
             if ahead:
@@ -395,6 +482,8 @@ class WindowOperator(Keyed):
 
     def snapshot(self) -> bytes | DeferredSnapshot:
         wm, ahead, put = self.wm, self.ahead, self.marks.fast
+        if wm == _INF and self._real is not None:  # the end of input: the last real one
+            wm, ahead = self._real  # (what the end of input fired above it is marked)
         for g, key in self.mark_keys.items():
             a = ahead.get(g)
             put[key] = a if a is not None and a > wm else wm
@@ -406,6 +495,7 @@ class WindowOperator(Keyed):
         self.state.restore(blobs)
         self._due.clear()
         self._times.clear()
+        self.fired, self.fired_until, self._real = {}, NO_WATERMARK, None
         marks: dict[int, float] = {}
         late: dict[int, int] = {}
         lateness, at = self.lateness, self._at
@@ -417,6 +507,11 @@ class WindowOperator(Keyed):
                         at(w[1] + lateness, key)
             elif name == MARKS and self.mark_keys.get(g) == key:
                 marks[g] = value
+            elif name == FIRED and value:  # fired at the end of input: due to be forgotten
+                self.fired[key] = dict(value)
+                for w in value:
+                    at(w[1] + lateness, key)
+                    self.fired_until = max(self.fired_until, w[1])
             elif name == LATE_STATE:
                 late[g] = value
         self.late.restored(late)
