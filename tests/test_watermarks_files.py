@@ -1,5 +1,7 @@
-"""A watermark per file of a ``FileSource``: a file that is behind holds the watermark
-back, a finished file stops holding it; checkpointed and restored with the positions."""
+"""A watermark per file of a ``FileSource``: every unfinished file holds the watermark
+back (one not begun too), a finished file stops holding it; the files are read aligned
+(each batch from the file furthest behind); checkpointed and restored with the
+positions."""
 
 from __future__ import annotations
 
@@ -56,9 +58,11 @@ def test_a_file_behind_holds_the_watermark_and_a_finished_one_stops(tmp_path):
     write_files(tmp_path / "in")
     reader, stamps = _reader_and_stamps(tmp_path / "in")
     got = _read(reader, stamps)
-    assert [(f, n) for f, n, _ in got] == [("a.jsonl", 1000), ("b.jsonl", 1000)] * 3
-    # b (not begun, then behind) holds it back; once a is finished, b alone drives it
-    assert [wm for _, _, wm in got] == [None, 333, None, 666, None, 999]
+    # aligned: a record of each file first (b, not begun, holds the watermark back until
+    # then); then b, behind a, is read until it is past a (1000); then a alone drives it
+    assert [(f, n) for f, n, _ in got] == [("a.jsonl", 1), ("b.jsonl", 1), ("a.jsonl", 1000)] \
+        + [("b.jsonl", 1000)] * 2 + [("b.jsonl", 999), ("a.jsonl", 1000), ("a.jsonl", 999)]
+    assert [wm for _, _, wm in got] == [None, 0, None, 333, 666, 1000, 2000, 2999]
     assert reader.split_keys() == []
 
 
@@ -79,8 +83,9 @@ def test_per_file_watermarks_are_checkpointed_with_the_positions(tmp_path):
 
 @pytest.mark.parametrize("at_once", [1, 2])
 def test_windows_over_files_read_together_see_no_late_record(tmp_path, at_once):
-    """Read together, b's records are on time (its own watermark holds the job's back);
-    read one after the other, a's end has passed all of b's windows: b is late."""
+    """Read aligned, b's records are on time whatever ``files_at_once``: b, not begun,
+    holds the job's watermark back (before alignment, one file after the other, a's end
+    passed all of b's windows and b was late)."""
     write_files(tmp_path / "in")
     cfg = CheckpointConfig(interval=0.2, storage=f"file://{tmp_path}/chk")
     p = Pipeline("files", parallelism=2, checkpoint=cfg)
@@ -93,15 +98,14 @@ def test_windows_over_files_read_together_see_no_late_record(tmp_path, at_once):
     p.run(engine="threads", timeout=60)
     got = collections.Counter({(r.key, r.start): r.value for r in out.results()})
     late_keys = collections.Counter(e["k"][0] for e in late.results())
-    if at_once == 2:
-        assert not late_keys
-        assert sum(got.values()) == 2 * PER_FILE and got[("b0", 0)] == 100
-    else:
-        assert late_keys == {"b": PER_FILE}
+    assert not late_keys
+    assert sum(got.values()) == 2 * PER_FILE and got[("b0", 0)] == 100
+    assert got[("a0", 0)] == 34 and got[("a1", 2900)] == 33
 
 
-def test_one_file_at_a_time_a_batch_stops_at_the_end_of_its_file(tmp_path):
-    """With a watermark per file a batch comes from one file (its ``split_key``)."""
+def test_a_batch_comes_from_one_file_and_the_files_are_read_aligned(tmp_path):
+    """With a watermark per file a batch comes from one file (its ``split_key``), the one
+    furthest behind: b, not begun, holds the watermark back until it is read."""
     write_files(tmp_path / "in")
     reader = FileSource(str(tmp_path / "in")).create_reader()
     reader.open(0, 1)
@@ -112,9 +116,15 @@ def test_one_file_at_a_time_a_batch_stops_at_the_end_of_its_file(tmp_path):
     while (batch := reader.read_batch(700)) is not None:
         stamps.process(batch)
         got.append((reader.split_key()[0], len(batch), stamps.take_watermark()))
-    # (once a is finished, b is the file read now: not begun, it holds the watermark)
-    assert got == [("a", 700, 699), ("a", 700, 1399), ("a", 700, 2099), ("a", 700, 2799),
-                   ("a", 200, None)] + [("b", n, None) for n in (700, 700, 700, 700, 200)]
+    # a record of a, one of b (not begun, it held the watermark back), then always the
+    # file furthest behind: b (3 records a second) is read three times as often
+    assert got[:3] == [("a", 1, None), ("b", 1, 0), ("a", 700, None)]
+    assert sum(n for f, n, _ in got if f == "a") == sum(n for f, n, _ in got if f == "b") \
+        == PER_FILE
+    wms = [wm for _, _, wm in got if wm is not None]
+    assert wms == sorted(wms) and wms[-1] == PER_FILE - 1
+    for i, (f, _, _) in enumerate(got[1:-1], 1):  # never read a file that is ahead
+        assert f == min("ab", key=lambda x: _behind(got[:i], x)), (i, got)
 
 
 def test_a_followed_directory_moves_the_watermark_with_each_new_file(tmp_path):
@@ -138,3 +148,13 @@ def test_a_followed_directory_moves_the_watermark_with_each_new_file(tmp_path):
         assert reader.split_keys() == []
         got.append(stamps.take_watermark())
     assert got == [99, 199, 299]
+
+
+def _behind(before: list, name: str) -> tuple:
+    """(how far file ``name`` got, name): what the aligned reader picks the lowest of."""
+    n = sum(k for f, k, _ in before if f == name)
+    if n >= PER_FILE:
+        return (float("inf"), name)
+    if n == 0:
+        return (float("-inf"), name)
+    return ((n - 1) // (1 if name == "a" else 3), name)

@@ -33,6 +33,7 @@ from .files import FileReader, FileSource
 __all__ = ["ColumnarFileSource", "batch_of"]
 
 DEFAULT_BATCH_BYTES = 1 << 20
+_PROBE_BYTES = 1 << 12  # a file's first read when files are read aligned (its watermark)
 
 
 class ColumnarFileSource:
@@ -153,8 +154,10 @@ class ColumnarFileReader(FileReader):
     def locate(self, index: int | None = None) -> str | None:
         return super().locate(None)  # an index counts batches here, not records
 
-    def _close_handle(self) -> None:
-        super()._close_handle()
+    _CURSOR = FileReader._CURSOR + ("_schema", "_csv")
+
+    def _forget_current(self) -> None:
+        super()._forget_current()
         self._schema = None
         self._csv = None
 
@@ -205,8 +208,13 @@ class ColumnarFileReader(FileReader):
         return self._read_jsonl_block(out)
 
     def _read_jsonl_block(self, out: list) -> bool:
-        """One block of whole lines of the current file into ``out``; True at its end."""
+        """One block of whole lines of the current file into ``out``; True at its end (a
+        small one for a file's first, aligned read: :attr:`_probing`)."""
         size = self._columnar.batch_bytes
+        if self._probing:
+            size = _PROBE_BYTES
+            if self._schema is None and not self._off:  # the schema a whole first block
+                self._schema = self._infer_jsonl()     # gives (as a restore infers it)
         data = self._rest + self._handle.read(size)
         cut = data.rfind(b"\n")
         while cut < 0:  # a line longer than a block: read on to its end
@@ -356,7 +364,8 @@ class ColumnarFileReader(FileReader):
         table = self._rg[1]
         per_row = max(1, table.nbytes // max(1, table.num_rows))
         local = self._off - self._starts[idx]
-        k = min(table.num_rows - local, max(1, self._columnar.batch_bytes // per_row))
+        k = min(table.num_rows - local, max(1, (
+            _PROBE_BYTES if self._probing else self._columnar.batch_bytes) // per_row))
         part = table.slice(local, k)
         if self._columnar.schema is not None:
             part = part.cast(self._columnar.schema)

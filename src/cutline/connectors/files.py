@@ -10,11 +10,15 @@ import time
 import zlib
 from typing import Any
 
+from ..protocol.watermarks import next_split
 from .base import RecordError, get_fs
 from .generator import Pacer
 
 FORMATS = ("jsonl", "csv", "parquet")
 _BLOCK = 1 << 20  # jsonl: bytes read at a time
+#: Files read aligned or ``files_at_once``: how many stay open between their batches (the
+#: least recently read beyond that is closed; it reopens at its position when read again).
+MAX_OPEN_FILES = 32
 
 
 class FileSource:
@@ -42,11 +46,19 @@ class FileSource:
       ``GeneratorSource(rate=)``: to replay files at a set pace.  Default: as fast as the
       pipeline takes them.
     - Event time: files are the source's *splits*.  ``assign_timestamps`` right after the
-      source keeps a watermark per file (a batch then comes from one file); the files read
-      now (``files_at_once``, and any begun) hold it back, each until it is finished: a file
-      that is behind holds the watermark back, a finished one stops holding it, files not
-      reached yet do not count (Flink's per-split watermarks).  Checkpointed with the
-      positions, moved with a file on a rescale.
+      source keeps a watermark per file (a batch then comes from one file), and the
+      subtask's watermark is the lowest over all its unfinished files, those not begun
+      included: a file behind holds it back, a finished one stops holding it.  The files
+      are then read *aligned* (Flink's split-level watermark alignment, FLIP-217): each
+      batch from the file whose watermark is lowest, the others paused, so no file runs
+      ahead of the slowest by more than a batch and a directory of files that each cover
+      the same hours is replayed without late records, whatever ``files_at_once``.  A file
+      not begun is read first, one record, so that it has a watermark: files that follow
+      one another in time are then read one after the other, and what stays open
+      downstream spans a batch, not the input.  At most :data:`MAX_OPEN_FILES` stay open
+      between batches.  Positions and per-file
+      watermarks are checkpointed and move with a file on a rescale.  With
+      ``follow=True`` a file that arrives after the watermark passed its times is late.
     """
 
     def __init__(self, path: str, format: str = "jsonl", follow: bool = False,
@@ -141,6 +153,11 @@ class FileReader:
         self._started: dict[str, tuple[int, int]] = {}
         self._last: str | None = None  # the file the last batch came from
         self._per_split = getattr(self, "_per_split", False)
+        # read aligned: each split's watermark (split -> ts), set by watermark_per_split
+        self._split_wm: Any = getattr(self, "_split_wm", None)
+        # files parked between batches with their handle and read-ahead (least recent first)
+        self._open_files: dict[str, dict[str, Any]] = {}
+        self._probing = False  # this read is a file's first, aligned (a record or so)
         self._handle: Any = None
         self._header: list[str] | None = None
         # jsonl: C scanner of json.loads, called directly (one per reader: not shared by threads)
@@ -152,7 +169,7 @@ class FileReader:
         self._next_poll = time.monotonic() + self._src.poll_interval
 
     def close(self) -> None:
-        self._close_handle()
+        self._close_all()
 
     def snapshot(self) -> dict:
         return {"file": self._cur, "offset": self._off, "line": self._line,
@@ -164,7 +181,7 @@ class FileReader:
         """A rescaled restore: files finished by any old reader stay finished; this reader
         takes the files the new assignment gives it, resuming those an old reader had
         started at their positions."""
-        self._close_handle()
+        self._close_all()
         self._list()
         done: set[str] = set()
         started: dict[str, tuple[int, int]] = {}
@@ -180,7 +197,7 @@ class FileReader:
         self._cur, self._off, self._line = None, 0, 0
 
     def restore(self, state: dict) -> None:
-        self._close_handle()
+        self._close_all()
         self._done = set(state.get("done") or ())
         cur = state.get("file")
         if cur is not None and cur not in self._known:
@@ -225,6 +242,8 @@ class FileReader:
         return sorted(begun)
 
     def _pick(self) -> str | None:
+        if self._split_wm is not None:  # aligned: the unfinished file furthest behind
+            return next_split(self.split_keys(), self._split_wm)
         started = sorted(n for n in self._started if n not in self._done)
         if self._src.files_at_once > 1:  # round robin over the active files
             active, last = self._active(), self._last
@@ -236,17 +255,23 @@ class FileReader:
         return min(pending) if pending else None
 
     # ------------------------------------------------------------------ splits (event time)
-    def watermark_per_split(self) -> None:
+    def watermark_per_split(self, watermarks: Any = None) -> None:
         """``assign_timestamps`` keeps a watermark per file: from now on a batch comes from
-        one file."""
+        one file.  ``watermarks`` (each file's watermark, ``.get(file, default)``): read
+        the files aligned, each batch from the unfinished file furthest behind."""
         self._per_split = True
+        self._split_wm = watermarks
 
     def split_key(self) -> str | None:
         """The file the last batch came from."""
         return self._last
 
     def split_keys(self) -> list[str]:
-        """The files read now, begun or next (they hold the watermark, until finished)."""
+        """The files that hold the watermark until they are finished: read aligned, every
+        unfinished file of this subtask (those not begun too); else the files read now."""
+        if self._split_wm is not None:
+            done = self._done
+            return [n for n in self._known if n not in done]
         return self._active()
 
     # ------------------------------------------------------------------ reading
@@ -257,6 +282,14 @@ class FileReader:
             max_records = self._pacer.allowance(max_records)
             if not max_records:
                 return []  # none due yet (the end of input shows on a later call)
+        # aligned: a file not begun is read first, a single record (a small block in
+        # batches), so that it has a watermark before the files behind it go on: files
+        # that follow one another in time are then read one after the other
+        self._probing = False
+        if self._split_wm is not None and self._cur is None:
+            nxt = self._pick()
+            if nxt is not None and nxt not in self._split_wm:
+                max_records, self._probing = 1, True
         out: list = []
         # where each file's records in this batch start: (index in out, file, offset, line)
         self._marks: list[tuple[int, str, int, int]] = []
@@ -278,7 +311,7 @@ class FileReader:
                             continue
                     time.sleep(max(0.0, min(self._src.step, self._next_poll - now)))
                     return []
-                self._off, self._line = self._started.pop(nxt, (0, 0))
+                self._resume(nxt)
                 self._cur = self._last = nxt
                 self._marks.append((len(out), nxt, self._off, self._line))
             if self._handle is None:
@@ -289,12 +322,48 @@ class FileReader:
                 self._cur, self._off, self._line = None, 0, 0
                 if out and (self._per_split or self._src.files_at_once > 1):
                     return out  # a batch from one file
-        if self._cur is not None and self._src.files_at_once > 1:
-            # the next batch comes from the next file: park this one at its position
-            self._started[self._cur] = (self._off, self._line)
-            self._close_handle()
-            self._cur, self._off, self._line = None, 0, 0
+        if self._cur is not None and (self._src.files_at_once > 1 or
+                                      self._split_wm is not None):
+            self._park()  # the next batch may come from another file
         return out
+
+    # ------------------------------------------------------------------ parked files
+    # The state of the file read now (its handle, position and read-ahead) lives in the
+    # attributes below; a file read a batch at a time among others is parked with them.
+    _CURSOR: tuple[str, ...] = ("_handle", "_off", "_line", "_lines", "_li", "_rest", "_eof",
+                                "_no_newline", "_header", "_pf", "_rg", "_starts", "_rows")
+
+    def _park(self) -> None:
+        """Set the current file aside at its position, its handle and read-ahead kept
+        open (at most :data:`MAX_OPEN_FILES`; beyond that the least recent is closed)."""
+        name = self._cur
+        assert name is not None
+        self._started[name] = (self._off, self._line)
+        if self._handle is not None:
+            self._open_files[name] = {a: getattr(self, a) for a in self._CURSOR
+                                      if hasattr(self, a)}
+            while len(self._open_files) > MAX_OPEN_FILES:
+                oldest = next(iter(self._open_files))
+                self._open_files.pop(oldest)["_handle"].close()
+        self._forget_current()
+        self._cur, self._off, self._line = None, 0, 0
+
+    def _resume(self, name: str) -> None:
+        """Make ``name`` the current file: parked open, as it was; else at its position
+        (opened by the next read)."""
+        cursor = self._open_files.pop(name, None)
+        if cursor is not None:
+            for a, v in cursor.items():
+                setattr(self, a, v)
+            self._started.pop(name, None)
+        else:
+            self._off, self._line = self._started.pop(name, (0, 0))
+
+    def _close_all(self) -> None:
+        self._close_handle()
+        parked, self._open_files = getattr(self, "_open_files", {}), {}
+        for cursor in parked.values():
+            cursor["_handle"].close()
 
     def locate(self, index: int | None = None) -> str | None:
         """``file:line`` of record ``index`` of the last batch (``file row n`` for parquet);
@@ -330,10 +399,15 @@ class FileReader:
         return f"{path} (from line {marks[0][3] + 1})"
 
     def _close_handle(self) -> None:
-        h, self._handle = self._handle, None
-        self._reset_lines()
+        h = self._handle
+        self._forget_current()
         if h is not None:
             h.close()
+
+    def _forget_current(self) -> None:
+        """No current file any more (its handle closed or parked)."""
+        self._handle = None
+        self._reset_lines()
 
     def _reset_lines(self) -> None:
         """Forget the lines read ahead (jsonl): the next read starts at ``self._off``."""

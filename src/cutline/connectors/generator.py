@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from ..protocol.watermarks import next_split
+
 
 def _identity(i: int) -> int:
     return i
@@ -105,6 +107,7 @@ class GeneratorReader:
         self._splits: list[list[int]] = []
         self._k = 0  # the split read next (round robin over batches)
         self._last_split: str | None = None  # the split the last batch came from
+        self._split_wm: Any = None  # read aligned: each split's watermark (split -> ts)
 
     def open(self, subtask: int, parallelism: int) -> None:
         if not 0 <= subtask < parallelism:
@@ -131,13 +134,22 @@ class GeneratorReader:
             raise RuntimeError("GeneratorReader.read_batch() before open()")
         while self._splits and self._left(self._splits[self._k % len(self._splits)]) == 0:
             del self._splits[self._k % len(self._splits)]
+        if self._split_wm is not None:  # aligned: every finished split goes
+            self._splits = [sp for sp in self._splits if self._left(sp) != 0]
         if not self._splits:
             return None
         self._k %= len(self._splits)
+        probe = False
+        if self._split_wm is not None and len(self._splits) > 1:  # aligned: furthest behind
+            keys = [self._key(sp) for sp in self._splits]
+            self._k = keys.index(next_split(keys, self._split_wm))
+            probe = keys[self._k] not in self._split_wm  # not begun: a record first
         split = self._splits[self._k]
         left = self._left(split)
         if self._src.batch_fn is not None:
             max_records = self._src.batch_rows
+        if probe:
+            max_records = 1
         want = max_records if left is None else min(max_records, left)
         n = max(0, want) if self._pacer is None else self._pacer.allowance(max(0, want))
         i, stride = split
@@ -157,6 +169,11 @@ class GeneratorReader:
     @staticmethod
     def _key(split: list[int]) -> str:
         return f"{split[0] % split[1]}/{split[1]}"  # stays as the split advances
+
+    def watermark_per_split(self, watermarks: Any = None) -> None:
+        """``watermarks`` (each split's watermark, ``.get(split, default)``): read the
+        splits aligned, each batch from the unfinished split furthest behind."""
+        self._split_wm = watermarks
 
     def split_key(self) -> str | None:
         """The split the last batch came from (a batch comes from one split): event time

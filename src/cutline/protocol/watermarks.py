@@ -31,7 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["BoundedOutOfOrderness", "IDLE", "InputIdle", "NO_WATERMARK", "Watermark",
            "WatermarkGenerator", "WatermarkTracker", "decode_ts", "encode_ts", "is_time_item",
-           "restored_ts", "to_duration", "to_timestamp"]
+           "next_split", "restored_ts", "split_watermark", "to_duration", "to_timestamp"]
 
 #: The watermark before any: every timestamp is later.
 NO_WATERMARK = -math.inf
@@ -323,6 +323,46 @@ def restored_ts(v: Any, real: Mapping[Any, Any] | None = None, name: Any = None)
     if ts != math.inf or real is None or name not in real:
         return ts
     return decode_ts(real[name])
+
+
+# --------------------------------------------------------------------------- splits
+
+
+def split_watermark(splits: Iterable[Hashable],
+                    watermark_of: Mapping[Hashable, float]) -> float:
+    """The watermark of a source subtask that reads ``splits`` (its *unfinished* splits: a
+    file, a generator split, a partition; the ones not begun yet included): the lowest of
+    their watermarks, a split not in ``watermark_of`` (no record read yet) at
+    :data:`NO_WATERMARK`.  So a split that has not started holds the subtask back, and a
+    finished one (not in ``splits``) does not (Flink's per-split watermarks, FLIP-27)."""
+    low = math.inf
+    get = watermark_of.get
+    for s in splits:
+        wm = get(s, NO_WATERMARK)
+        if wm < low:
+            low = wm
+            if wm == NO_WATERMARK:
+                break
+    return low
+
+
+def next_split(splits: Iterable[Hashable],
+               watermark_of: Mapping[Hashable, float]) -> Hashable | None:
+    """Split-level watermark alignment (Flink's FLIP-217, at its tightest): of ``splits``
+    (the unfinished ones, in reading order), the one to read a batch from next is the one
+    whose watermark is lowest (the first such in order): a split not begun first, then
+    always the one furthest behind.  Every other split is paused, so no split runs ahead
+    of the slowest by more than the event time one batch covers, and what the operators
+    downstream hold open (windows, timers) spans that, not the input.  None: no split."""
+    best, low = None, math.inf
+    get = watermark_of.get
+    for s in splits:
+        wm = get(s, NO_WATERMARK)
+        if best is None or wm < low:
+            best, low = s, wm
+            if wm == NO_WATERMARK:
+                break
+    return best
 
 
 # --------------------------------------------------------------------------- generators

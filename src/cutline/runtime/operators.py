@@ -20,6 +20,7 @@ from ..protocol.watermarks import (
     BoundedOutOfOrderness,
     encode_ts,
     restored_ts,
+    split_watermark,
     to_timestamp,
 )
 from ..state import DeferredSnapshot, KeyedStateBackend, create_backend
@@ -190,13 +191,15 @@ class AssignTimestamps(Operator):
         self.idle = False
 
     def read_splits_of(self, reader: Any) -> None:
-        """The chain starts at ``reader``'s source: one generator per split, if it names them."""
+        """The chain starts at ``reader``'s source: one generator per split, if it names
+        them; a reader that can (``watermark_per_split(watermarks)``) then reads its splits
+        aligned: next from the split whose watermark is lowest (:func:`next_split`)."""
         if callable(getattr(reader, "split_key", None)) and callable(
                 getattr(reader, "split_keys", None)):
             self.reader, self.splits = reader, {}
             per_split = getattr(reader, "watermark_per_split", None)
             if callable(per_split):  # (a reader whose batches may span splits)
-                per_split()
+                per_split(_SplitWatermarks(self))
 
     def _generator(self) -> Any:
         if self.splits is None:
@@ -225,7 +228,8 @@ class AssignTimestamps(Operator):
         return batch
 
     def current(self) -> float:
-        """The generator's watermark; per split, the lowest over the reader's splits."""
+        """The generator's watermark; per split, the lowest over the reader's unfinished
+        splits, those not begun included (:func:`split_watermark`)."""
         splits = self.splits
         if splits is None:
             return self.generator.current()
@@ -237,9 +241,10 @@ class AssignTimestamps(Operator):
             for gone in set(splits) - {last}:
                 del splits[gone]
             return min((g.current() for g in splits.values()), default=NO_WATERMARK)
-        for gone in set(splits) - set(keys):  # finished splits hold nothing back
+        live = set(keys)
+        for gone in [k for k in splits if k not in live]:  # finished: hold nothing back
             del splits[gone]
-        return min(splits[k].current() if k in splits else NO_WATERMARK for k in keys)
+        return split_watermark(keys, _SplitWatermarks(self))
 
     def take_watermark(self) -> float | None:
         """The watermark, when it rose above the last one emitted."""
@@ -312,6 +317,28 @@ class AssignTimestamps(Operator):
             keys = set(self.reader.split_keys())
             self.splits = {k: self._restored(g) for st in states
                            for k, g in (st.get("splits") or {}).items() if k in keys}
+
+
+class _SplitWatermarks:
+    """Each split's watermark, read live from an :class:`AssignTimestamps`' per-split
+    generators (a split without one yet: :data:`NO_WATERMARK`): the mapping the reader
+    picks its next split by and the assigner takes its minimum over."""
+
+    __slots__ = ("op",)
+
+    def __init__(self, op: AssignTimestamps) -> None:
+        self.op = op
+
+    def get(self, key: Any, default: float = NO_WATERMARK) -> float:
+        g = (self.op.splits or {}).get(key)
+        return default if g is None else g.current()
+
+    def __getitem__(self, key: Any) -> float:
+        return self.get(key)
+
+    def __contains__(self, key: Any) -> bool:
+        """The split has begun (a record of it reached the assigner)."""
+        return key in (self.op.splits or {})
 
 
 class Passthrough(Operator):

@@ -1,0 +1,251 @@
+"""Event time over many files per subtask (issue 25): a subtask's watermark is the lowest
+over all its unfinished files, those not begun included, and it reads them aligned (each
+batch from the file furthest behind), so a directory replay is exact whatever the number
+of files per subtask.
+
+Every run compares each window's count with the count computed offline from the files,
+and requires zero late records (a ``.late()`` side output that must stay empty):
+
+* threads engine, per record and in batches, 1, 4 and 16 files per subtask, files that
+  all cover the same minutes (a server's log each) and files that follow one another in
+  time (an hour each); the most windows open at once does not grow with the number of
+  files;
+* Spark, per record and in batches, 1, 4 and 16 files per subtask, and 16 files with
+  three ``kill -9`` of a Python worker in the aligned and the unaligned mode (slow);
+* Spark SQL's ``groupBy(window(...), key).count()`` over the same files as the oracle.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from cutline import CheckpointConfig, Pipeline, tumbling
+from cutline.connectors import CollectSink, FileSource
+from cutline.runtime import windows as window_module
+
+KEYS = 12
+SPAN = 400.0  # seconds of event time each file covers (overlapping files)
+DELAY = 2.0  # at most this much out of order, and the watermark's max_delay
+SIZE = 5  # tumbling window, seconds
+PARALLELISM = 2
+
+
+def write_input(directory: Path, files: int, per_file: int, *, sequential: bool = False,
+                seed: int = 7) -> collections.Counter:
+    """``files`` JSON-lines files of ``per_file`` events ``{"k", "t"}``, each up to
+    ``DELAY`` s behind the newest before it in its file.  Overlapping: every file covers
+    the same ``SPAN`` seconds; ``sequential``: file ``f`` covers ``[f * SPAN, (f + 1) *
+    SPAN)``.  Returns the count per (key, window start) computed offline."""
+    directory.mkdir(parents=True)
+    rng = random.Random(seed)
+    counts: collections.Counter = collections.Counter()
+    step = SPAN / per_file
+    for f in range(files):
+        base = f * SPAN if sequential else 0.0
+        lines = []
+        for i in range(per_file):
+            t = round(base + max(0.0, i * step - rng.uniform(0, DELAY)), 3)
+            k = f"k{rng.randrange(KEYS)}"
+            lines.append(json.dumps({"k": k, "t": t}))
+            counts[(k, int(t // SIZE) * SIZE)] += 1
+        (directory / f"part-{f:03d}.jsonl").write_text("\n".join(lines) + "\n")
+    return counts
+
+
+def schema():
+    import pyarrow as pa
+
+    return pa.schema([("k", pa.string()), ("t", pa.float64())])
+
+
+def slow_records(e: dict) -> dict:
+    if random.random() < 0.01:
+        time.sleep(0.005)
+    return e
+
+
+def slow_batch(b):
+    time.sleep(0.02)
+    return b
+
+
+def build(tmp: Path, inp: Path, *, columnar: bool, mode: str = "aligned",
+          interval: float = 0.3, slow: bool = False, sources: int = PARALLELISM
+          ) -> tuple[Pipeline, CollectSink, CollectSink]:
+    """The job: files -> assign_timestamps -> key_by -> tumbling count, and its late
+    records.  ``slow``: a few seconds long (kills land mid-stream); ``sources``: the
+    source's parallelism."""
+    cfg = CheckpointConfig(interval=interval, storage=f"file://{tmp}/chk",
+                           unaligned=(mode == "unaligned"))
+    p = Pipeline("aligned-files", parallelism=PARALLELISM, checkpoint=cfg)
+    out, late = CollectSink(str(tmp / "out")), CollectSink(str(tmp / "late"))
+    if columnar:
+        stamped = (p.source(FileSource(str(inp)).batches(
+            schema(), batch_bytes=16_384 if slow else 1 << 20), uid="files",
+            parallelism=sources)
+            .assign_timestamps("t", max_delay=DELAY, uid="time", parallelism=sources))
+        if slow:
+            stamped = stamped.map_batches(slow_batch, uid="slow")
+        counts = stamped.key_by("k").window(tumbling(SIZE)).count(uid="counts")
+        counts.rows().sink(out, uid="out")
+        counts.late().rows().sink(late, uid="late")
+    else:
+        stamped = (p.source(FileSource(str(inp)), uid="files", parallelism=sources)
+                   .assign_timestamps(lambda e: e["t"], max_delay=DELAY, uid="time",
+                                      parallelism=sources))
+        if slow:
+            stamped = stamped.map(slow_records, uid="slow")
+        counts = (stamped.key_by(lambda e: e["k"]).window(tumbling(SIZE))
+                  .count(uid="counts"))
+        counts.sink(out, uid="out")
+        counts.late().sink(late, uid="late")
+    return p, out, late
+
+
+def got_counts(out: CollectSink, columnar: bool) -> collections.Counter:
+    """(key, window start) -> count, each window once (a second row fails the test)."""
+    got: collections.Counter = collections.Counter()
+    for r in out.results():
+        key, start, value = (r["k"], r["start"], r["count"]) if columnar else \
+            (r.key, r.start, r.value)
+        w = (key, int(start))
+        assert w not in got, f"window {w} emitted twice"
+        got[w] = value
+    return got
+
+
+def assert_exact(out: CollectSink, late: CollectSink, want: collections.Counter,
+                 columnar: bool) -> None:
+    late_rows = list(late.results())
+    assert not late_rows, f"{len(late_rows)} records late, e.g. {late_rows[:3]}"
+    got = got_counts(out, columnar)
+    wrong = {w for w in want.keys() | got.keys() if got[w] != want[w]}
+    assert not wrong, (f"{len(wrong)} of {len(want)} windows wrong, e.g. "
+                       f"{[(w, got[w], want[w]) for w in sorted(wrong)[:3]]}")
+
+
+@pytest.fixture
+def open_windows(monkeypatch):
+    """The most (key, window) pairs a per-record window operator held at once, over the
+    run (threads engine: the operators run in this process)."""
+    most = [0]
+    fire = window_module.WindowOperator.on_watermark
+
+    def on_watermark(self, ts):
+        held = sum(len(keys) for keys in self._due.values())
+        most[0] = max(most[0], held)
+        return fire(self, ts)
+
+    monkeypatch.setattr(window_module.WindowOperator, "on_watermark", on_watermark)
+    return most
+
+
+@pytest.mark.parametrize("columnar", [False, True], ids=["records", "batches"])
+@pytest.mark.parametrize("per_subtask", [1, 4, 16])
+def test_a_directory_replay_is_exact_whatever_the_files_per_subtask(tmp_path, per_subtask,
+                                                                     columnar):
+    want = write_input(tmp_path / "in", PARALLELISM * per_subtask, 2000)
+    p, out, late = build(tmp_path, tmp_path / "in", columnar=columnar)
+    result = p.run(engine="threads", timeout=120)
+    assert result.attempts == 1
+    assert_exact(out, late, want, columnar)
+
+
+@pytest.mark.parametrize("sequential", [False, True], ids=["overlapping", "sequential"])
+def test_open_windows_do_not_grow_with_the_number_of_files(tmp_path, open_windows,
+                                                           sequential):
+    """1 and 16 files for one source subtask: what the window operators hold open spans
+    what is in flight (a batch per file at most), not the input.  Read one file after
+    the other (before alignment) the 16 files were late; read all at once without
+    alignment, every window of a sequential input stayed open to the end.  (One source
+    subtask: subtasks are not aligned with each other, so with several the windows of
+    the one that runs ahead stay open too.)"""
+    most = {}
+    for files in (1, 16):
+        tmp = tmp_path / str(files)
+        want = write_input(tmp / "in", files, 3000, sequential=sequential)
+        p, out, late = build(tmp, tmp / "in", columnar=False, sources=1)
+        open_windows[0] = 0
+        p.run(engine="threads", timeout=120)
+        assert_exact(out, late, want, columnar=False)
+        most[files] = open_windows[0]
+    windows_per_file = KEYS * (SPAN / SIZE)  # (key, window) pairs one file's span holds
+    if sequential:  # 16 files of 400 s each, read one after the other: at most about
+        # one file's windows open, never the input's 16 (the 16 files' first records
+        # each open one)
+        assert most[16] <= 1.5 * windows_per_file + 16, most
+    else:  # overlapping files: a batch per file in flight at most
+        assert most[16] <= 2 * most[1] + KEYS * 16, most
+
+
+def test_a_split_not_begun_holds_the_generator_watermark_back(tmp_path):
+    """GeneratorSource splits (after a rescale a reader owns several) are read aligned
+    too: the reader picks the split furthest behind, a split not begun first."""
+    from cutline.connectors import GeneratorSource
+    from cutline.logical import Node, TimestampSpec
+    from cutline.protocol.watermarks import BoundedOutOfOrderness
+    from cutline.runtime.operators import AssignTimestamps
+
+    src = GeneratorSource(count=4000, fn=lambda i: i)
+    reader = src.create_reader()
+    reader.open(0, 1)
+    # the split of even and the split of odd indices; odd ones are stamped 10x slower
+    reader.rescale([{"splits": [[0, 2], [1, 2]], "subtask": 0, "parallelism": 1}])
+    stamps = AssignTimestamps(Node(0, "stamps", "assign_timestamps", TimestampSpec(
+        lambda i: i if i % 2 == 0 else i // 10, BoundedOutOfOrderness(0), None)))
+    stamps.read_splits_of(reader)
+    seen = []
+    while (batch := reader.read_batch(100)) is not None:
+        stamps.process(batch)
+        seen.append((reader.split_key(), len(batch), stamps.take_watermark()))
+    assert seen[:2] == [("0/2", 1, None), ("1/2", 1, 0)]
+    wms = [wm for _, _, wm in seen if wm is not None]
+    assert wms == sorted(wms)
+    # the slow split is read about ten times as often while both run
+    both = seen[2:seen.index(next(s for s in seen if s[0] == "1/2" and s[1] < 100))]
+    slow = sum(1 for s in both if s[0] == "1/2")
+    assert slow > 5 * (len(both) - slow), both[:20]
+
+
+# --------------------------------------------------------------------------- Spark
+
+
+@pytest.mark.parametrize("columnar", [False, True], ids=["records", "batches"])
+@pytest.mark.parametrize("per_subtask", [1, 4, 16])
+def test_a_directory_replay_on_spark_equals_the_offline_counts(spark, tmp_path, per_subtask,
+                                                               columnar):
+    want = write_input(tmp_path / "in", PARALLELISM * per_subtask, 1000)
+    p, out, late = build(tmp_path, tmp_path / "in", columnar=columnar)
+    result = p.run(spark=spark, timeout=240)
+    assert result.attempts == 1
+    assert_exact(out, late, want, columnar)
+    if per_subtask == 16 and not columnar:  # Spark SQL over the same files: the oracle
+        from pyspark.sql import functions as F
+
+        df = spark.read.schema("k string, t double").json(str(tmp_path / "in"))
+        rows = (df.groupBy(F.floor(F.col("t") / SIZE).alias("w"), "k").count().collect())
+        oracle = collections.Counter({(r["k"], int(r["w"]) * SIZE): r["count"] for r in rows})
+        assert oracle == want
+        assert got_counts(out, columnar) == oracle
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("columnar", [False, True], ids=["records", "batches"])
+@pytest.mark.parametrize("mode", ["aligned", "unaligned"])
+def test_three_kills_on_spark_keep_a_16_file_replay_exact(spark, tmp_path, mode, columnar):
+    from cutline.spark.chaos import Chaos
+
+    want = write_input(tmp_path / "in", PARALLELISM * 16, 6000)
+    p, out, late = build(tmp_path, tmp_path / "in", columnar=columnar, mode=mode,
+                         interval=0.2, slow=True)
+    chaos = Chaos(kills=3, seed=25, mean_delay=1.0)
+    result = p.run(spark=spark, timeout=600, on_start=chaos)
+    assert len(chaos.killed) == 3, chaos.killed
+    assert result.attempts >= 4
+    assert_exact(out, late, want, columnar)
