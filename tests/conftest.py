@@ -45,3 +45,24 @@ def s3():
         yield S3(server)
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker():
+    """A real Kafka-protocol broker (Tansu, memory storage) on a free loopback port.
+
+    Shared by the session: give each test its own topics (``kafka_util.unique_topic``).
+    """
+    pytest.importorskip("confluent_kafka",
+                        reason="the Kafka tests need confluent-kafka (pip install '.[test]')")
+    from kafka_util import start_broker, tansu_binary
+
+    try:
+        tansu_binary()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    broker = start_broker()
+    try:
+        yield broker
+    finally:
+        broker.stop()
