@@ -136,6 +136,12 @@ def sink_label(writer: Any) -> str:
     return f"{name!r} ({sink!r})" if name else repr(sink)
 
 
+class UnavailableError(RuntimeError):
+    """An external system a connector needs (a Kafka broker) did not answer for the
+    connector's configured timeout: the job fails, naming it (a retry would wait as long
+    again), rather than hang."""
+
+
 class CommitError(RuntimeError):
     """A staged transaction cannot be committed (its files are gone, or the target is taken)."""
 

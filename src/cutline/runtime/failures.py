@@ -19,6 +19,7 @@ from ..connectors.base import (
     CommitError,
     RecordError,
     SchemaMismatchError,
+    UnavailableError,
     UnpicklableRecordError,
     UnsupportedRecordError,
 )
@@ -42,7 +43,7 @@ def repeats(exc: BaseException) -> bool:
     """Will ``exc`` happen again when the stage is retried?"""
     return isinstance(exc, (UserFunctionError, RecordError, CommitError,
                             UnpicklableRecordError, SetupError, SchemaMismatchError,
-                            UnsupportedRecordError))
+                            UnsupportedRecordError, UnavailableError))
 
 
 def setup_error(what: str, exc: BaseException) -> BaseException:

@@ -66,6 +66,10 @@ class Snapshots:
         self.sink_uid = chain.nodes[-1].uid if writer is not None else None
         self.pending: dict[int, PendingSnapshot] = {}
         self.uncommitted: dict[int, dict] = {}  # checkpoint -> the sink's pre-commit handle
+        # a reader that hears of completed checkpoints (notify_checkpoint_complete: Kafka
+        # commits the offsets to its group): its position in each pending checkpoint
+        self.notify = getattr(reader, "notify_checkpoint_complete", None)
+        self.source_pending: dict[int, Any] = {}
         self.alignment_started: dict[str, float] = {}  # blocked channel -> since when
         self.uploads: SnapshotUploads | None = None  # asynchronous parts of snapshots
         self.faults: FaultPlan | None = None
@@ -87,6 +91,8 @@ class Snapshots:
         started.clear()
         if self.reader is not None:
             snap.source = self.reader.snapshot()
+            if self.notify is not None:
+                self.source_pending[n] = snap.source
         if self.writer is not None:
             self.uncommitted[n] = self.writer.pre_commit(n)
             snap.sink = tuple(self.uncommitted[k] for k in sorted(self.uncommitted))
@@ -118,6 +124,7 @@ class Snapshots:
     def drop(self, n: int) -> None:
         """Snapshot ``n`` was aborted or declined."""
         self.pending.pop(n, None)
+        self.source_pending.pop(n, None)
 
     # ------------------------------------------------------------------ writing
 
@@ -185,6 +192,13 @@ class Snapshots:
             del self.uncommitted[k]
         if self.dead_letters is not None:
             self.dead_letters.commit_upto(n)
+        if self.notify is not None:
+            mine = sorted(k for k in self.source_pending if k <= n)
+            if mine:
+                state = self.source_pending[mine[-1]]
+                for k in mine:
+                    del self.source_pending[k]
+                self.notify(n, state)
         if faults is not None and self.writer is not None:
             faults.after_commit(n)
 
