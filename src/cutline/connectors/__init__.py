@@ -12,14 +12,13 @@ from .delta import DeltaSink
 from .discard import DiscardSink
 from .files import FileSource
 from .generator import GeneratorSource
-from .kafka_sink import KafkaSink
 from .kafka import KafkaRecord, KafkaSource
+from .kafka_sink import KafkaSink
 from .parquet_sink import ParquetSink
 from .upsert import UpsertSink
 
 __all__ = [
     "CollectSink", "CommitError", "DeltaSink", "DiscardSink", "FileSource", "GeneratorSource",
-    "KafkaSink",
-    "KafkaRecord", "KafkaSource", "ParquetSink", "PrintSink", "RecordError", "Sink",
+    "KafkaRecord", "KafkaSink", "KafkaSource", "ParquetSink", "PrintSink", "RecordError", "Sink",
     "SinkWriter", "Source", "SourceReader", "UpsertSink",
 ]
