@@ -519,3 +519,31 @@ def test_spark_kill_between_checkpoint_completion_and_commit(spark, kafka_broker
                    faults=(("before_commit", 0, 3), ("after_commit", 1, 5)))
     assert result.attempts >= 2
     assert_exactly_once(kafka_broker, topic, n)
+
+
+def test_a_record_the_broker_refuses_fails_naming_it(kafka_broker, topic):
+    """Never a silent drop: a refusal at produce() or in a delivery report fails the job
+    (fatal) naming the record.  (Tansu 0.6 does not enforce a topic's max.message.bytes,
+    so the delivery report is fed by hand.)"""
+    from confluent_kafka import KafkaError
+
+    w = writer(KafkaSink(topic, kafka_broker.bootstrap, partition=6))
+    w._partitions = 8  # the sink believes in partitions the topic does not have
+    w.write([41])
+    with pytest.raises(UndeliverableRecordError, match=r"b'41'.*partition 6.*nknown partition"):
+        w.commit([w.pre_commit(1)])
+
+    class Refused:
+        def partition(self):
+            return 2
+
+        def key(self):
+            return b"k"
+
+        def value(self):
+            return b"a big one"
+
+    w = writer(KafkaSink(topic, kafka_broker.bootstrap))
+    w._delivered(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), Refused())
+    with pytest.raises(UndeliverableRecordError, match=r"b'a big one'.*partition 2.*refused"):
+        w.pre_commit(1)

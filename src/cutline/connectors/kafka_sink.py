@@ -405,6 +405,7 @@ class KafkaSinkWriter:
 
     def pre_commit(self, checkpoint_id: int) -> dict:
         cid, mode = int(checkpoint_id), self._sink.delivery
+        self._raise_errors()  # a delivery report of an earlier commit
         if mode == "at_least_once":
             self._flush(self._producer, f"checkpoint {cid}")
             return {"delivery": mode, "checkpoint_id": cid, "subtask": self._subtask}
