@@ -214,6 +214,7 @@ SENTINEL_TS = BASE_TS + 10**7  # far future: its watermark closes every real win
 SENTINEL = "sentinel"  # its user; its own window is left out of every comparison
 WINDOW_LATENCY_SECONDS = (25.0, 14.0)  # latency runs of workload 4, (full, quick)
 TARGET_WINDOW_P99 = 0.25  # cutline at a 0.1 s checkpoint interval / Spark's best trigger
+TARGET_SPLITS = 0.8  # workload 4, many files per subtask / one (issue 25), at least
 
 # --------------------------------------------------------------------------- workloads
 # Top-level functions: Spark ships them by value (this module is __main__), and both
@@ -451,6 +452,9 @@ def columnar_pipeline(name: str, workload: str, source: Any, sink: Any, storage:
     elif workload in (KEYED, KEYED_SQL):
         s = s.key_by("user").agg(count="count", sum=("value", "sum"), ts=("ts", "max"),
                                  uid="aggregate")
+    elif workload == WINDOWED:  # rows (user, start, end, count), as Spark SQL's 4b
+        s = (s.assign_timestamps("ts", max_delay=MAX_DELAY, uid="stamps")
+             .key_by("user").window(cutline.tumbling(WINDOW)).count(uid="counts"))
     else:
         raise ValueError(f"no columnar pipeline for {workload}")
     s.sink(sink, uid="out")
@@ -804,7 +808,8 @@ def cutline_throughput(ctx: dict, workload: str, columnar: bool = False) -> dict
         end = finals[-1].completed if finals else t_end
         start = watch.started if watch.started is not None else t0
         # the columnar aggregate writes an update stream, as Spark SQL's workload 3 does
-        check = check_output(KEYED_SQL if columnar and workload != STATELESS else workload,
+        check = check_output(KEYED_SQL if columnar and workload in (KEYED, KEYED_SQL)
+                             else workload,
                              [Path(f) for f in sink.committed_files()], ctx["expected"])
     return {"records": n, "processing": end - start, "rate": n / (end - start),
             "end_to_end": t_end - t0, "rate_end_to_end": n / (t_end - t0),
@@ -1242,6 +1247,29 @@ def throughput_cases(ctx: dict) -> list[tuple[str, Any]]:
     return cases
 
 
+def split_variant(k: int) -> str:
+    return f"{k} file{'s' if k > 1 else ''}/subtask"
+
+
+def split_cases(ctx: dict, workdir: Path) -> list[tuple[str, Any]]:
+    """Workload 4 (issue 25) over the same events in ``k`` files per subtask, for each
+    ``k`` of ``--files-per-subtask``: cutline per record and columnar, each reading its
+    files aligned (a watermark per file, the file furthest behind read next); Spark SQL
+    (4b, one micro-batch) on the same files, the peer in the same run."""
+    cases = []
+    for k in ctx["files_per_subtask"]:
+        sub = dict(ctx)
+        add_backlog(sub, workdir / f"files-{k}", ctx["records"], files=k * PARALLELISM)
+        v = split_variant(k)
+        cases += [(tp_name(WINDOWED, CUTLINE, v), lambda sub=sub: cutline_throughput(
+                      sub, WINDOWED)),
+                  (tp_name(WINDOWED, COLUMNAR, v), lambda sub=sub: cutline_throughput(
+                      sub, WINDOWED, True)),
+                  (tp_name(WINDOWED, SPARK_SQL, v), lambda sub=sub: spark_throughput(
+                      sub, WINDOWED, SPARK_SQL))]
+    return cases
+
+
 def reference_cases(ctx: dict) -> list[tuple[str, Any]]:
     k = max(1, -(-ctx["expected"]["files"] // REF_BATCHES))
     return [(tp_name(w, SPARK_PY, REF),
@@ -1287,6 +1315,9 @@ def warm_up(ctx: dict, console: Console) -> None:
     with run_dir() as d:
         add_backlog(small, d, 4_000, 4)
         cases = picked(ctx, throughput_cases(small))
+        if ctx.get("files_per_subtask"):  # only workload 4 runs, per record and columnar
+            cases = [(n, fn) for n, fn in cases if n.split(" | ")[1] == WINDOWED] + [
+                (tp_name(WINDOWED, COLUMNAR), lambda: cutline_throughput(small, WINDOWED, True))]
         for _, fn in (cutline_only(cases) if ctx.get("cutline_only") else cases):
             fn()
     console.print("  warm-up done", style="dim")
@@ -1374,6 +1405,21 @@ def summarise(runs: dict) -> list[dict]:
         if ok.get(ref):
             add(f"{label} {w}: throughput / {SPARK_API[w, SPARK_PY]}, {REF_BATCHES} batches",
                 tp_name(w, CUTLINE), ref, "rate", None, True, "- (reference)", "throughput", w)
+
+    # Many files per subtask (issue 25): k files / 1 file per subtask, and against Spark SQL.
+    ks = sorted({int(n.rsplit(" | ", 1)[1].split()[0]) for n in ok if n.endswith("/subtask")})
+    for k in ks:
+        for e in (CUTLINE, COLUMNAR):
+            name = tp_name(WINDOWED, e, split_variant(k))
+            if k != ks[0] and ok.get(name):
+                add(f"4 windowed, {e}: {split_variant(k)} / {split_variant(ks[0])}, throughput",
+                    name, tp_name(WINDOWED, e, split_variant(ks[0])), "rate",
+                    TARGET_SPLITS, True, f">= {TARGET_SPLITS:g}x", "throughput", WINDOWED)
+            if ok.get(name):
+                add(f"4b windowed, {e}: {split_variant(k)}, throughput / "
+                    f"{SPARK_API[WINDOWED, SPARK_SQL]}", name,
+                    tp_name(WINDOWED, SPARK_SQL, split_variant(k)), "rate", None, True,
+                    "- (reported)", "throughput", WINDOWED)
 
     # Latency: cutline p99 / Spark's lower p99 of its two triggers.
     def spark_best(workload: str, engine: str) -> str | None:
@@ -1574,6 +1620,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="run only these workloads, comma separated (of "
                          f"{','.join(WORKLOAD_LABELS)}; e.g. 1b,3: the columnar path "
                          "against Spark SQL)")
+    ap.add_argument("--files-per-subtask", type=positive_ints, default=None,
+                    help="run only workload 4 over the backlog cut into each of these "
+                         "numbers of files per subtask (e.g. 1,16: issue 25's aligned "
+                         "split watermarks), cutline per record and columnar, Spark SQL")
     ap.add_argument("--cutline-only", action="store_true",
                     help="skip Spark's own queries (bench/ab.py: they do not change with "
                          "cutline's version); no cutline / Spark ratios then")
@@ -1602,13 +1652,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--records must be at least {2 * PARALLELISM}")
     if args.out.exists() and args.out.is_dir():
         ap.error(f"--out {args.out} is a directory; give a file name such as vs_spark.json")
-    parts = set(args.only or ["throughput", "latency", "profile"])
+    parts = set(args.only or (["splits"] if args.files_per_subtask else
+                              ["throughput", "latency", "profile"]))
     if args.profile is None:
         args.profile = not args.quick
     if args.only is None and not args.profile:
         parts.discard("profile")
     args.parts = parts
+    if args.files_per_subtask and args.out == DEFAULT_OUT:  # not the main results
+        args.out = DEFAULT_OUT.with_name("vs_spark-splits.json")
     return args
+
+
+def positive_ints(text: str) -> list[int]:
+    try:
+        got = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole numbers, comma separated: "
+                                         f"{text!r}") from None
+    if not got or got[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected whole numbers >= 1: {text!r}")
+    return got
 
 
 def workload_labels(text: str) -> set[str]:
@@ -1625,7 +1689,9 @@ def make_ctx(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     return {"spark": spark, "quick": args.quick, "smoke": args.smoke, "rate": args.rate,
             "latency_seconds": args.latency_seconds, "warmup": args.warmup,
             "window_latency_seconds": args.window_latency_seconds,
-            "cutline_only": args.cutline_only, "workloads": getattr(args, "workloads", None)}
+            "cutline_only": args.cutline_only, "workloads": getattr(args, "workloads", None),
+            "files_per_subtask": getattr(args, "files_per_subtask", None),
+            "records": args.records}
 
 
 def add_backlog(ctx: dict, directory: Path, records: int, files: int | None = None) -> None:
@@ -1675,6 +1741,11 @@ def main(argv: list[str] | None = None) -> int:
             if not args.quick:  # one round: Spark's per-batch cost, for reference
                 for name, fn in only(picked(ctx, reference_cases(ctx))):
                     runner.run(name, fn, 0, 1, describe)
+        if "splits" in args.parts:
+            cases = only(split_cases(ctx, workdir))
+            for r in range(args.rounds):
+                for name, fn in rotated(cases, r):
+                    runner.run(name, fn, r, args.rounds, describe)
         if "latency" in args.parts:
             cases = only(picked(ctx, latency_cases(ctx)))
             for r in range(args.latency_rounds):
@@ -1703,6 +1774,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python bench/vs_spark.py" + (" " + " ".join(argv if argv is not None
                                                                 else sys.argv[1:])).rstrip(),
         "config": {"records": args.records, "files": files, "users": USERS,
+                   "files_per_subtask": args.files_per_subtask,
                    "rate": args.rate, "latency_seconds": args.latency_seconds,
                    "warmup": args.warmup, "write_period": WRITE_PERIOD,
                    "window_latency_seconds": args.window_latency_seconds,

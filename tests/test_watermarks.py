@@ -177,17 +177,25 @@ def test_in_flight_items_of_one_sender_merge_behind_their_watermarks():
     assert merge_in_flight([]) == []
 
 
-def test_restore_ignores_unknown_channels_and_keeps_infinities():
+def test_restore_ignores_unknown_channels_and_takes_the_last_real_watermarks():
+    """The end of input (inf) restores as the last real watermark kept beside it (a job
+    continued from its final checkpoint goes on from there); a checkpoint without one
+    (written before they were kept) restores inf as it is."""
     t = WatermarkTracker(["x", "y"])
+    t.on_watermark("x", 5)
+    t.on_watermark("y", 7)
     t.on_watermark("x", math.inf)
     t.on_close("y")
     snap = t.snapshot()
-    assert snap["current"] == "inf"
-    assert snap["channels"]["y"] == [None, False]
+    assert snap["current"] == "inf" and snap["channels"]["x"] == ["inf", False]
+    assert snap["channels"]["y"] == [7, False]
     r = WatermarkTracker(["x", "z"])
     r.restore(snap)
-    assert r.watermark_of("x") == math.inf and r.watermark_of("z") == NO_WATERMARK
-    assert r.current == math.inf
+    assert r.watermark_of("x") == 5 and r.watermark_of("z") == NO_WATERMARK
+    assert r.current == 7  # (it had reached 7: x at inf, y at 7, before y closed)
+    old = {k: v for k, v in snap.items() if k != "real"}
+    r.restore(old)
+    assert r.watermark_of("x") == math.inf and r.current == math.inf
 
 
 def test_items_are_small_frozen_and_travel():

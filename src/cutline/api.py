@@ -369,8 +369,10 @@ class Stream:
 
         Records are unchanged: every timed operator downstream (windows, event-time timers)
         reads a record's time with this ``ts_fn`` again, so a ``map`` in between must keep
-        what ``ts_fn`` reads.  Right after a source (same parallelism) it runs in the
-        source's tasks: one watermark per source split.
+        what ``ts_fn`` reads.  Right after a source it runs in the source's tasks (its
+        parallelism is the source's unless given): one watermark per source split, the
+        splits read aligned (the split furthest behind next), so no record is late
+        because another split ran ahead.
 
         ``max_delay`` (seconds or ``timedelta``): how far out of order records may be; the
         watermark is the largest timestamp seen minus ``max_delay`` (Spark's
@@ -400,6 +402,8 @@ class Stream:
                         f"on_event(ts) and current() (e.g. BoundedOutOfOrderness), got "
                         f"{watermark!r}: it has no {meth}()")
             generator = watermark
+        if parallelism is None and self.node.kind == "source":
+            parallelism = self.node.parallelism  # in the source's tasks: per split
         return self._then("assign_timestamps", TimestampSpec(ts_fn, generator, idle),
                           uid=uid, parallelism=parallelism, on_error=on_error)
 
