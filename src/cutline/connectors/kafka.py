@@ -26,9 +26,11 @@ cutline[kafka]``), imported when a reader opens, so cutline works without it.
   ``map(..., on_error="dead_letter")`` to send such records to the dead-letter sink instead.
 - **Event time.**  A batch comes from one partition (``split_key``); with
   ``assign_timestamps`` right after the source each partition has its own watermark and the
-  partitions are read aligned (the one furthest behind next).  A partition with nothing new
-  for ``idle_timeout`` (the source's, else the ``assign_timestamps``') stops holding the
-  watermark back until a record arrives.
+  partitions are read aligned (the one furthest behind next).  With
+  ``assign_timestamps(..., idle_timeout=t)`` a partition with nothing new for ``t`` seconds
+  stops holding the watermark back until a record arrives (Flink's ``withIdleness``, per
+  partition); when all of a subtask's partitions are idle its watermark is the one that
+  had a record last, as if they had gone idle one after the other, and the subtask is idle.
 - **Broker trouble.**  A broker that stops answering stalls the reader (``stalled()`` says
   since when); if it does not answer for ``broker_timeout`` seconds the job fails naming
   it (:class:`KafkaBrokerError`).  A topic that does not exist fails the job at the start.
@@ -163,7 +165,7 @@ class KafkaSource:
                  stopping_offsets: str | Mapping[Any, Any] | None = None,
                  key_format: Any = "bytes", value_format: Any = "bytes",
                  name: str | None = None, discovery_interval: float = 30.0,
-                 idle_timeout: float | None = None, broker_timeout: float = 60.0,
+                 broker_timeout: float = 60.0,
                  stall_after: float = 5.0, config: Mapping[str, Any] | None = None) -> None:
         if not isinstance(bootstrap, str) or not bootstrap:
             raise ValueError(f"bootstrap must be 'host:port[,host:port...]', got {bootstrap!r}")
@@ -205,10 +207,8 @@ class KafkaSource:
                          ("broker_timeout", broker_timeout), ("stall_after", stall_after)):
             if not isinstance(v, (int, float)) or not v > 0:
                 raise ValueError(f"{label} must be > 0 seconds, got {v!r}")
-        if idle_timeout is not None and not idle_timeout > 0:
-            raise ValueError(f"idle_timeout must be > 0 seconds or None, got {idle_timeout!r}")
         self.bootstrap, self.group_id = bootstrap, group_id
-        self.discovery_interval, self.idle_timeout = discovery_interval, idle_timeout
+        self.discovery_interval = discovery_interval
         self.broker_timeout, self.stall_after = broker_timeout, stall_after
         self.config = dict(config or {})
         self.name = name or "kafka:" + (",".join(self.topics) if self.topics else
@@ -314,7 +314,7 @@ class KafkaReader:
         self._last_split: str | None = None
         self._last_batch: tuple[str, int, int] | None = None  # split, first offset, n
         self._split_wm: Any = None
-        self._idle_timeout = source.idle_timeout
+        self._idle_timeout: float | None = None  # the assigner's, per partition
         self._rr = 0
         self._next_discovery = 0.0
         self._last_answer = time.monotonic()
@@ -402,15 +402,22 @@ class KafkaReader:
         if t is None:
             return keys
         now = time.monotonic()
-        return [k for k in keys if self._buf.get(k) or not self._eof.get(k)
-                or now - self._last_data.get(k, now) < t]
+        last = self._last_data
+        active = [k for k in keys if self._buf.get(k) or not self._eof.get(k)
+                  or now - last.get(k, now) < t]
+        if active or not keys:
+            return active
+        # all idle: the one(s) that had a record last, as if the partitions had gone idle
+        # one after the other (the watermark is then that partition's, as it was when
+        # only it was active; and it holds while the subtask is idle)
+        latest = max(last.get(k, 0.0) for k in keys)
+        return [k for k in keys if last.get(k, 0.0) == latest]
 
     def watermark_per_split(self, watermarks: Any = None) -> None:
         """Read the partitions aligned: each batch from the one whose watermark is lowest."""
         self._split_wm = watermarks
         op = getattr(watermarks, "op", None)  # the assigner: its idle timeout per partition
-        if self._idle_timeout is None:
-            self._idle_timeout = getattr(op, "idle_timeout", None)
+        self._idle_timeout = getattr(op, "idle_timeout", None)
 
     def _finished(self, k: str) -> bool:
         stop = self._stops.get(k)

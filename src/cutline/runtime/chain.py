@@ -243,7 +243,15 @@ class EventTime:
     def check_idle(self, now: float) -> None:
         """The task has nothing to read, or nothing it read reached an assigner (a filter
         before it dropped all): an assigner quiet for its ``idle_timeout`` makes the output
-        idle (when it drives the output)."""
+        idle (when it drives the output).  An assigner with a watermark per split takes
+        its watermark again first: a split may have gone idle since its last batch (a
+        Kafka partition with nothing new for the idle timeout) and hold nothing back."""
+        for a in self.assigners:  # per split: a split gone idle holds nothing back now
+            op = self.ops[a]
+            if getattr(op, "splits", None) is not None:
+                ts = op.take_watermark()
+                if ts is not None:
+                    self.advance(self.segment_after[a], ts)
         for op in self.idle_assigners:
             if op.check_idle(now) and op is self.ops[self.assigners[-1]]:
                 self.broadcast(IDLE)

@@ -1,0 +1,248 @@
+"""KafkaSource in whole pipelines against a real Kafka-protocol broker (Tansu): keyed counts
+and event-time windows with exact output, on the threads engine and on Spark (with ``kill
+-9`` of Python workers), a rescaled restore (2 -> 1 -> 2) with partitions moved, and an
+idle partition that stops holding the watermark back.
+
+Every run compares its output with what is computed offline from the records produced: a
+running count emits each ``(key, n)`` for n = 1 .. the key's count exactly once; a window
+count equals the offline count of its (key, window), and no record is late.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import random
+import time
+
+import pytest
+
+pytest.importorskip("confluent_kafka")
+
+from kafka_util import unique_topic  # noqa: E402
+
+from cutline import CheckpointConfig, Pipeline, tumbling  # noqa: E402
+from cutline.connectors import CollectSink, KafkaSource  # noqa: E402
+
+KEYS = 7
+SIZE = 5  # tumbling window, seconds
+DELAY = 2.0  # at most this much out of order within a partition; the watermark's max_delay
+SPAN = 200.0  # seconds of event time every partition covers
+BASE = 1_000_000.0  # from this time on
+
+
+def keyed_topic(broker, partitions: int, n: int, seed: int = 1) -> tuple[str, collections.Counter]:
+    """``n`` JSON records ``{"k", "i"}`` keyed by ``k`` (librdkafka's key partitioner)."""
+    rng = random.Random(seed)
+    topic = broker.create_topic(unique_topic("count"), partitions)
+    want: collections.Counter = collections.Counter()
+    records = []
+    for i in range(n):
+        k = f"k{rng.randrange(KEYS)}"
+        want[k] += 1
+        records.append((k, json.dumps({"k": k, "i": i})))
+    broker.produce(topic, records)
+    return topic, want
+
+
+def expected_pairs(want: collections.Counter) -> list[tuple[str, int]]:
+    return sorted((k, c) for k, n in want.items() for c in range(1, n + 1))
+
+
+def key_of(r):
+    return r["k"]
+
+
+def value_of(rec):
+    return rec.value
+
+
+def slow_value_of(rec):
+    if random.random() < 0.02:
+        time.sleep(0.004)
+    return rec.value
+
+
+def paced_value_of(rec):
+    time.sleep(0.0005)
+    return rec.value
+
+
+def build_count(tmp, broker, topic, *, parallelism=2, interval=0.2, slow=False,
+                name="kafka-count", bounded=True, fn=None):
+    cfg = CheckpointConfig(interval=interval, storage=f"file://{tmp}/chk")
+    p = Pipeline(name, parallelism=parallelism, checkpoint=cfg)
+    out = CollectSink(str(tmp / "out"))
+    src = KafkaSource(broker.bootstrap, topic, value_format="json",
+                      stopping_offsets="latest" if bounded else None)
+    (p.source(src, uid="kafka")
+     .map(fn or (slow_value_of if slow else value_of), uid="values")
+     .key_by(key_of).count(uid="count")
+     .sink(out, uid="out"))
+    return p, out
+
+
+def test_bounded_keyed_count_on_threads_is_exact(kafka_broker, tmp_path):
+    topic, want = keyed_topic(kafka_broker, 4, 5000)
+    p, out = build_count(tmp_path, kafka_broker, topic)
+    result = p.run(engine="threads", timeout=120)
+    assert result.attempts == 1
+    assert sorted(out.results()) == expected_pairs(want)
+
+
+def test_rescaled_restores_2_1_2_move_partitions_with_their_offsets(kafka_broker, tmp_path):
+    """Stopped with a savepoint at parallelism 2, resumed at 1, stopped again, resumed at
+    2 to the end: every count exactly once (the source neither skips nor repeats)."""
+    topic, want = keyed_topic(kafka_broker, 5, 16_000, seed=2)
+    total, savepoint = sum(want.values()), None
+    for par, share in ((2, 0.25), (1, 0.55)):
+        p, out = build_count(tmp_path, kafka_broker, topic, parallelism=par,
+                             fn=paced_value_of)
+        job = p.start(engine="threads", timeout=120, restore_from=savepoint)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(out.results()) < share * total:
+            time.sleep(0.02)
+        savepoint = job.stop_with_savepoint(60)
+        job.result(60)
+        assert len(out.results()) < total, "the job ended before the savepoint"
+    p, out = build_count(tmp_path, kafka_broker, topic, parallelism=2)
+    result = p.run(engine="threads", timeout=120, restore_from=savepoint)
+    assert result.restored_from is not None
+    assert sorted(out.results()) == expected_pairs(want)
+
+
+# ------------------------------------------------------------------ event time
+
+
+def timed_topic(broker, rates: list[int], seed: int = 3) -> tuple[str, collections.Counter]:
+    """One partition per entry of ``rates``: ``rates[p]`` records over ``SPAN`` seconds of
+    event time (their Kafka timestamps), up to ``DELAY`` s out of order; 0 = an idle
+    partition.  Returns the count per (key, window start) computed offline."""
+    rng = random.Random(seed)
+    topic = broker.create_topic(unique_topic("time"), len(rates))
+    counts: collections.Counter = collections.Counter()
+    for p, n in enumerate(rates):
+        records = []
+        for i in range(n):
+            t = BASE + max(0.0, i * SPAN / n - rng.uniform(0, DELAY))
+            ms = int(t * 1000)  # (a timestamp of 0 would be "now" to the producer)
+            k = f"k{rng.randrange(KEYS)}"
+            counts[(k, int(ms / 1000 // SIZE) * SIZE)] += 1
+            records.append({"key": k, "value": k, "timestamp": ms, "partition": p})
+        if records:
+            broker.produce(topic, records)
+    return topic, counts
+
+
+RATES = [100, 300, 900, 2000, 150, 600, 1200, 0]  # 8 partitions, the last idle
+
+
+def kafka_ts(rec):
+    return rec.timestamp
+
+
+def record_key(rec):
+    return rec.key
+
+
+def build_windows(tmp, broker, topic, *, parallelism=2, interval=0.2, bounded=True,
+                  idle_timeout=None, slow=False):
+    cfg = CheckpointConfig(interval=interval, storage=f"file://{tmp}/chk")
+    p = Pipeline("kafka-windows", parallelism=parallelism, checkpoint=cfg)
+    out, late = CollectSink(str(tmp / "out")), CollectSink(str(tmp / "late"))
+    src = KafkaSource(broker.bootstrap, topic, key_format="str", value_format="str",
+                      stopping_offsets="latest" if bounded else None)
+    stamped = (p.source(src, uid="kafka")
+               .assign_timestamps(kafka_ts, max_delay=DELAY, idle_timeout=idle_timeout,
+                                  uid="time"))
+    if slow:
+        stamped = stamped.map(slow_identity, uid="slow")
+    counts = stamped.key_by(record_key).window(tumbling(SIZE)).count(uid="counts")
+    counts.sink(out, uid="out")
+    counts.late().sink(late, uid="late")
+    return p, out, late
+
+
+def slow_identity(rec):
+    if random.random() < 0.02:
+        time.sleep(0.004)
+    return rec
+
+
+def window_counts(out) -> collections.Counter:
+    got: collections.Counter = collections.Counter()
+    for r in out.results():
+        w = (r.key, int(r.start))
+        assert w not in got, f"window {w} emitted twice"
+        got[w] = r.value
+    return got
+
+
+def assert_windows(out, late, want):
+    late_rows = list(late.results())
+    assert not late_rows, f"{len(late_rows)} records late, e.g. {late_rows[:3]}"
+    got = window_counts(out)
+    wrong = {w for w in want.keys() | got.keys() if got[w] != want[w]}
+    assert not wrong, (f"{len(wrong)} of {len(want)} windows wrong, e.g. "
+                       f"{[(w, got[w], want[w]) for w in sorted(wrong)[:3]]}")
+
+
+def test_event_time_over_8_partitions_on_threads_equals_the_offline_counts(kafka_broker,
+                                                                            tmp_path):
+    topic, want = timed_topic(kafka_broker, RATES)
+    p, out, late = build_windows(tmp_path, kafka_broker, topic)
+    result = p.run(engine="threads", timeout=120)
+    assert result.attempts == 1
+    assert_windows(out, late, want)
+
+
+def test_an_idle_partition_stops_holding_the_watermark_back(kafka_broker, tmp_path):
+    """Unbounded: partition 7 never gets a record.  Without idleness no window would
+    fire; with ``idle_timeout`` every window the other partitions' watermarks passed does,
+    with its exact count."""
+    topic, want = timed_topic(kafka_broker, RATES, seed=4)
+    p, out, late = build_windows(tmp_path, kafka_broker, topic, bounded=False,
+                                 idle_timeout=0.5)
+    closed = {w for w in want if w[1] + SIZE <= BASE + SPAN - 2 * DELAY - SIZE}
+    job = p.start(engine="threads", timeout=120)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not closed <= set(window_counts(out)):
+            time.sleep(0.2)
+    finally:
+        job.cancel("the test has what it needs")
+    got = window_counts(out)
+    assert closed <= set(got), f"{len(closed - set(got))} closed windows never fired"
+    assert {w: got[w] for w in closed} == {w: want[w] for w in closed}
+    assert not list(late.results())
+
+
+# ------------------------------------------------------------------ Spark
+
+
+@pytest.mark.slow
+def test_bounded_keyed_count_on_spark_with_three_kills_is_exact(spark, kafka_broker,
+                                                                tmp_path):
+    from cutline.spark.chaos import Chaos
+
+    topic, want = keyed_topic(kafka_broker, 4, 40_000, seed=5)
+    p, out = build_count(tmp_path, kafka_broker, topic, slow=True, interval=0.2)
+    chaos = Chaos(kills=3, seed=27, mean_delay=1.0)
+    result = p.run(spark=spark, timeout=600, on_start=chaos)
+    assert len(chaos.killed) == 3, chaos.killed
+    assert result.attempts >= 4
+    assert sorted(out.results()) == expected_pairs(want)
+
+
+@pytest.mark.slow
+def test_event_time_over_8_partitions_on_spark_equals_the_offline_counts(spark, kafka_broker,
+                                                                         tmp_path):
+    topic, want = timed_topic(kafka_broker, [r * 5 for r in RATES], seed=6)
+    p, out, late = build_windows(tmp_path, kafka_broker, topic, slow=True)
+    from cutline.spark.chaos import Chaos
+
+    chaos = Chaos(kills=2, seed=28, mean_delay=1.0)
+    result = p.run(spark=spark, timeout=600, on_start=chaos)
+    assert len(chaos.killed) == 2, chaos.killed
+    assert result.attempts >= 3
+    assert_windows(out, late, want)
