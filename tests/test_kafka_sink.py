@@ -385,15 +385,16 @@ def test_a_broker_gone_for_good_fails_within_the_timeout_naming_it(own_broker):
 
 def counts_job(tmp_path: Path, sink: KafkaSink, n: int, *, interval: float = 0.2,
                rate: float | None = None, fail_at: int | None = None,
-               name: str = "kafka-counts") -> Pipeline:
+               name: str = "kafka-counts", parallelism: int = 2,
+               flag: str = "failed") -> Pipeline:
     """GeneratorSource -> key_by(i % 10) -> count -> KafkaSink (key: the key, value: the
     count); parallelism 2.  ``fail_at``: the first run fails at that index (a user error),
     the next run restores the latest checkpoint."""
     cfg = CheckpointConfig(interval=interval, storage=f"file://{tmp_path}/chk")
-    p = Pipeline(name, parallelism=2, checkpoint=cfg)
+    p = Pipeline(name, parallelism=parallelism, checkpoint=cfg)
     stream = p.source(GeneratorSource(count=n, rate=rate), uid="gen")
     if fail_at is not None:
-        stream = stream.map(FailOnce(str(tmp_path / "failed"), fail_at), uid="fail")
+        stream = stream.map(FailOnce(str(tmp_path / flag), fail_at), uid="fail")
     stream.key_by(lambda i: i % 10).count(uid="count").sink(sink, uid="kafka")
     return p
 
@@ -463,6 +464,21 @@ def test_threads_pipeline_failure_and_restore(kafka_broker, tmp_path, delivery):
         assert_exactly_once(kafka_broker, topic, n)
     else:
         assert set(got_counts(kafka_broker, topic)) == set(expected_counts(n))
+
+
+def test_threads_pipeline_rescaled_2_1_2_after_failures(kafka_broker, tmp_path):
+    """Fails at parallelism 2, restores at 1 (subtask 0 recovers both old subtasks'
+    handles), fails again, restores at 2: exactly once."""
+    topic = kafka_broker.create_topic(unique_topic("rescale"), 4)
+    n, sink = 24_000, count_sink(kafka_broker, topic)
+    for parallelism, fail_at in ((2, 6000), (1, 15_000)):
+        p = counts_job(tmp_path, sink, n, interval=0.05, rate=20_000, fail_at=fail_at,
+                       parallelism=parallelism, flag=f"failed-{parallelism}")
+        with pytest.raises(Exception, match="planned failure"):
+            p.run(engine="threads", timeout=120)
+    counts_job(tmp_path, sink, n, interval=0.05, parallelism=2).run(engine="threads",
+                                                                     timeout=120)
+    assert_exactly_once(kafka_broker, topic, n)
 
 
 @pytest.mark.slow
