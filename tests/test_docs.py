@@ -10,7 +10,9 @@
   ``<!-- skip: next "why" -->``; ```text blocks are not code (layouts, file formats).
 
 Snippets that run a pipeline on Spark share the test session's Spark (``spark`` fixture):
-``p.run()`` finds it with ``SparkSession.getActiveSession()``.
+``p.run()`` finds it with ``SparkSession.getActiveSession()``.  A page that reads
+``$KAFKA_BOOTSTRAP`` (docs/kafka.md) gets the test session's Kafka broker there
+(``kafka_broker`` fixture).
 """
 
 from __future__ import annotations
@@ -109,6 +111,8 @@ def test_snippets_run(path: Path, request: pytest.FixtureRequest, tmp_path: Path
                       monkeypatch: pytest.MonkeyPatch) -> None:
     if _needs_spark(path.read_text()):
         request.getfixturevalue("spark")
+    if "KAFKA_BOOTSTRAP" in path.read_text():  # docs/kafka.md: the test broker (Tansu)
+        monkeypatch.setenv("KAFKA_BOOTSTRAP", request.getfixturevalue("kafka_broker").bootstrap)
     monkeypatch.chdir(tmp_path)  # what a snippet writes in its working directory goes here
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # and its tempfile.mkdtemp()s
     document = SYBIL.parse(path)
