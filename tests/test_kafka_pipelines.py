@@ -246,3 +246,101 @@ def test_event_time_over_8_partitions_on_spark_equals_the_offline_counts(spark, 
     assert len(chaos.killed) == 2, chaos.killed
     assert result.attempts >= 3
     assert_windows(out, late, want)
+
+
+# ------------------------------------------------------------------ operations
+
+
+def _get(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 - loopback
+        return r.read().decode()
+
+
+def test_lag_and_a_stalled_broker_show_in_the_live_line_dashboard_and_metrics(
+        kafka_broker, tmp_path):
+    """Unbounded: lag per partition reaches the driver (live line, dashboard, /metrics);
+    the broker stopped by SIGSTOP makes the live line say the source is stalled, naming
+    the broker; resumed, the job goes on and every count arrives exactly once."""
+    import io
+
+    from rich.console import Console
+
+    from cutline.driver.dashboard import Dashboard, JobView
+
+    topic, want = keyed_topic(kafka_broker, 3, 3000, seed=8)
+    cfg = CheckpointConfig(interval=0.2, storage=f"file://{tmp_path}/chk")
+    p = Pipeline("kafka-ops", parallelism=2, checkpoint=cfg)
+    out = CollectSink(str(tmp_path / "out"))
+    src = KafkaSource(kafka_broker.bootstrap, topic, value_format="json", stall_after=1.0,
+                      broker_timeout=60.0)
+    (p.source(src, uid="kafka").map(value_of, uid="values")
+     .key_by(key_of).count(uid="count").sink(out, uid="out"))
+    console = Console(file=io.StringIO(), width=400)
+    job = p.start(engine="threads", timeout=120, progress=console)
+
+    def wait(cond, what, timeout=30.0):
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)
+
+    try:
+        wait(lambda: len(out.results()) == sum(want.values()), "the first records")
+        driver = job.driver
+        wait(lambda: driver.source_lag() == {"kafka": 0}, "lag 0 once all is read")
+        board = Dashboard(JobView(driver, "threads"))
+        try:
+            metrics = _get(board.url.replace("/?", "/metrics?"))
+            snap = json.loads(_get(board.url.replace("/?", "/api/job?")))
+        finally:
+            board.stop()
+        lines = [x for x in metrics.splitlines() if x.startswith("cutline_source_lag_records{")]
+        assert len(lines) == 3 and all(x.endswith(" 0.0") for x in lines), lines
+        assert all(any(f'split="{topic}/{q}"' in x for x in lines) for q in range(3)), lines
+        kafka = next(o for o in snap["operators"] if o["uid"] == "kafka")
+        assert kafka["lag"] == 0 and kafka["stalled"] == []
+
+        kafka_broker.pause()
+        try:
+            wait(lambda: driver.stalled_sources(), "a stalled source", timeout=20)
+            stalled = driver.stalled_sources()
+            assert all(kafka_broker.bootstrap in why and "not answering" in why
+                       for why in stalled.values()), stalled
+            live = live_line(driver)
+            assert "stalled: kafka." in live and "not answering" in live, live
+        finally:
+            kafka_broker.resume()
+        wait(lambda: not driver.stalled_sources(), "no longer stalled", timeout=20)
+        more, _ = keyed_topic_append(kafka_broker, topic, 600, want)
+        wait(lambda: len(out.results()) == sum(want.values()), "the records after the stall")
+    finally:
+        job.cancel("the test has what it needs")
+    assert sorted(out.results()) == expected_pairs(want)
+    assert "lag 0" in console.file.getvalue()  # the last live line
+
+
+def live_line(driver) -> str:
+    """The text of the live line (a non-terminal console shows only the last one)."""
+    from types import SimpleNamespace
+
+    from cutline.report import Progress
+
+    shown: list = []
+    progress = Progress()
+    progress.live = SimpleNamespace(update=shown.append)
+    progress.update(driver)
+    return shown[-1]
+
+
+def keyed_topic_append(broker, topic, n, want, seed=9):
+    """``n`` more records like :func:`keyed_topic`'s, counted into ``want``."""
+    rng = random.Random(seed)
+    records = []
+    for i in range(n):
+        k = f"k{rng.randrange(KEYS)}"
+        want[k] += 1
+        records.append((k, json.dumps({"k": k, "i": -i})))
+    broker.produce(topic, records)
+    return n, want

@@ -99,5 +99,13 @@ class Progress:
         late = sum(driver.late_records().values()) if hasattr(driver, "late_records") else 0
         if late:
             text += f"  [yellow]late dropped {late:,}[/]"
+        lag = driver.source_lag() if hasattr(driver, "source_lag") else {}
+        if lag:
+            text += f"  lag {sum(lag.values()):,}"
+        stalled = driver.stalled_sources() if hasattr(driver, "stalled_sources") else {}
+        if stalled:
+            task, why = sorted(stalled.items())[0]
+            more = f" (+{len(stalled) - 1} more)" if len(stalled) > 1 else ""
+            text += f"  [bold red]stalled: {task}: {why}{more}[/]"
         if self.live is not None:
             self.live.update(text)

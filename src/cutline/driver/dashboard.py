@@ -160,6 +160,9 @@ class JobView:
                 "timers": sum(s["timers"] for s in subtasks),
                 "late_records": sum(s["late_records"] for s in subtasks),
                 "late": _sum_late(s["late"] for s in subtasks),
+                "lag": (sum(s["lag"] for s in subtasks if s["lag"] is not None)
+                        if any(s["lag"] is not None for s in subtasks) else None),
+                "stalled": [f'{s["task"]}: {s["stalled"]}' for s in subtasks if s["stalled"]],
                 "subtasks": subtasks})
         history = [_completed(r, now, wall) for r in list(c.checkpoints)[-_HISTORY:]]
         history += [{"id": f.id, "status": "failed", "attempt": f.attempt,
@@ -212,7 +215,12 @@ def _subtask(task: str, x: Any, rate: tuple[float, float]) -> dict[str, Any]:
             "watermark_text": format_event_time(wm) if wm is not None else None,
             "timers": x.timers if x else 0,
             # late records dropped, per window operator of the chain (uid) and in all
-            "late": late_by_subtask(x), "late_records": sum(late_by_subtask(x).values())}
+            "late": late_by_subtask(x), "late_records": sum(late_by_subtask(x).values()),
+            # a source that tells them (Kafka): records behind per split, and in all;
+            # why it cannot read now
+            "lag_splits": dict(x.lag) if x is not None and x.lag else {},
+            "lag": sum(x.lag.values()) if x is not None and x.lag is not None else None,
+            "stalled": x.stalled if x is not None else None}
 
 
 def _sum_late(per_subtask: Any) -> dict[str, int]:
@@ -332,6 +340,25 @@ class _Collector:
                 for uid, n in st["late"].items():
                     late.add_metric([name, uid, st["task"].rsplit(".", 1)[-1]], n)
         yield late
+
+        lag = GaugeMetricFamily(
+            "cutline_source_lag_records",
+            "Records a source subtask is behind the end of a split (Kafka: a partition's high "
+            "watermark minus the next offset the source reads).",
+            labels=["job", "operator", "subtask", "split"])
+        stalled = GaugeMetricFamily(
+            "cutline_source_stalled",
+            "1 while a source subtask cannot read (a Kafka broker not answering).",
+            labels=["job", "operator", "subtask"])
+        for op in s["operators"]:
+            for st in op["subtasks"]:
+                sub = st["task"].rsplit(".", 1)[-1]
+                for split, n in sorted(st["lag_splits"].items()):
+                    lag.add_metric([name, op["uid"], sub, split], n)
+                if st["lag"] is not None or st["stalled"]:
+                    stalled.add_metric([name, op["uid"], sub], 1.0 if st["stalled"] else 0.0)
+        yield lag
+        yield stalled
 
         latest = next((h for h in ck["history"] if h["status"] == "completed"), None)
         if latest is None:

@@ -191,6 +191,21 @@ class JobDriver:
         (counts restored from a checkpoint included); every such operator, 0 too."""
         return late_totals(list(self.controller.metrics.values()))
 
+    def source_lag(self) -> dict[str, int]:
+        """Records the sources are behind the end of their input, per source (uid), from
+        the readers that tell it (KafkaSource: the partitions' high watermarks)."""
+        out: dict[str, int] = {}
+        for task, x in list(self.controller.metrics.items()):
+            if x.lag is not None:
+                uid = task.rsplit(".", 1)[0]
+                out[uid] = out.get(uid, 0) + sum(x.lag.values())
+        return out
+
+    def stalled_sources(self) -> dict[str, str]:
+        """Source subtasks that cannot read now (task id -> why: a broker not answering)."""
+        return {task: x.stalled for task, x in list(self.controller.metrics.items())
+                if x.stalled}
+
     @property
     def cpu_seconds(self) -> dict[int, float]:
         """CPU seconds each slot's process spent in the current attempt (all its threads)."""

@@ -163,7 +163,9 @@ class Metrics:
     watermarks, not idle markers).  ``late``: per window operator (uid) that drops late
     records, how many it dropped (restored counts included: they are in its checkpoints);
     ``first_late``: per such operator, ``[time, watermark]`` of the first record it dropped
-    in this attempt (the driver's console warning names them)."""
+    in this attempt (the driver's console warning names them).  A source whose reader
+    tells them: ``lag``, records behind the end of each of its splits (Kafka: per
+    ``"topic/partition"``); ``stalled``, why it cannot read now (a broker not answering)."""
     task: str
     records: int
     source: bool
@@ -174,6 +176,8 @@ class Metrics:
     timers: int = 0
     late: dict[str, int] | None = None
     first_late: dict[str, list] | None = None
+    lag: dict[str, int] | None = None
+    stalled: str | None = None
     TAG: ClassVar[str]
 
 

@@ -198,6 +198,10 @@ class Subtask:
         self.late_ops = [op for op in ops if isinstance(getattr(op, "late", None), LateDrops)
                          and not op.spec.emit_late]
         self.timers_counted, self.timers_at = 0, -math.inf
+        # a source that tells its lag per split and why it is stalled (KafkaSource)
+        lag, stalled = getattr(self.reader, "lag", None), getattr(self.reader, "stalled", None)
+        self.reader_lag = lag if callable(lag) else None
+        self.reader_stalled = stalled if callable(stalled) else None
 
     def plan_faults(self, attempt: int) -> None:
         """Install the faults planned for this subtask in ``attempt`` (tests, chaos)."""
@@ -336,11 +340,13 @@ class Subtask:
                 late = {op.uid: op.late.total for op in self.late_ops}
                 first = {op.uid: list(op.late.first) for op in self.late_ops
                          if op.late.first is not None} or None
+            lag = self.reader_lag() if self.reader_lag is not None else None
+            stalled = self.reader_stalled() if self.reader_stalled is not None else None
             self.slot.send(m.Metrics(self.task_id, self.records_in, self.reader is not None,
                                      self.slot.cpu(), et is not None,
                                      None if et is None else encode_ts(et.output),
                                      self.router.backpressured_now(), self.timers_counted,
-                                     late, first))
+                                     late, first, lag, stalled))
 
     def _timers(self) -> None:
         now = time.monotonic()
