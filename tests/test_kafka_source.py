@@ -328,3 +328,27 @@ def test_columnar_bad_value_names_the_offset(kafka_broker):
         pa.schema([("n", pa.int64())]))
     with pytest.raises(KafkaRecordError, match="partition 0 offset 2"):
         read_all(opened(src))
+
+
+def test_a_bounded_read_ends_past_transaction_markers(kafka_broker):
+    """A transactional producer's commit marker takes an offset that holds no record: the
+    stop ("latest") is past it, and the reader still reaches it (and reports lag 0)."""
+    from confluent_kafka import Producer
+
+    t = kafka_broker.create_topic(unique_topic(), 1)
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap,
+                         "transactional.id": unique_topic("tx")})
+    producer.init_transactions(10)
+    producer.begin_transaction()
+    for i in range(5):
+        producer.produce(t, value=f"v{i}".encode(), partition=0)
+    producer.commit_transaction(10)
+    src = KafkaSource(kafka_broker.bootstrap, t, value_format="str", stopping_offsets="latest")
+    r = opened(src)
+    got, ended = read_all(r, timeout=15)
+    assert ended, f"the read did not reach its stop {r.snapshot()}"
+    assert [x.value for x in got] == [f"v{i}" for i in range(5)]
+    state = r.snapshot()
+    assert state["offsets"] == state["stops"] == {f"{t}/0": 6}  # 5 records and the marker
+    assert r.lag() == {f"{t}/0": 0}
+    r.close()

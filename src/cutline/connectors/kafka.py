@@ -309,6 +309,7 @@ class KafkaReader:
         self._fetched: dict[str, int] = {}  # split -> next offset expected from the fetcher
         self._paused: set[str] = set()
         self._eof: dict[str, bool] = {}  # fetched to the partition's end, nothing buffered
+        self._eof_at: dict[str, int] = {}  # the offset that end was at
         self._hw: dict[str, int] = {}  # split -> high watermark last seen
         self._last_data: dict[str, float] = {}  # split -> when it last had a record
         self._last_split: str | None = None
@@ -508,6 +509,8 @@ class KafkaReader:
             self._last_data[k] = time.monotonic()
         elif stop is not None and not buf:
             self._offsets[k] = max(self._offsets[k], stop)
+        if not buf and self._eof.get(k):
+            self._past_markers(k)
         if self._finished(k):
             self._drop(k)
         elif k in self._paused and len(buf) < _BUFFER // 2:
@@ -548,7 +551,10 @@ class KafkaReader:
                     k = _split(msg.topic(), msg.partition())
                     if k in buf:
                         self._eof[k] = True
+                        self._eof_at[k] = msg.offset()
                         self._hw[k] = max(self._hw.get(k, 0), msg.offset())
+                        if not buf[k]:
+                            self._past_markers(k)
                         self._answered()
                     continue
                 if err.code() in (ck.KafkaError._TRANSPORT, ck.KafkaError._ALL_BROKERS_DOWN):
@@ -574,6 +580,16 @@ class KafkaReader:
             if len(q) >= _BUFFER and k not in self._paused:
                 self._consumer.pause([ck.TopicPartition(msg.topic(), msg.partition())])
                 self._paused.add(k)
+
+    def _past_markers(self, k: str) -> None:
+        """``k`` is read to the end its fetch reported, nothing buffered: its position is
+        that end, past offsets that hold no record (transaction markers), so that a stop
+        there is reached and the lag is 0."""
+        end = self._eof_at.get(k, -1)
+        if end > self._offsets.get(k, 0) and end >= self._fetched.get(k, 0):
+            stop = self._stops.get(k)
+            self._offsets[k] = end if stop is None else min(end, max(stop, self._offsets[k]))
+            self._fetched[k] = max(self._fetched.get(k, 0), end)
 
     # ------------------------------------------------------------------ brokers
     def _on_stats(self, text: str) -> None:
