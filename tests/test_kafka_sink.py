@@ -498,17 +498,11 @@ def test_threads_pipeline_with_the_broker_paused_20s(own_broker, tmp_path):
 # ------------------------------------------------------------------ Spark (kill -9)
 
 
-def bench_done() -> None:
-    if not os.path.exists("/tmp/bench-done") and os.environ.get("CUTLINE_KAFKA_SPARK") != "1":
-        pytest.skip("the machine is benchmarking (no /tmp/bench-done)")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
 def test_spark_five_kills_exactly_once_output(spark, kafka_broker, tmp_path, delivery):
     from cutline.spark.chaos import Chaos
 
-    bench_done()
     topic = kafka_broker.create_topic(unique_topic("chaos"), 4)
     n = 30_000
     p = counts_job(tmp_path, count_sink(kafka_broker, topic, delivery), n, interval=0.2,
@@ -527,7 +521,6 @@ def test_spark_five_kills_exactly_once_output(spark, kafka_broker, tmp_path, del
 def test_spark_kill_between_checkpoint_completion_and_commit(spark, kafka_broker, tmp_path):
     """``before_commit``: the sink's process dies after checkpoint 3 completed, before its
     output was produced; the restore re-commits it."""
-    bench_done()
     topic = kafka_broker.create_topic(unique_topic("before-commit"), 4)
     n = 10_000
     p = counts_job(tmp_path, count_sink(kafka_broker, topic), n, interval=0.2, rate=n / 4)

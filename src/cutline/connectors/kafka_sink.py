@@ -507,6 +507,7 @@ class KafkaSinkWriter:
         consumer = Consumer(self._sink.client_config(**{
             "group.id": f"cutline-sink-{self._job}", "enable.auto.commit": False,
             "enable.partition.eof": True, "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 20,  # the end of a partition is known from a fetch answer
             "isolation.level": iso}))
         present: dict[tuple, set[int]] = {}
         try:
