@@ -1260,6 +1260,8 @@ def split_cases(ctx: dict, workdir: Path) -> list[tuple[str, Any]]:
     for k in ctx["files_per_subtask"]:
         sub = dict(ctx)
         add_backlog(sub, workdir / f"files-{k}", ctx["records"], files=k * PARALLELISM)
+        ctx.setdefault("split_backlogs", {})[k] = {
+            key: v for key, v in sub["expected"].items() if key != "window_counts"}
         v = split_variant(k)
         cases += [(tp_name(WINDOWED, CUTLINE, v), lambda sub=sub: cutline_throughput(
                       sub, WINDOWED)),
@@ -1481,19 +1483,25 @@ def plot(result: dict, runs: dict, stem: Path) -> list[str]:
     ok = {k: [x for x in v if x is not None] for k, v in runs.items()}
 
     # Throughput bars: median, whiskers at the per-round min and max.
-    groups = [(STATELESS, [(CUTLINE, ""), (COLUMNAR, ""), (SPARK_PY, ""), (SPARK_SQL, ""),
-                           (SPARK_PY, REF)]),
-              (KEYED, [(CUTLINE, ""), (SPARK_PY, ""), (SPARK_PY, REF)]),
-              # cutline per record: workload 2's runs
-              (KEYED_SQL, [(CUTLINE, ""), (COLUMNAR, ""), (SPARK_SQL, "")]),
-              (WINDOWED, [(CUTLINE, ""), (SPARK_PY, ""), (SPARK_SQL, ""), (SPARK_PY, REF)])]
+    groups: list[tuple[str, list[tuple[str, str]], str]] = [
+        (STATELESS, [(CUTLINE, ""), (COLUMNAR, ""), (SPARK_PY, ""), (SPARK_SQL, ""),
+                     (SPARK_PY, REF)], ""),
+        (KEYED, [(CUTLINE, ""), (SPARK_PY, ""), (SPARK_PY, REF)], ""),
+        # cutline per record: workload 2's runs
+        (KEYED_SQL, [(CUTLINE, ""), (COLUMNAR, ""), (SPARK_SQL, "")], ""),
+        (WINDOWED, [(CUTLINE, ""), (SPARK_PY, ""), (SPARK_SQL, ""), (SPARK_PY, REF)], "")]
+    # --files-per-subtask: workload 4 over k files per subtask, a group per k
+    groups += [(WINDOWED, [(e, v) for e in (CUTLINE, COLUMNAR, SPARK_SQL)],
+                f"windowed count,\n{v}")
+               for v in sorted({n.rsplit(" | ", 1)[1] for n in ok if n.endswith("/subtask")},
+                               key=lambda v: int(v.split()[0]))]
     colors = {CUTLINE: "#1f77b4", COLUMNAR: "#17becf", SPARK_PY: "#ff7f0e",
               SPARK_SQL: "#2ca02c"}
     if not any(k.startswith("tp |") and v for k, v in ok.items()):
         groups = []
     fig, ax = plt.subplots(figsize=(12, 4.8))
     x, ticks, labels, top = 0.0, [], [], 0.0
-    for workload, bars in groups:
+    for workload, bars, title in groups:
         start = x
         for engine, variant in bars:
             name = tp_name(KEYED if engine == CUTLINE and workload == KEYED_SQL else workload,
@@ -1502,10 +1510,11 @@ def plot(result: dict, runs: dict, stem: Path) -> list[str]:
             if not vals:
                 continue
             m = median(vals)
-            ax.bar(x, m / 1000, color=colors[engine], alpha=0.55 if variant else 1.0,
-                   hatch="//" if variant else None,
+            ref = variant == REF
+            ax.bar(x, m / 1000, color=colors[engine], alpha=0.55 if ref else 1.0,
+                   hatch="//" if ref else None,
                    yerr=[[(m - min(vals)) / 1000], [(max(vals) - m) / 1000]], capsize=3,
-                   label=f"{engine}{' (' + variant + ')' if variant else ''}")
+                   label=f"{engine}{' (' + variant + ')' if ref else ''}")
             ax.text(x, max(vals) / 1000, f"{m / 1000:.0f}k", ha="center", va="bottom",
                     fontsize=8)
             top = max(top, max(vals) / 1000)
@@ -1513,7 +1522,8 @@ def plot(result: dict, runs: dict, stem: Path) -> list[str]:
         if x == start:  # a workload not run (--workloads)
             continue
         ticks.append((start + x - 1) / 2)
-        labels.append(WORKLOAD_TITLES[workload].split(". ", 1)[1].replace(", ", ",\n"))
+        labels.append(title or
+                      WORKLOAD_TITLES[workload].split(". ", 1)[1].replace(", ", ",\n"))
         x += 0.8
     handles, names = ax.get_legend_handles_labels()
     uniq = dict(zip(names, handles))
@@ -1775,6 +1785,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                 else sys.argv[1:])).rstrip(),
         "config": {"records": args.records, "files": files, "users": USERS,
                    "files_per_subtask": args.files_per_subtask,
+                   "split_backlogs": ctx.get("split_backlogs"),
                    "rate": args.rate, "latency_seconds": args.latency_seconds,
                    "warmup": args.warmup, "write_period": WRITE_PERIOD,
                    "window_latency_seconds": args.window_latency_seconds,
