@@ -495,13 +495,17 @@ class KafkaReader:
         buf = self._buf[k]
         stop = self._stops.get(k)
         topic, part = _parse_split(k)
-        take: list[Any] = []
-        while buf and len(take) < n:
-            msg = buf[0]
-            if stop is not None and msg.offset() >= stop:
-                buf.clear()
-                break
-            take.append(buf.popleft())
+        n = min(n, len(buf))
+        if stop is None or (n and buf[n - 1].offset() < stop):
+            popleft = buf.popleft
+            take = [popleft() for _ in range(n)]
+        else:  # the stop is within the buffer: what is at or after it is never read
+            take = []
+            while buf and len(take) < n:
+                if buf[0].offset() >= stop:
+                    buf.clear()
+                    break
+                take.append(buf.popleft())
         out = self._records(take, topic, part)
         first = take[0].offset() if take else self._offsets[k]
         if take:
@@ -520,66 +524,113 @@ class KafkaReader:
         return out
 
     def _records(self, msgs: list, topic: str, part: int) -> list:
+        """The messages as :class:`KafkaRecord`\\ s (decoded); a message that does not
+        decode raises :class:`KafkaRecordError` naming it."""
         key, value = self._key, self._value
-        out = []
-        for msg in msgs:
+        new, rec = tuple.__new__, KafkaRecord
+        out: list[KafkaRecord] = []
+        append = out.append
+        msg = None
+        try:
+            if key is _as_bytes and value is _as_bytes:
+                for msg in msgs:
+                    ts_type, ts = msg.timestamp()
+                    h = msg.headers()
+                    append(new(rec, (msg.key(), msg.value(), topic, part, msg.offset(),
+                                     ts / 1000.0 if ts_type else None,
+                                     tuple(h) if h else ())))
+            else:
+                for msg in msgs:
+                    ts_type, ts = msg.timestamp()
+                    h = msg.headers()
+                    append(new(rec, (key(msg.key()), value(msg.value()), topic, part,
+                                     msg.offset(), ts / 1000.0 if ts_type else None,
+                                     tuple(h) if h else ())))
+        except Exception as exc:  # noqa: BLE001 - any decoder failure names the record
+            assert msg is not None
+            what = "value"
             try:
-                kv = key(msg.key())
-            except Exception as exc:  # noqa: BLE001 - any decoder failure names the record
-                raise KafkaRecordError(topic, part, msg.offset(),
-                                       f"key: {type(exc).__name__}: {exc}") from exc
-            try:
-                vv = value(msg.value())
-            except Exception as exc:  # noqa: BLE001
-                raise KafkaRecordError(topic, part, msg.offset(),
-                                       f"value: {type(exc).__name__}: {exc}") from exc
-            ts_type, ts = msg.timestamp()
-            out.append(KafkaRecord(kv, vv, topic, part, msg.offset(),
-                                   ts / 1000.0 if ts_type else None,
-                                   tuple(msg.headers() or ())))
+                key(msg.key())
+            except Exception:  # noqa: BLE001
+                what = "key"
+            raise KafkaRecordError(topic, part, msg.offset(),
+                                   f"{what}: {type(exc).__name__}: {exc}") from exc
         return out
 
     def _poll(self, timeout: float) -> None:
         """Move what the consumer fetched into the partitions' buffers."""
-        ck = _kafka()
-        EOF = ck.KafkaError._PARTITION_EOF
+        msgs = self._consumer.consume(10_000, timeout)
+        if not msgs:
+            return
         buf, fetched = self._buf, self._fetched
-        for msg in self._consumer.consume(10_000, timeout):
+        run: tuple[Any, Any] = (None, None)  # the (topic, partition) of the run of messages
+        k: str | None = None
+        q: Any = None
+        nxt = 0
+        seek: int | None = None
+        touched: set[str] = set()
+        for msg in msgs:
             err = msg.error()
             if err is not None:
-                if err.code() == EOF:
-                    k = _split(msg.topic(), msg.partition())
-                    if k in buf:
-                        self._eof[k] = True
-                        self._eof_at[k] = msg.offset()
-                        self._hw[k] = max(self._hw.get(k, 0), msg.offset())
-                        if not buf[k]:
-                            self._past_markers(k)
-                        self._answered()
-                    continue
-                if err.code() in (ck.KafkaError._TRANSPORT, ck.KafkaError._ALL_BROKERS_DOWN):
-                    continue  # the broker check below decides
-                raise RuntimeError(f"Kafka source {self._src.name!r}: {err.str()} "
-                                   f"(topic {msg.topic()!r} partition {msg.partition()})")
-            k = _split(msg.topic(), msg.partition())
-            q = buf.get(k)
-            if q is None or msg.offset() < fetched.get(k, 0):
-                continue  # unassigned since, or a record of a batch before the position
-            fetched[k] = msg.offset() + 1
-            seek = self._seek_ms.get(k)
-            if seek is not None:
+                if k is not None:
+                    fetched[k] = max(fetched.get(k, 0), nxt)
+                run, k = (None, None), None
+                self._on_error(msg, err)
+                continue
+            tp = (msg.topic(), msg.partition())
+            if tp != run:
+                if k is not None:
+                    fetched[k] = max(fetched.get(k, 0), nxt)
+                run, k = tp, _split(*tp)
+                q, nxt, seek = buf.get(k), fetched.get(k, 0), self._seek_ms.get(k)
+                if q is not None:
+                    touched.add(k)
+            if q is None:
+                continue  # unassigned since
+            off = msg.offset()
+            if off < nxt:
+                continue  # a record of a batch before the position
+            nxt = off + 1
+            if seek is not None and k is not None:
                 ts_type, ts = msg.timestamp()
                 if ts_type and ts < seek:
-                    self._offsets[k] = msg.offset() + 1  # before the starting timestamp
+                    self._offsets[k] = nxt  # before the starting timestamp
                     continue
                 del self._seek_ms[k]
+                seek = None
             q.append(msg)
-            self._eof[k] = False
-            self._hw[k] = max(self._hw.get(k, 0), msg.offset() + 1)
-            self._answered()
-            if len(q) >= _BUFFER and k not in self._paused:
-                self._consumer.pause([ck.TopicPartition(msg.topic(), msg.partition())])
-                self._paused.add(k)
+        if k is not None:
+            fetched[k] = max(fetched.get(k, 0), nxt)
+        if not touched:
+            return
+        self._answered()
+        ck = _kafka()
+        for k in touched:
+            q = buf[k]
+            if q:
+                self._eof[k] = False
+                self._hw[k] = max(self._hw.get(k, 0), fetched[k])
+                if len(q) >= _BUFFER and k not in self._paused:
+                    self._consumer.pause([ck.TopicPartition(*_parse_split(k))])
+                    self._paused.add(k)
+
+    def _on_error(self, msg: Any, err: Any) -> None:
+        ck = _kafka()
+        code = err.code()
+        if code == ck.KafkaError._PARTITION_EOF:
+            k = _split(msg.topic(), msg.partition())
+            if k in self._buf:
+                self._eof[k] = True
+                self._eof_at[k] = msg.offset()
+                self._hw[k] = max(self._hw.get(k, 0), msg.offset())
+                if not self._buf[k]:
+                    self._past_markers(k)
+                self._answered()
+            return
+        if code in (ck.KafkaError._TRANSPORT, ck.KafkaError._ALL_BROKERS_DOWN):
+            return  # the broker check decides
+        raise RuntimeError(f"Kafka source {self._src.name!r}: {err.str()} "
+                           f"(topic {msg.topic()!r} partition {msg.partition()})")
 
     def _past_markers(self, k: str) -> None:
         """``k`` is read to the end its fetch reported, nothing buffered: its position is
