@@ -1,11 +1,14 @@
-"""FileSource's jsonl path reads a block at a time and hands lines to json's C scanner:
-records, positions and errors must be exactly what line-by-line ``json.loads`` gives."""
+"""FileSource's jsonl path reads a block at a time and hands slices of lines to msgspec's
+decoder (lines it refuses to json's C scanner): records, positions and errors must be
+exactly what line-by-line ``json.loads`` gives."""
 
 import json
 import math
 import pickle
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cutline.connectors import FileSource, RecordError
 from cutline.connectors import files
@@ -129,3 +132,39 @@ def test_other_encodings_are_decoded_per_line(tmp_path, block):
     (tmp_path / "l.jsonl").write_bytes("".join(json.dumps(r, ensure_ascii=False) + "\n"
                                                for r in recs).encode("latin-1"))
     assert drain(opened(FileSource(str(tmp_path), encoding="latin-1"))) == recs
+
+
+# JSON values of every kind json.dumps writes: big integers beyond 64 bits, floats at the
+# edges of their range, escapes, astral characters, lone surrogates, NaN and infinities
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**130), max_value=2**130)
+    | st.floats(allow_nan=True, allow_infinity=True) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner,
+                                                                max_size=4),
+    max_leaves=12)
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.lists(_json_values, min_size=1, max_size=30),
+       blanks=st.lists(st.integers(min_value=0, max_value=30), max_size=3),
+       size=st.integers(min_value=1, max_value=40))
+def test_the_fast_decoder_gives_what_json_loads_gives(tmp_path_factory, values, blanks, size):
+    """msgspec decodes slices of lines; a slice it refuses goes line by line through json:
+    either way every record is exactly ``json.loads``' (type included: a 2**100 stays an
+    int), and a restore at any position continues exactly."""
+    d = tmp_path_factory.mktemp("fast")
+    lines = [json.dumps(v) for v in values]
+    for b in blanks:
+        lines.insert(min(b, len(lines)), "   ")
+    (d / "a.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    expected = [json.loads(t) for t in lines if t.strip()]
+    r = opened(FileSource(str(d)))
+    got = []
+    while (batch := r.read_batch(size)) is not None:
+        got.extend(batch)
+        if len(got) * 2 >= len(expected) > len(got) - len(batch):  # restore mid-way once
+            state = roundtrip(r.snapshot())
+            r = opened(FileSource(str(d)))
+            r.restore(state)
+    assert same(got, expected), (got, expected)

@@ -15,6 +15,21 @@ from .base import RecordError, get_fs
 from .generator import Pacer
 
 FORMATS = ("jsonl", "csv", "parquet")
+
+try:  # jsonl: msgspec decodes UTF-8 lines about twice as fast as json (same values)
+    import msgspec as _msgspec
+
+    _FAST_ERRORS: tuple[type[Exception], ...] = (_msgspec.MsgspecError, ValueError)
+except ImportError:  # pragma: no cover - msgspec is a dependency; json does the same work
+    _msgspec = None  # type: ignore[assignment]
+    _FAST_ERRORS = ()
+
+
+def _fast_json_decoder(encoding: str) -> Any:
+    """msgspec's ``decode`` for UTF-8 input, else None (lines then go through json)."""
+    if _msgspec is None or encoding.lower().replace("_", "-") not in ("utf-8", "utf8"):
+        return None
+    return _msgspec.json.Decoder().decode
 _BLOCK = 1 << 20  # jsonl: bytes read at a time
 #: Files read aligned or ``files_at_once``: how many stay open between their batches (the
 #: least recently read beyond that is closed; it reopens at its position when read again).
@@ -162,6 +177,8 @@ class FileReader:
         self._header: list[str] | None = None
         # jsonl: C scanner of json.loads, called directly (one per reader: not shared by threads)
         self._scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+        # jsonl in UTF-8: msgspec's decoder, a slice of lines at a time (see _read_jsonl)
+        self._fast_json = _fast_json_decoder(self._src.encoding)
         rate = getattr(self._src, "rate", None)
         self._pacer = None if rate is None else Pacer(rate / parallelism, self._src.step)
         self._reset_lines()
@@ -485,12 +502,17 @@ class FileReader:
     def _read_jsonl(self, n: int, out: list) -> bool:
         """Append up to ``n`` records of the current jsonl file to ``out``; True at its end.
 
-        A block at a time, split into lines in one call; each line is decoded and handed
-        to the C scanner of ``json.loads`` directly.  ``json.loads`` itself (same result,
-        same errors) only sees lines the scanner does not take whole: surrounding
-        whitespace, blank lines, malformed records.
+        A block at a time, split into lines in one call.  UTF-8 lines are decoded by
+        msgspec's JSON decoder, a slice of lines in one ``map`` (about twice the speed of
+        ``json``; the same values: big integers exact, duplicate keys the last).  A slice
+        it refuses (a blank line, ``NaN``, a lone surrogate, a malformed record) and other
+        encodings go line by line: each line decoded and handed to the C scanner of
+        ``json.loads`` directly; ``json.loads`` itself (same result, same errors) only sees
+        lines the scanner does not take whole: surrounding whitespace, blank lines,
+        malformed records.
         """
         scan, enc, loads = self._scan, self._src.encoding, json.loads
+        fast = self._fast_json
         while n > 0:
             if self._li >= len(self._lines):
                 if not self._fill():
@@ -500,6 +522,19 @@ class FileReader:
             take = self._lines[i:i + n]
             got = len(out)
             done = 0
+            if fast is not None:
+                try:
+                    out.extend(map(fast, take))
+                except _FAST_ERRORS:
+                    del out[got:]  # (those before the refused line: again, line by line)
+                else:
+                    self._li = i + len(take)
+                    self._off += sum(map(len, take)) + len(take)
+                    if self._no_newline and self._li == len(self._lines):
+                        self._off -= 1
+                    self._line += len(take)
+                    n -= len(take)
+                    continue
             try:
                 for raw in take:
                     text = raw.decode(enc)
