@@ -344,3 +344,103 @@ def keyed_topic_append(broker, topic, n, want, seed=9):
         records.append((k, json.dumps({"k": k, "i": -i})))
     broker.produce(topic, records)
     return n, want
+
+
+def test_new_topics_of_a_pattern_are_read_while_running(kafka_broker, tmp_path):
+    """A pattern source: a topic created while the job runs (Tansu cannot add partitions
+    to a topic; a new topic's partitions are new partitions all the same) is discovered
+    and read from its earliest offset; every count exactly once."""
+    prefix = unique_topic("grow")
+    first = kafka_broker.create_topic(prefix + "-a", 2)
+    want: collections.Counter = collections.Counter()
+    keyed_topic_append(kafka_broker, first, 500, want, seed=10)
+    cfg = CheckpointConfig(interval=0.2, storage=f"file://{tmp_path}/chk")
+    p = Pipeline("kafka-grow", parallelism=2, checkpoint=cfg)
+    out = CollectSink(str(tmp_path / "out"))
+    src = KafkaSource(kafka_broker.bootstrap, pattern=prefix + r"-.*", value_format="json",
+                      discovery_interval=0.3)
+    (p.source(src, uid="kafka").map(value_of, uid="values")
+     .key_by(key_of).count(uid="count").sink(out, uid="out"))
+    job = p.start(engine="threads", timeout=120)
+    try:
+        deadline = time.monotonic() + 30
+        while len(out.results()) < 500 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        second = kafka_broker.create_topic(prefix + "-b", 3)
+        keyed_topic_append(kafka_broker, second, 700, want, seed=11)
+        deadline = time.monotonic() + 30
+        while len(out.results()) < sum(want.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        job.cancel("the test has what it needs")
+    assert sorted(out.results()) == expected_pairs(want)
+
+
+def test_a_broker_gone_for_good_fails_the_job_naming_it(tmp_path):
+    from kafka_util import start_broker
+
+    from cutline.driver.dataflow import JobFailed
+
+    broker = start_broker()
+    try:
+        topic, _ = keyed_topic(broker, 2, 200)
+        cfg = CheckpointConfig(interval=0.2, storage=f"file://{tmp_path}/chk")
+        p = Pipeline("kafka-gone", parallelism=2, checkpoint=cfg)
+        out = CollectSink(str(tmp_path / "out"))
+        src = KafkaSource(broker.bootstrap, topic, value_format="json", broker_timeout=3.0)
+        (p.source(src, uid="kafka").map(value_of).key_by(key_of).count().sink(out))
+        job = p.start(engine="threads", timeout=120)
+        deadline = time.monotonic() + 30
+        while len(out.results()) < 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        broker.stop()
+        t0 = time.monotonic()
+        with pytest.raises(JobFailed, match=rf"broker\(s\) {broker.bootstrap} did not answer"):
+            job.result(60)
+        assert time.monotonic() - t0 < 20
+    finally:
+        broker.stop()
+
+
+SMALL_QUEUE = {"queued.max.messages.kbytes": 16, "fetch.message.max.bytes": 8192,
+               "fetch.max.bytes": 16384, "message.max.bytes": 16384}
+
+
+@pytest.mark.slow
+def test_the_broker_paused_20_s_on_spark_stalls_visibly_and_loses_nothing(spark, kafka_broker,
+                                                                        tmp_path):
+    """SIGSTOP for 20 s mid-run: the driver hears from the executors that the source is
+    stalled, naming the broker; after SIGCONT the job ends with exact counts."""
+    topic, want = keyed_topic(kafka_broker, 4, 40_000, seed=12)
+    cfg = CheckpointConfig(interval=0.2, storage=f"file://{tmp_path}/chk")
+    p = Pipeline("kafka-pause", parallelism=2, checkpoint=cfg)
+    out = CollectSink(str(tmp_path / "out"))
+    src = KafkaSource(kafka_broker.bootstrap, topic, value_format="json",
+                      stopping_offsets="latest", stall_after=2.0, broker_timeout=120.0,
+                      config=SMALL_QUEUE)  # so that the pause bites before the input is read
+    (p.source(src, uid="kafka").map(paced_value_of, uid="values")
+     .key_by(key_of).count(uid="count").sink(out, uid="out"))
+    seen: list = []
+
+    def pause(driver):
+        def run():
+            deadline = time.monotonic() + 120
+            while not driver.checkpoints and time.monotonic() < deadline:
+                time.sleep(0.05)
+            kafka_broker.pause()
+            try:
+                end = time.monotonic() + 20
+                while time.monotonic() < end:
+                    seen.extend(driver.stalled_sources().values())
+                    time.sleep(0.2)
+            finally:
+                kafka_broker.resume()
+
+        import threading
+
+        threading.Thread(target=run, daemon=True).start()
+
+    result = p.run(spark=spark, timeout=600, on_start=pause)
+    assert result.duration > 20
+    assert seen and all(kafka_broker.bootstrap in why for why in seen), seen[:3]
+    assert sorted(out.results()) == expected_pairs(want)

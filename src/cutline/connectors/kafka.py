@@ -62,7 +62,7 @@ __all__ = ["KafkaBrokerError", "KafkaRecord", "KafkaRecordError", "KafkaSource",
 
 FORMATS = ("bytes", "str", "json")
 _EARLIEST, _LATEST = -2, -1  # Kafka's logical offsets (in explicit offset dicts too)
-_BUFFER = 20_000  # records buffered per partition before its fetching pauses
+_BUFFER = 4096  # records buffered per partition before its fetching pauses
 
 
 class KafkaRecord(NamedTuple):
