@@ -444,3 +444,64 @@ def test_the_broker_paused_20_s_on_spark_stalls_visibly_and_loses_nothing(spark,
     assert result.duration > 20
     assert seen and all(kafka_broker.bootstrap in why for why in seen), seen[:3]
     assert sorted(out.results()) == expected_pairs(want)
+
+
+def test_completed_checkpoints_commit_offsets_to_the_group(kafka_broker, tmp_path):
+    """With group_id, the offsets of each completed checkpoint are committed to the group
+    (for lag tools): after a bounded run, the group's offsets are the partitions' ends."""
+    from confluent_kafka import Consumer, TopicPartition
+    from kafka_util import end_offsets
+
+    topic, want = keyed_topic(kafka_broker, 3, 2000, seed=13)
+    group = unique_topic("group")
+    cfg = CheckpointConfig(interval=0.2, storage=f"file://{tmp_path}/chk")
+    p = Pipeline("kafka-group", parallelism=2, checkpoint=cfg)
+    out = CollectSink(str(tmp_path / "out"))
+    src = KafkaSource(kafka_broker.bootstrap, topic, value_format="json", group_id=group,
+                      stopping_offsets="latest")
+    (p.source(src, uid="kafka").map(value_of).key_by(key_of).count().sink(out))
+    p.run(engine="threads", timeout=120)
+    assert sorted(out.results()) == expected_pairs(want)
+    c = Consumer({"bootstrap.servers": kafka_broker.bootstrap, "group.id": group})
+    committed = {tp.partition: tp.offset
+                 for tp in c.committed([TopicPartition(topic, q) for q in range(3)], 10)}
+    c.close()
+    assert committed == end_offsets(kafka_broker.bootstrap, topic)
+
+
+def test_columnar_kafka_batches_with_event_time_windows(kafka_broker, tmp_path):
+    """``KafkaSource(...).batches(schema, metadata=("timestamp",))``: Arrow batches, event
+    time from the Kafka timestamp column, per-partition watermarks: exact windows."""
+    import pyarrow as pa
+
+    rng = random.Random(14)
+    topic = kafka_broker.create_topic(unique_topic("cols"), 4)
+    want: collections.Counter = collections.Counter()
+    for q, n in enumerate([300, 900, 100, 0]):
+        records = []
+        for i in range(n):
+            t = BASE + max(0.0, i * SPAN / n - rng.uniform(0, DELAY))
+            k = f"k{rng.randrange(KEYS)}"
+            want[(k, int(int(t * 1000) / 1000 // SIZE) * SIZE)] += 1
+            records.append({"value": json.dumps({"k": k}), "timestamp": int(t * 1000),
+                            "partition": q})
+        if records:
+            kafka_broker.produce(topic, records)
+    cfg = CheckpointConfig(interval=0.2, storage=f"file://{tmp_path}/chk")
+    p = Pipeline("kafka-columnar", parallelism=2, checkpoint=cfg)
+    out, late = CollectSink(str(tmp_path / "out")), CollectSink(str(tmp_path / "late"))
+    src = KafkaSource(kafka_broker.bootstrap, topic, stopping_offsets="latest").batches(
+        pa.schema([("k", pa.string())]), batch_rows=64, metadata=("timestamp",))
+    counts = (p.source(src, uid="kafka")
+              .assign_timestamps("timestamp", max_delay=DELAY, uid="time")
+              .key_by("k").window(tumbling(SIZE)).count(uid="counts"))
+    counts.rows().sink(out, uid="out")
+    counts.late().rows().sink(late, uid="late")
+    p.run(engine="threads", timeout=120)
+    assert not list(late.results())
+    got = collections.Counter()
+    for r in out.results():
+        w = (r["k"], int(r["start"]))
+        assert w not in got
+        got[w] = r["count"]
+    assert got == want

@@ -320,6 +320,7 @@ class KafkaReader:
         self._next_discovery = 0.0
         self._last_answer = time.monotonic()
         self._rx = -1
+        self._committing = 0  # offset commits to the group not yet answered
         self._brokers = source.bootstrap
         self._key = _decoder(source.key_format, "key_format")
         self._value = _decoder(source.value_format, "value_format")
@@ -330,7 +331,8 @@ class KafkaReader:
             raise ValueError(f"subtask {subtask} out of range for parallelism {parallelism}")
         self._subtask, self._parallelism = subtask, parallelism
         self._consumer = _consumer(self._src, "source", **{
-            "statistics.interval.ms": 1000, "stats_cb": self._on_stats})
+            "statistics.interval.ms": 1000, "stats_cb": self._on_stats,
+            "on_commit": self._on_commit})
         topics = _topics(self._consumer, self._src, self._src.broker_timeout)
         self._known = {_split(t, p) for t, ps in topics.items() for p in ps}
         self._next_discovery = time.monotonic() + self._src.discovery_interval
@@ -338,6 +340,11 @@ class KafkaReader:
     def close(self) -> None:
         if self._consumer is not None:
             try:
+                # the commit of the last completed checkpoint's offsets (the final one's,
+                # at the end of input) still in flight: a second to land
+                deadline = time.monotonic() + 1.0
+                while self._committing > 0 and time.monotonic() < deadline:
+                    self._consumer.poll(0.05)
                 self._consumer.close()
             except Exception:  # noqa: BLE001 - closing on the way out
                 pass
@@ -386,9 +393,16 @@ class KafkaReader:
         if tps:
             try:
                 self._consumer.commit(offsets=tps, asynchronous=True)
+                self._committing += 1
             except ck.KafkaException as exc:
                 log.warning("committing offsets of checkpoint %d to group %r failed: %s",
                             checkpoint_id, self._src.group_id, exc)
+
+    def _on_commit(self, err: Any, partitions: Any) -> None:
+        self._committing = max(0, self._committing - 1)
+        if err is not None:
+            log.warning("Kafka source %r: committing offsets to group %r failed: %s",
+                        self._src.name, self._src.group_id, err)
 
     # ------------------------------------------------------------------ splits
     def split_key(self) -> str | None:
