@@ -90,23 +90,27 @@ def test_bounded_keyed_count_on_threads_is_exact(kafka_broker, tmp_path):
     assert sorted(out.results()) == expected_pairs(want)
 
 
-def test_rescaled_restores_2_1_2_move_partitions_with_their_offsets(kafka_broker, tmp_path):
+@pytest.mark.parametrize("engine", ["threads", pytest.param("spark", marks=pytest.mark.slow)])
+def test_rescaled_restores_2_1_2_move_partitions_with_their_offsets(kafka_broker, tmp_path,
+                                                                     engine, request):
     """Stopped with a savepoint at parallelism 2, resumed at 1, stopped again, resumed at
     2 to the end: every count exactly once (the source neither skips nor repeats)."""
+    run = {"engine": "threads"} if engine == "threads" else \
+        {"spark": request.getfixturevalue("spark")}
     topic, want = keyed_topic(kafka_broker, 5, 16_000, seed=2)
     total, savepoint = sum(want.values()), None
     for par, share in ((2, 0.25), (1, 0.55)):
         p, out = build_count(tmp_path, kafka_broker, topic, parallelism=par,
                              fn=paced_value_of)
-        job = p.start(engine="threads", timeout=120, restore_from=savepoint)
-        deadline = time.monotonic() + 60
+        job = p.start(timeout=120, restore_from=savepoint, **run)
+        deadline = time.monotonic() + 90
         while time.monotonic() < deadline and len(out.results()) < share * total:
             time.sleep(0.02)
         savepoint = job.stop_with_savepoint(60)
         job.result(60)
         assert len(out.results()) < total, "the job ended before the savepoint"
     p, out = build_count(tmp_path, kafka_broker, topic, parallelism=2)
-    result = p.run(engine="threads", timeout=120, restore_from=savepoint)
+    result = p.run(timeout=300, restore_from=savepoint, **run)
     assert result.restored_from is not None
     assert sorted(out.results()) == expected_pairs(want)
 
