@@ -352,3 +352,41 @@ def test_a_bounded_read_ends_past_transaction_markers(kafka_broker):
     assert state["offsets"] == state["stops"] == {f"{t}/0": 6}  # 5 records and the marker
     assert r.lag() == {f"{t}/0": 0}
     r.close()
+
+
+def test_idle_partitions_leave_the_split_keys(kafka_broker):
+    """With the assigner's idle timeout, a partition read to its end with nothing new for
+    that long stops holding the watermark back (it leaves split_keys); when all are idle,
+    the one with the latest record stands for them."""
+    from types import SimpleNamespace
+
+    t = topic_with(kafka_broker, 3, [20, 20, 0])
+    src = KafkaSource(kafka_broker.bootstrap, t, value_format="str")
+    r = opened(src)
+
+    class Marks(dict):  # what AssignTimestamps gives: each begun split's watermark
+        op = SimpleNamespace(idle_timeout=5.0)  # the assigner: its idle timeout
+
+    split_marks = Marks()
+    r.watermark_per_split(split_marks)
+    got = []
+    deadline = time.monotonic() + 15
+    while len(got) < 40 and time.monotonic() < deadline:
+        batch = r.read_batch(100)
+        if batch:
+            split_marks[r.split_key()] = max(x.offset for x in batch)
+            got += batch
+    assert len(got) == 40
+    k0, k1, k2 = (f"{t}/{q}" for q in range(3))
+    r._poll(0.5)  # the ends of the partitions
+    assert r.split_keys() == [k0, k1, k2]  # none idle yet
+    now = time.monotonic()
+    r._last_data.update({k0: now - 1, k1: now - 1, k2: now - 6})
+    assert r.split_keys() == [k0, k1]  # the empty partition is idle
+    r._last_data.update({k0: now - 7, k1: now - 5.5})
+    assert r.split_keys() == [k1]  # all idle: the one with the latest record
+    kafka_broker.produce(t, ["new"], partition=2)
+    got, _ = read_all(r, until=1)
+    assert [(x.partition, x.value) for x in got] == [(2, "new")]
+    assert k2 in r.split_keys()  # a record makes it active again
+    r.close()
