@@ -509,3 +509,29 @@ def test_columnar_kafka_batches_with_event_time_windows(kafka_broker, tmp_path):
         assert w not in got
         got[w] = r["count"]
     assert got == want
+
+
+def parse_value(rec):
+    return rec._replace(value=json.loads(rec.value))
+
+
+def test_undecodable_records_go_to_the_dead_letter_sink_named(kafka_broker, tmp_path):
+    """Read bytes, decode in a map with on_error="dead_letter": the bad record is a dead
+    letter naming its topic, partition and offset; the others are counted exactly."""
+    topic = kafka_broker.create_topic(unique_topic("dead"), 2)
+    kafka_broker.produce(topic, [json.dumps({"k": "a"}), "{oops", json.dumps({"k": "b"})],
+                         partition=1)
+    kafka_broker.produce(topic, [json.dumps({"k": "a"})], partition=0)
+    cfg = CheckpointConfig(interval=0.2, storage=f"file://{tmp_path}/chk")
+    dead = CollectSink(str(tmp_path / "dead"))
+    p = Pipeline("kafka-dead", parallelism=2, checkpoint=cfg, dead_letter=dead)
+    out = CollectSink(str(tmp_path / "out"))
+    (p.source(KafkaSource(kafka_broker.bootstrap, topic, stopping_offsets="latest"),
+              uid="kafka")
+     .map(parse_value, on_error="dead_letter", uid="parse")
+     .map(lambda r: r.value["k"]).key_by(lambda k: k).count().sink(out))
+    p.run(engine="threads", timeout=120)
+    assert sorted(out.results()) == [("a", 1), ("a", 2), ("b", 1)]
+    (letter,) = dead.results()
+    assert f"Kafka topic {topic!r} partition 1 offset 1" in letter["position"], letter
+    assert letter["record"].value == b"{oops" and letter["operator"] == "parse"

@@ -314,6 +314,7 @@ class KafkaReader:
         self._last_data: dict[str, float] = {}  # split -> when it last had a record
         self._last_split: str | None = None
         self._last_batch: tuple[str, int, int] | None = None  # split, first offset, n
+        self._last_out: list[KafkaRecord] = []  # the records of the last batch
         self._split_wm: Any = None
         self._idle_timeout: float | None = None  # the assigner's, per partition
         self._rr = 0
@@ -441,11 +442,12 @@ class KafkaReader:
     def locate(self, index: int | None = None) -> str | None:
         if self._last_batch is None:
             return None
+        """Where record ``index`` of the last batch came from (the whole batch if None):
+        topic, partition and offset, for errors and dead letters."""
         k, first, n = self._last_batch
         topic, part = _parse_split(k)
         if index is not None and 0 <= index < n:
-            return f"Kafka topic {topic!r} partition {part}, the batch's record {index} " \
-                   f"(offsets from {first})"
+            return f"Kafka topic {topic!r} partition {part} offset {self._last_out[index].offset}"
         return f"Kafka topic {topic!r} partition {part}, offsets from {first} ({n} records)"
 
     def lag(self) -> dict[str, int]:
@@ -535,6 +537,7 @@ class KafkaReader:
             self._consumer.resume([_kafka().TopicPartition(topic, part)])
             self._paused.discard(k)
         self._last_split, self._last_batch = k, (k, first, len(out))
+        self._last_out = out
         return out
 
     def _records(self, msgs: list, topic: str, part: int) -> list:

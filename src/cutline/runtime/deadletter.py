@@ -40,16 +40,17 @@ class DeadLetters:
     """The dead-letter writer of one subtask, and its uncommitted transactions."""
 
     def __init__(self, sink: Any, index: int, writers: int, job: str, task: str,
-                 where: Callable[[], str]) -> None:
+                 where: Callable[..., str], first: Any = None) -> None:
         self.sink, self.index, self.writers, self.job, self.task = sink, index, writers, job, task
-        self.where = where
+        self.where = where  # where(index=None): where the batch (or its record) came from
+        self.first = first  # the chain's first operator: it gets the source's batch as read
         self.writer = sink.create_writer()
         self.uncommitted: dict[int, dict] = {}
         self.reported = 0
 
     @classmethod
     def for_subtask(cls, plan: Any, chain: Any, subtask: int, ops: list, job: str,
-                    task: str, where: Callable[[], str]) -> "DeadLetters | None":
+                    task: str, where: Callable[..., str]) -> "DeadLetters | None":
         """The subtask's dead letters, wired to its operators; None if none of them has
         ``on_error="dead_letter"``."""
         mine = [op for op in ops if getattr(op.node, "on_error", "fail") == "dead_letter"]
@@ -59,7 +60,7 @@ class DeadLetters:
                   if any(getattr(n, "on_error", "fail") == "dead_letter" for n in c.nodes)]
         maxp = plan.max_parallelism
         dl = cls(mine[0].node.dead_letter, chains.index(chain.id) * maxp + subtask,
-                 len(chains) * maxp, job, task, where)
+                 len(chains) * maxp, job, task, where, ops[0])
         for op in mine:
             op.on_bad_record = dl.report
         return dl
@@ -72,7 +73,10 @@ class DeadLetters:
         self.writer.recover(list(handles or []))
 
     def report(self, op: Any, record: Any, exc: BaseException, index: int, size: int) -> None:
-        where = f"record {index} of {size} in its batch, {self.where()}"
+        # the first operator's batch is the source's as read: its reader may name the record
+        # (a Kafka reader: topic, partition and offset)
+        at = self.where(index) if op is self.first else self.where()
+        where = f"record {index} of {size} in its batch, {at}"
         self.writer.write([dead_letter(op, record, exc, self.task, where)])
         self.reported += 1
 
