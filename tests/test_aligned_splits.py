@@ -78,7 +78,7 @@ def slow_batch(b):
 def build(tmp: Path, inp: Path, *, columnar: bool, mode: str = "aligned",
           interval: float = 0.3, slow: bool = False, sources: int = PARALLELISM,
           rate: float | None = None, parallelism: int = PARALLELISM,
-          ) -> tuple[Pipeline, CollectSink, CollectSink]:
+          max_drift: float | None = None) -> tuple[Pipeline, CollectSink, CollectSink]:
     """The job: files -> assign_timestamps -> key_by -> tumbling count, and its late
     records.  ``slow``: a few seconds long (kills land mid-stream); ``sources``: the
     source's parallelism (``assign_timestamps`` right after it takes it: a watermark per
@@ -91,7 +91,7 @@ def build(tmp: Path, inp: Path, *, columnar: bool, mode: str = "aligned",
         stamped = (p.source(FileSource(str(inp)).batches(
             schema(), batch_bytes=16_384 if slow else 1 << 20), uid="files",
             parallelism=sources)
-            .assign_timestamps("t", max_delay=DELAY, uid="time"))
+            .assign_timestamps("t", max_delay=DELAY, uid="time", max_drift=max_drift))
         if slow:
             stamped = stamped.map_batches(slow_batch, uid="slow")
         counts = stamped.key_by("k").window(tumbling(SIZE)).count(uid="counts")
@@ -99,7 +99,8 @@ def build(tmp: Path, inp: Path, *, columnar: bool, mode: str = "aligned",
         counts.late().rows().sink(late, uid="late")
     else:
         stamped = (p.source(FileSource(str(inp), rate=rate), uid="files", parallelism=sources)
-                   .assign_timestamps(lambda e: e["t"], max_delay=DELAY, uid="time"))
+                   .assign_timestamps(lambda e: e["t"], max_delay=DELAY, uid="time",
+                                      max_drift=max_drift))
         if slow:
             stamped = stamped.map(slow_records, uid="slow")
         counts = (stamped.key_by(lambda e: e["k"]).window(tumbling(SIZE))
@@ -183,6 +184,35 @@ def test_open_windows_do_not_grow_with_the_number_of_files(tmp_path, open_window
         assert most[16] <= 1.5 * windows_per_file + 16, most
     else:  # overlapping files: a batch per file in flight at most
         assert most[16] <= 2 * most[1] + KEYS * 16, most
+
+
+@pytest.mark.parametrize("columnar", [False, True], ids=["records", "batches"])
+def test_max_drift_aligns_the_source_subtasks_with_each_other(tmp_path, open_windows,
+                                                              columnar):
+    """Files that follow one another in time, 16 per subtask, 2 subtasks: without
+    alignment across subtasks one runs ahead and the window operator holds about two
+    files' windows; with ``max_drift`` a subtask pauses while it is further ahead of the
+    slowest, the subtasks take turns, and about one file's windows are open.  Exact
+    either way."""
+    windows_per_file = KEYS * (SPAN / SIZE)
+    want = write_input(tmp_path / "in", PARALLELISM * 16, 3000, sequential=True)
+    p, out, late = build(tmp_path, tmp_path / "in", columnar=columnar, max_drift=SPAN / 4)
+    result = p.run(engine="threads", timeout=180)
+    assert result.attempts == 1
+    assert_exact(out, late, want, columnar)
+    if not columnar:  # (the batch window operator is another class)
+        assert open_windows[0] <= 1.4 * windows_per_file, open_windows[0]
+
+
+def test_max_drift_is_refused_away_from_the_source():
+    from cutline.connectors import GeneratorSource
+
+    p = Pipeline("drift")
+    src = p.source(GeneratorSource(count=10))
+    with pytest.raises(ValueError, match="right after the source"):
+        src.map(lambda x: x).assign_timestamps(lambda x: x, max_drift=5)
+    with pytest.raises(ValueError, match="max_drift"):
+        src.assign_timestamps(lambda x: x, max_drift=-1)
 
 
 def test_a_split_not_begun_holds_the_generator_watermark_back(tmp_path):
@@ -297,6 +327,22 @@ def test_a_directory_replay_on_spark_equals_the_offline_counts(spark, tmp_path, 
         oracle = collections.Counter({(r["k"], int(r["w"]) * SIZE): r["count"] for r in rows})
         assert oracle == want
         assert got_counts(out, columnar) == oracle
+
+
+@pytest.mark.slow
+def test_max_drift_on_spark_across_two_kills(spark, tmp_path):
+    """Subtasks aligned with each other (``max_drift``) on Spark, through the driver's
+    control channel, across two ``kill -9``: exact (a restore starts with no floor)."""
+    from cutline.spark.chaos import Chaos
+
+    want = write_input(tmp_path / "in", PARALLELISM * 16, 3000, sequential=True)
+    p, out, late = build(tmp_path, tmp_path / "in", columnar=False, max_drift=SPAN / 4,
+                         slow=True, interval=0.2)
+    chaos = Chaos(kills=2, seed=182, mean_delay=1.0)
+    result = p.run(spark=spark, timeout=600, on_start=chaos)
+    assert len(chaos.killed) == 2, chaos.killed
+    assert result.attempts >= 3
+    assert_exact(out, late, want, columnar=False)
 
 
 @pytest.mark.slow

@@ -34,6 +34,7 @@ MESSAGES = st.one_of(
     st.builds(m.Abort, st.integers(1, 2**31)),
     st.builds(m.Complete, st.integers(1, 2**31), st.booleans()),
     st.builds(m.CloseLoop, _names), st.builds(m.Stop, st.booleans()),
+    st.builds(m.Align, _names, st.one_of(st.none(), st.just("inf"), st.floats(-1e12, 1e12))),
     st.builds(m.Initiated, st.integers(1, 2**31), _names),
     st.builds(m.IdsWanted, st.integers(0, 64)),
     st.builds(m.Ids, st.lists(st.integers(1, 2**31), max_size=8)),

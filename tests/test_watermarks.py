@@ -18,10 +18,12 @@ from cutline.protocol.watermarks import (
     NO_WATERMARK,
     BoundedOutOfOrderness,
     InputIdle,
+    SubtaskAlignment,
     Watermark,
     WatermarkGenerator,
     WatermarkTracker,
     is_time_item,
+    paused_by_alignment,
     to_duration,
     to_timestamp,
 )
@@ -248,3 +250,50 @@ def test_units():
         to_duration(0, "idle_timeout", positive=True)
     with pytest.raises(ValueError, match="max_delay"):
         to_duration(-1, "max_delay")
+
+
+def test_subtask_alignment_floor_as_data():
+    """The driver's part of watermark alignment across a source's subtasks: no floor until
+    every member reported; the lowest of those neither idle nor finished; never back."""
+    a = SubtaskAlignment(["s0", "s1", "s2"])
+    assert a.on_report("s0", 10, False) is None  # s1, s2 not heard yet
+    assert a.on_report("s1", 50, False) is None
+    assert a.on_report("s2", 5, False) == 5
+    assert a.on_report("s2", 5, False) is None  # no rise: nothing to send
+    assert a.on_report("s2", 30, False) == 10  # s0 is the slowest now
+    assert a.on_report("s0", math.inf, False) == 30  # s0 finished: holds no one
+    assert a.on_report("s2", 20, True) == 50  # s2 idle: s1 alone
+    assert a.on_report("s2", 20, False) is None  # back, behind: the floor stays at 50
+    assert a.on_report("s1", 70, True) is None  # (s2 active at 20 < 50)
+    assert a.on_report("s2", 60, True) == 70  # all idle or finished: the highest, none waits
+    assert not paused_by_alignment(75, 70, 10) and paused_by_alignment(81, 70, 10)
+    assert not paused_by_alignment(1e9, None, 0)  # no floor yet: read on
+    a.reset()
+    assert a.sent is None and a.on_report("s0", 1, False) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 20), st.booleans(),
+                          st.booleans()), max_size=60))
+def test_subtask_alignment_floor_rises_and_is_the_slowest_active(reports):
+    """Random reports (a member, by how much its watermark rose, idle, finished): every
+    floor handed out is above the one before, and is the lowest watermark of the active
+    members when there are any (the one a paused member waits for)."""
+    members = [f"s{i}" for i in range(4)]
+    a = SubtaskAlignment(members)
+    wm = {m_: 0.0 for m_ in members}
+    idle: dict[str, bool] = {}
+    last = -math.inf
+    for i, rise, is_idle, finish in reports:
+        m_ = members[i]
+        wm[m_] = math.inf if finish or wm[m_] == math.inf else wm[m_] + rise
+        idle[m_] = is_idle
+        floor = a.on_report(m_, wm[m_], is_idle)
+        if floor is None:
+            continue
+        assert floor > last
+        last = floor
+        assert len(idle) == len(members)
+        active = [wm[x] for x in members if not idle[x] and wm[x] != math.inf]
+        if active:
+            assert floor == min(active)

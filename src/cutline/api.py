@@ -362,6 +362,7 @@ class Stream:
 
     def assign_timestamps(self, ts_fn: Callable[[Any], Any], *, max_delay: Any = 0,
                           watermark: Any = None, idle_timeout: Any = None,
+                          max_drift: Any = None,
                           uid: str | None = None, parallelism: int | None = None,
                           on_error: str | None = None) -> "Stream":
         """Event time: ``ts_fn(record)`` is the record's timestamp (seconds as int/float, or a
@@ -380,7 +381,13 @@ class Stream:
         ``current()``, optionally ``snapshot()`` / ``restore(state)``, the state None, numbers,
         str, bytes, or lists and dicts of them).  ``idle_timeout``
         (seconds): a subtask with no input for that long says so downstream, where it stops
-        holding the watermark back until it has records again.  ``on_error``: a record whose
+        holding the watermark back until it has records again.  ``max_drift`` (seconds,
+        right after a source): align the source's subtasks with each other too (Flink's
+        watermark alignment, FLIP-182): a subtask pauses reading while its watermark is
+        more than ``max_drift`` ahead of the slowest subtask's, so what operators downstream
+        hold open spans ``max_drift``, not how far one subtask ran ahead (on an unbounded
+        source give ``idle_timeout`` too: an idle subtask then holds no one back).
+        ``on_error``: a record whose
         ``ts_fn`` raises or returns a non-timestamp fails the job naming the operator and
         record, or with ``"dead_letter"`` goes to the pipeline's dead-letter sink (as for
         ``map``).
@@ -389,6 +396,11 @@ class Stream:
         delay = to_duration(max_delay, "assign_timestamps(max_delay=...)")
         idle = to_duration(idle_timeout, "assign_timestamps(idle_timeout=...)", positive=True,
                            allow_none=True)
+        drift = to_duration(max_drift, "assign_timestamps(max_drift=...)", allow_none=True)
+        if drift is not None and (self.node.kind != "source" or parallelism not in (
+                None, self._parallelism())):
+            raise ValueError("assign_timestamps(max_drift=...) aligns a source's subtasks: "
+                             "call it right after the source, at its parallelism")
         if watermark is None:
             generator: Any = BoundedOutOfOrderness(delay)
         else:
@@ -404,7 +416,7 @@ class Stream:
             generator = watermark
         if parallelism is None and self.node.kind == "source":
             parallelism = self.node.parallelism  # in the source's tasks: per split
-        return self._then("assign_timestamps", TimestampSpec(ts_fn, generator, idle),
+        return self._then("assign_timestamps", TimestampSpec(ts_fn, generator, idle, drift),
                           uid=uid, parallelism=parallelism, on_error=on_error)
 
     def rebalance(self) -> "Stream":
@@ -796,10 +808,11 @@ class BatchStream(Stream):
 
     def assign_timestamps(self, column: Any, *, max_delay: Any = 0,  # type: ignore[override]
                           watermark: Any = None, idle_timeout: Any = None,
-                          uid: str | None = None,
+                          max_drift: Any = None, uid: str | None = None,
                           parallelism: int | None = None) -> "BatchStream":
         """Event time from ``column`` (seconds as int/float, or an Arrow timestamp), with
-        watermarks as for records (``max_delay``, ``watermark=``, ``idle_timeout``; see
+        watermarks as for records (``max_delay``, ``watermark=``, ``idle_timeout``,
+        ``max_drift``; see
         :meth:`Stream.assign_timestamps`).  The generator sees each record batch's largest
         timestamp.  Windows follow: ``key_by(cols).window(tumbling(60)).agg(...)``."""
         if not isinstance(column, str) or not column:
@@ -807,7 +820,8 @@ class BatchStream(Stream):
                             f"event-time column, got {column!r}")
         stream = super().assign_timestamps(ColumnTime(column), max_delay=max_delay,
                                            watermark=watermark, idle_timeout=idle_timeout,
-                                           uid=uid, parallelism=parallelism)
+                                           max_drift=max_drift, uid=uid,
+                                           parallelism=parallelism)
         return stream  # type: ignore[return-value]
 
     def _per_record(self, name: str, instead: str) -> Any:

@@ -167,12 +167,15 @@ class BatchWindowSpec:
 @dataclass
 class TimestampSpec:
     """What an ``assign_timestamps`` node runs (its ``Node.fn``): the user's ``ts_fn``, the
-    watermark generator (a prototype, copied per subtask), and ``idle_timeout`` seconds
-    (``None``: never idle)."""
+    watermark generator (a prototype, copied per subtask), ``idle_timeout`` seconds
+    (``None``: never idle), and ``max_drift`` seconds (``None``: the source's subtasks are
+    not aligned with each other; else a subtask pauses while its watermark is further
+    than that ahead of the slowest's)."""
 
     ts_fn: Callable[[Any], Any]
     generator: Any
     idle_timeout: float | None = None
+    max_drift: float | None = None
 
 
 def timestamp_fn_of(inputs: list[Node]) -> tuple[Callable[[Any], Any] | None, str | None]:

@@ -123,7 +123,8 @@ class JobDriver:
             slot_of={c.task_id(i): i for c, i in plan.tasks()},  # slot k hosts subtask k
             slots=plan.slots,
             loop_heads=frozenset(c.task_id(i) for c in plan.loop_heads
-                                 for i in range(c.parallelism)))
+                                 for i in range(c.parallelism)),
+            align_groups=align_groups(plan))
         policy = CheckpointPolicy(
             interval=config.interval, timeout=config.timeout, min_pause=config.min_pause,
             max_concurrent=config.max_concurrent,
@@ -388,3 +389,16 @@ class JobDriver:
         self._control.close()  # and every task connection, of this attempt or older ones
         self.heartbeats.stop()
 
+
+
+def align_groups(plan: Any) -> dict[str, tuple[str, ...]]:
+    """Watermark alignment across source subtasks: for each source chain whose
+    ``assign_timestamps`` (right after the source) has ``max_drift``, its uid -> the
+    chain's tasks."""
+    groups: dict[str, tuple[str, ...]] = {}
+    for chain in plan.chains:
+        nodes = chain.nodes
+        if chain.is_source and len(nodes) > 1 and nodes[1].kind == "assign_timestamps" \
+                and getattr(nodes[1].fn, "max_drift", None) is not None:
+            groups[nodes[1].uid] = tuple(chain.task_id(i) for i in range(chain.parallelism))
+    return groups

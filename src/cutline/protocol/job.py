@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from . import messages as m
-from .watermarks import decode_ts
+from .watermarks import SubtaskAlignment, decode_ts, encode_ts
 from .coordinator import (
     Abort,
     CheckpointCoordinator,
@@ -229,6 +229,8 @@ class JobShape:
     slot_of: Mapping[str, int]  # task -> slot hosting it
     slots: int
     loop_heads: frozenset[str] = frozenset()
+    # watermark alignment (assign_timestamps(max_drift=)): group (its uid) -> source tasks
+    align_groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 class JobController:
@@ -293,9 +295,13 @@ class JobController:
         self.source_records_before = 0
         self._savepoints: dict[int, tuple[Hashable, bool]] = {}  # id -> (token, stop after)
         self._committing: dict[int, Complete] = {}
+        self.alignment = {g: SubtaskAlignment(tasks) for g, tasks in shape.align_groups.items()}
+        self.align_group = {t: g for g, tasks in shape.align_groups.items() for t in tasks}
         self._reset_attempt_state()
 
     def _reset_attempt_state(self) -> None:
+        for a in getattr(self, "alignment", {}).values():
+            a.reset()
         self.drained: set[str] = set()
         self.finished: set[str] = set()
         self.forward_closed: set[str] = set()
@@ -369,6 +375,9 @@ class JobController:
             self.metrics[msg.task] = msg
             if msg.timed:
                 self.watermarks[msg.task] = decode_ts(msg.watermark)
+                group = self.align_group.get(msg.task)
+                if group is not None:
+                    self._align(group, msg, cmds)
             self._note_cpu(conn, msg.cpu)
         elif t is m.Finished:
             self._note_cpu(conn, msg.cpu)
@@ -591,6 +600,15 @@ class JobController:
             self.attempt.cpu[slot] = max(self.attempt.cpu.get(slot, 0.0), cpu)
 
     # ------------------------------------------------------------------ checkpoints
+
+    def _align(self, group: str, msg: m.Metrics, cmds: list[JobCommand]) -> None:
+        """A member of watermark-alignment ``group`` reported: send the group's floor to
+        its members when it rose (:class:`SubtaskAlignment`)."""
+        alignment = self.alignment[group]
+        floor = alignment.on_report(msg.task, decode_ts(msg.watermark), msg.idle)
+        if floor is not None:
+            for task in self.shape.align_groups[group]:
+                self._send_to_task(task, m.Align(task, encode_ts(floor)), cmds)
 
     def _send_to_task(self, task: str, msg: Any, cmds: list[JobCommand]) -> None:
         conn = self.attempt.conns.get(self.shape.slot_of[task])

@@ -17,7 +17,8 @@ graph host -> driver        :class:`Register`, :class:`Parts`, :class:`Initiated
                             :class:`IdsWanted`, :class:`HostMetrics`,
                             :class:`TraceEvents`, :class:`FinalStates`, :class:`Failed`
 driver -> task / host       :class:`Start`, :class:`Trigger`, :class:`Abort`,
-                            :class:`Complete`, :class:`CloseLoop`, :class:`Stop`,
+                            :class:`Complete`, :class:`CloseLoop`, :class:`Align`,
+                            :class:`Stop`,
                             :class:`TriggerProcesses`, :class:`Ids`
 admin client <-> driver     :class:`SavepointRequest`, :class:`SavepointReply`
 ==========================  =====================================================
@@ -36,7 +37,7 @@ import msgpack
 __all__ = [
     "VERSION", "MessageError", "Message", "encode", "decode",
     "Register", "SnapshotStats", "Ack", "Decline", "Drained", "ForwardClosed", "Metrics",
-    "Finished", "Failed", "Start", "Trigger", "Abort", "Complete", "CloseLoop", "Stop",
+    "Finished", "Failed", "Start", "Trigger", "Abort", "Complete", "CloseLoop", "Align", "Stop",
     "Parts", "Initiated", "IdsWanted", "Ids", "TriggerProcesses", "HostMetrics",
     "TraceEvents", "FinalStates", "SavepointRequest", "SavepointReply",
 ]
@@ -165,7 +166,9 @@ class Metrics:
     ``first_late``: per such operator, ``[time, watermark]`` of the first record it dropped
     in this attempt (the driver's console warning names them).  A source whose reader
     tells them: ``lag``, records behind the end of each of its splits (Kafka: per
-    ``"topic/partition"``); ``stalled``, why it cannot read now (a broker not answering)."""
+    ``"topic/partition"``); ``stalled``, why it cannot read now (a broker not answering).
+    ``idle``: a source subtask whose assigner is idle or that has no split to read (it
+    holds no other subtask back in watermark alignment)."""
     task: str
     records: int
     source: bool
@@ -178,6 +181,7 @@ class Metrics:
     first_late: dict[str, list] | None = None
     lag: dict[str, int] | None = None
     stalled: str | None = None
+    idle: bool = False
     TAG: ClassVar[str]
 
 
@@ -247,6 +251,18 @@ class Complete:
 class CloseLoop:
     """A checkpoint showed this iteration empty: the head ends its outputs."""
     task: str
+    TAG: ClassVar[str]
+
+
+@_message("align")
+@dataclass(frozen=True, slots=True)
+class Align:
+    """Watermark alignment across a source's subtasks (``assign_timestamps(max_drift=)``,
+    Flink's FLIP-182): the lowest watermark of the subtasks in ``task``'s alignment group
+    (encoded, :func:`~cutline.protocol.watermarks.encode_ts`).  The task reads on while
+    its own watermark is at most its ``max_drift`` above it, and pauses beyond."""
+    task: str
+    watermark: float | str | None
     TAG: ClassVar[str]
 
 
@@ -361,7 +377,7 @@ class SavepointReply:
 
 Message: TypeAlias = (
     Register | Ack | Decline | Drained | ForwardClosed | Metrics | Finished | Failed | Start
-    | Trigger | Abort | Complete | CloseLoop | Stop | Parts | Initiated | IdsWanted | Ids
+    | Trigger | Abort | Complete | CloseLoop | Align | Stop | Parts | Initiated | IdsWanted | Ids
     | TriggerProcesses | HostMetrics | TraceEvents | FinalStates | SavepointRequest
     | SavepointReply
 )

@@ -31,7 +31,8 @@ from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["BoundedOutOfOrderness", "IDLE", "InputIdle", "NO_WATERMARK", "Watermark",
            "WatermarkGenerator", "WatermarkTracker", "decode_ts", "encode_ts", "is_time_item",
-           "next_split", "restored_ts", "split_watermark", "to_duration", "to_timestamp"]
+           "SubtaskAlignment", "next_split", "paused_by_alignment", "restored_ts",
+           "split_watermark", "to_duration", "to_timestamp"]
 
 #: The watermark before any: every timestamp is later.
 NO_WATERMARK = -math.inf
@@ -363,6 +364,58 @@ def next_split(splits: Iterable[Hashable],
             if wm == NO_WATERMARK:
                 break
     return best
+
+
+class SubtaskAlignment:
+    """Watermark alignment across the subtasks of a source (``assign_timestamps(
+    max_drift=)``, Flink's FLIP-182), the driver's part: each member reports its watermark
+    and whether it is idle (an idle assigner, or no split to read); the *floor* is the
+    lowest watermark of the members that are neither idle nor finished (``inf``), once
+    every member has reported (when all are, the highest of theirs: none waits).
+    :meth:`on_report` returns the floor when it rose: the driver sends it to the members,
+    and each pauses reading while its own watermark is more than its ``max_drift`` above
+    it.  The floor never goes back (a member that comes back from idleness behind it does
+    not stop the others again: they are already ahead)."""
+
+    __slots__ = ("members", "_wm", "_idle", "sent")
+
+    def __init__(self, members: Iterable[Hashable]) -> None:
+        self.members: tuple[Hashable, ...] = tuple(members)
+        self._wm: dict[Hashable, float] = {}
+        self._idle: set[Hashable] = set()
+        self.sent: float | None = None  # the last floor handed out
+
+    def on_report(self, member: Hashable, watermark: float, idle: bool) -> float | None:
+        """``member``'s latest watermark and idleness: the new floor when it rose."""
+        self._wm[member] = watermark
+        if idle:
+            self._idle.add(member)
+        else:
+            self._idle.discard(member)
+        if len(self._wm) < len(self.members):
+            return None  # someone has not reported yet: it may be the slowest
+        active = [wm for mm, wm in self._wm.items()
+                  if mm not in self._idle and wm != math.inf]
+        if active:
+            floor = min(active)
+        else:  # every member idle or finished: none holds another back
+            floor = max((wm for wm in self._wm.values() if wm != math.inf), default=math.inf)
+        if self.sent is not None and floor <= self.sent:
+            return None
+        self.sent = floor
+        return floor
+
+    def reset(self) -> None:
+        """A new attempt: its members report afresh (a restore may go back in time)."""
+        self._wm.clear()
+        self._idle.clear()
+        self.sent = None
+
+
+def paused_by_alignment(own: float, floor: float | None, max_drift: float) -> bool:
+    """A source subtask with watermark ``own`` waits (reads nothing) while it is more than
+    ``max_drift`` ahead of its group's ``floor`` (None: no floor yet, read on)."""
+    return floor is not None and own > floor + max_drift
 
 
 # --------------------------------------------------------------------------- generators

@@ -185,6 +185,8 @@ class AssignTimestamps(Operator):
         self.splits: dict[str, Any] | None = None  # split key -> its generator (per split)
         self.reader: Any = None
         self.idle_timeout: float | None = spec.idle_timeout
+        # aligned with the source's other subtasks (the task pauses reading beyond it)
+        self.max_drift: float | None = getattr(spec, "max_drift", None)
         self.emitted: float = NO_WATERMARK  # the last watermark emitted (never goes back)
         self.real: float = math.inf  # at the end of input: the last emitted before it
         self.last_input = time.monotonic()

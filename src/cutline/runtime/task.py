@@ -46,7 +46,13 @@ from ..protocol import (
 )
 from ..protocol import messages as m
 from ..protocol.liveness import HEARTBEAT_TIMEOUT
-from ..protocol.watermarks import InputIdle, Watermark, encode_ts
+from ..protocol.watermarks import (
+    InputIdle,
+    Watermark,
+    decode_ts,
+    encode_ts,
+    paused_by_alignment,
+)
 from .chain import EventTime, OperatorChain
 from .channels import InputGate, OutputChannel
 from .control import FrameConnection, connect
@@ -170,11 +176,17 @@ class Subtask:
                                    slot.send)
         # event time: only a pipeline with assign_timestamps splits batches at watermarks
         self.event_time: EventTime | None = None
+        # watermark alignment across the source's subtasks (assign_timestamps(max_drift=)):
+        # its assigner, and the group's floor the driver sent last (m.Align)
+        self.aligned: Any = None
+        self.align_floor: float | None = None
         if plan.timed:
             self.event_time = EventTime(self.operators, self.inputs, self.router.emit,
                                   self.router.broadcast)
             if self.reader is not None and ops and ops[0].emits_watermarks:
                 ops[0].read_splits_of(self.reader)  # one watermark per source split
+                if getattr(ops[0], "max_drift", None) is not None:
+                    self.aligned = ops[0]  # aligned with the source's other subtasks
             self.snapshots.event_time = self.event_time
         self.handler = SnapshotHandler(self.inputs, spec.mode, back_edges=self.back,
                                        aligned_timeout=spec.aligned_timeout)
@@ -316,6 +328,8 @@ class Subtask:
                 raise _Stop
             elif t is m.CloseLoop:  # a checkpoint showed this iteration empty: end it
                 self.router.close_outputs()
+            elif t is m.Align:  # the slowest subtask's watermark of this source
+                self.align_floor = decode_ts(msg.watermark)
             else:
                 log.error("task %s: unexpected control message %r dropped", self.task_id, msg)
             try:
@@ -325,7 +339,9 @@ class Subtask:
 
     def _metrics(self, force: bool = False) -> None:
         now = time.monotonic()
-        if force or now - self.last_metrics >= 0.5:
+        # (a source aligned with its other subtasks reports 10x as often: the slowest's
+        # watermark is what the others wait for)
+        if force or now - self.last_metrics >= (0.5 if self.aligned is None else 0.05):
             self.last_metrics = now
             et = self.event_time
             if self.timer_ops and (force or now - self.timers_at >= 5.0):
@@ -346,7 +362,15 @@ class Subtask:
                                      self.slot.cpu(), et is not None,
                                      None if et is None else encode_ts(et.output),
                                      self.router.backpressured_now(), self.timers_counted,
-                                     late, first, lag, stalled))
+                                     late, first, lag, stalled, self._idle_for_alignment()))
+
+    def _idle_for_alignment(self) -> bool:
+        """Watermark alignment: this source subtask holds no other back (its assigner is
+        idle, or it has no split to read now)."""
+        op = self.aligned
+        if op is None:
+            return False
+        return bool(op.idle) or (op.splits is not None and not self.reader.split_keys())
 
     def _timers(self) -> None:
         now = time.monotonic()
@@ -448,6 +472,14 @@ class Subtask:
             self._control()
             if self.drained:
                 self._control(block=0.5)
+                continue
+            aligned = self.aligned
+            if aligned is not None and paused_by_alignment(
+                    aligned.emitted, self.align_floor, aligned.max_drift) \
+                    and not self._idle_for_alignment():  # (with no split: read to the end)
+                self._metrics()  # (its watermark still reaches the driver)
+                self.flush_all(interruptible=True)
+                self._control(block=0.01)  # until the slowest caught up (m.Align)
                 continue
             batch = reader.read_batch(size)
             self._metrics()
