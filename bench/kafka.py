@@ -792,13 +792,15 @@ class ValuesReader:
         return None if out is None else [r.value for r in out]
 
 
-def nexmark_setup(ctx: dict, events: int) -> None:
-    """Nexmark events as JSON into a topic of 4 partitions (event i in partition i % 4)."""
+def nexmark_setup(ctx: dict, events: int, rate: float = NEXMARK_RATE,
+                  out_of_order: int = 100) -> None:
+    """Nexmark events as JSON into a topic of 4 partitions (event i in partition i % 4),
+    ``rate`` events per second of event time."""
     import numpy as np
 
     from cutline.connectors.nexmark import Nexmark, NexmarkConfig
 
-    cfg = NexmarkConfig(events_per_second=NEXMARK_RATE, out_of_order=100)
+    cfg = NexmarkConfig(events_per_second=rate, out_of_order=out_of_order)
     gen = Nexmark(cfg)
     records: list[tuple[None, bytes]] = []
     for a in range(0, events, 65_536):
