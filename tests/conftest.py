@@ -13,6 +13,8 @@ LONGEST_FIRST = (
     "test_bench_runtime_smoke.py", "test_chaos.py", "test_event_time_spark.py",
     "test_columnar_spark.py", "test_tls.py", "test_net_faults_spark.py", "test_docs.py",
     "test_cluster_daemon.py", "test_driver_death.py", "test_net_faults.py",
+    "test_kafka_sink.py", "test_kafka_pipelines.py", "test_aligned_splits.py",
+    "test_kafka_source.py", "test_continue_finished.py", "test_late_visibility.py",
 )
 
 
