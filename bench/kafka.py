@@ -15,7 +15,9 @@ producer's stamp), each key in one partition.
 -> ``KafkaSink`` (key ``k``, value the count), exactly-once (the sink's write-ahead log: the
 output leaves when the checkpoint completes) or at-least-once (produced as it comes, flushed
 before the checkpoint completes).  The same job over files: ``FileSource(jsonl)`` of the same
-records -> ``key_by`` -> ``count`` -> ``CollectSink`` (exactly once, a file per checkpoint).
+records -> ``key_by`` -> ``count`` -> ``CollectSink`` (exactly once, a file per checkpoint);
+and, to tell the source's cost from the sink's, the Kafka backlog into that ``CollectSink``
+("kafka -> files").
 Columnar: ``KafkaSource(...).batches(schema)`` -> ``key_by("k").agg(n="count")`` (one row
 per key and record batch: fewer output records) -> ``rows()`` -> ``KafkaSink``.  Bytewax 0.21:
 ``bench/_bytewax_kafka.py``, its ``KafkaSource`` -> ``map(json.loads)`` -> ``key_on`` ->
@@ -37,8 +39,10 @@ notes when it sees each ``(k, n)``.  Latency of ``(k, n)`` = seen - the stamp of
 n-th record (a key is in one partition, so in order).  The first ``--warmup`` s (default 3,
 quick 1) are not counted.  A warm record goes first and the producer starts once its result
 is out (each system is then reading).  Files: a writer thread writes a file of the records
-due every 0.1 s, and a watcher notes when each committed part file appears.  At 0.1 s and
-1 s checkpoint intervals.
+due every 0.1 s (stamped when it is written), and a watcher notes when each committed part
+file appears.  At 0.1 s and 1 s checkpoint intervals.  The physical reference: no job, the
+consumer reads the input topic itself and counts (one hop through the broker; the job's
+records make two).
 
 **Nexmark from Kafka**: ``--nexmark-events`` (default 200,000, quick 20,000) generated events
 (1,000 events/s of event time, out of order within groups of 100) as JSON in a 4-partition
@@ -303,12 +307,19 @@ def cutline_kafka_case(ctx: dict, delivery: str, interval: float,
         delete_topic(ctx, out)
 
 
-def cutline_file_case(ctx: dict, interval: float) -> dict:
-    from cutline.connectors import CollectSink, FileSource
+def cutline_file_case(ctx: dict, interval: float, kafka_source: bool = False) -> dict:
+    """The job over the JSON-lines files into a ``CollectSink``; ``kafka_source``: the
+    Kafka backlog into the same sink (which part costs what: the source or the sink)."""
+    from cutline.connectors import CollectSink, FileSource, KafkaSource
 
     with Workdir() as d:
         sink = CollectSink(str(d / "out"))
-        p = file_job(d, FileSource(ctx["files"], format="jsonl"), sink, interval)
+        if kafka_source:
+            src = ValuesOf(KafkaSource(ctx["bootstrap"], ctx["topic"], value_format="json",
+                                       stopping_offsets="latest"))
+        else:
+            src = FileSource(ctx["files"], format="jsonl")
+        p = file_job(d, src, sink, interval)
         res = timed(ctx, p, ctx["records"])
         pairs = [tuple(r) for r in sink.results()]
     return res | check_counts(pairs, ctx["want"], exact=True)  # type: ignore[arg-type]
@@ -422,6 +433,8 @@ def throughput_cases(ctx: dict) -> list[tuple[str, Any]]:
             cases.append((f"cutline kafka {SHORT[delivery]} {iv:g} s",
                           lambda dl=delivery, i=iv: cutline_kafka_case(ctx, dl, i)))
         cases.append((f"cutline files {iv:g} s", lambda i=iv: cutline_file_case(ctx, i)))
+    cases.append(("cutline kafka -> files EO 1 s",
+                  lambda: cutline_file_case(ctx, 1.0, kafka_source=True)))
     if ctx["columnar"]:
         cases.append(("cutline kafka columnar EO 1 s",
                       lambda: cutline_kafka_case(ctx, EO, 1.0, columnar=True)))
@@ -530,13 +543,23 @@ class Seen:
 
 
 class OutputWatcher(threading.Thread, Seen):
-    """Reads the output topic from its start; notes when each (k, n) is first seen."""
+    """Reads the output topic from its start; notes when each (k, n) is first seen.
+    ``counting``: the topic is the input (the latency's physical reference): the watcher
+    counts per key itself, its n-th record of key k is (k, n)."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, counting: bool = False) -> None:
         threading.Thread.__init__(self, daemon=True, name="output-watcher")
         Seen.__init__(self)
-        self.bootstrap, self.topic = bootstrap, topic
+        self.bootstrap, self.topic, self.counting = bootstrap, topic, counting
+        self.counts: collections.Counter = collections.Counter()
         self._halt = threading.Event()
+
+    def pair(self, m: Any) -> tuple[str, int]:
+        k = m.key().decode()
+        if self.counting:
+            self.counts[json.loads(m.value())["k"]] += 1
+            return k, self.counts[k]
+        return k, int(m.value())
 
     def run(self) -> None:
         from confluent_kafka import Consumer, TopicPartition
@@ -547,8 +570,7 @@ class OutputWatcher(threading.Thread, Seen):
             c.assign([TopicPartition(self.topic, q, 0) for q in range(PARTITIONS)])
             while not self._halt.is_set():
                 msgs = c.consume(1000, 0.02)
-                self.add([(m.key().decode(), int(m.value())) for m in msgs
-                          if m.error() is None], time.time())
+                self.add([self.pair(m) for m in msgs if m.error() is None], time.time())
         except BaseException as exc:  # noqa: BLE001 - reported by the run
             self.error = exc
         finally:
@@ -634,7 +656,9 @@ def cutline_live(ctx: dict, p: Any, run_input: Any) -> dict:
 
 
 def kafka_latency_case(ctx: dict, system: str, delivery: str, interval: float) -> dict:
-    """cutline (``system`` "cutline") or Bytewax over live Kafka input."""
+    """cutline (``system`` "cutline") or Bytewax over live Kafka input; "bare": no job, the
+    watcher reads the input topic and counts itself (one hop through the broker: the
+    physical reference; the job's records make two, input and output)."""
     from cutline.connectors import KafkaSource
 
     inp = LiveInput(ctx["rate"], ctx["latency_seconds"])
@@ -651,7 +675,8 @@ def kafka_latency_case(ctx: dict, system: str, delivery: str, interval: float) -
             raise RuntimeError("the live input was not all acknowledged")
 
     inp.emit = emit
-    watcher = OutputWatcher(ctx["bootstrap"], out)
+    watcher = OutputWatcher(ctx["bootstrap"], topic if system == "bare" else out,
+                            counting=system == "bare")
     watcher.start()
     procs: list[subprocess.Popen] = []
     try:
@@ -665,6 +690,9 @@ def kafka_latency_case(ctx: dict, system: str, delivery: str, interval: float) -
                                   stopping_offsets=inp.ends(topic))
                 extra = cutline_live(ctx, kafka_job(ctx, d, src, out, delivery, interval,
                                                     name="kafka-live"), run_input)
+            elif system == "bare":
+                run_input()
+                extra = {}
             else:
                 procs = bytewax_start(ctx, d, topic, out, interval, tail=True)
                 run_input()
@@ -729,7 +757,8 @@ def file_latency_case(ctx: dict, interval: float) -> dict:
 
 
 def latency_cases(ctx: dict) -> list[tuple[str, Any]]:
-    cases: list[tuple[str, Any]] = []
+    cases: list[tuple[str, Any]] = [
+        ("latency bare consumer (1 hop)", lambda: kafka_latency_case(ctx, "bare", ALO, 0))]
     for iv in LATENCY_INTERVALS:
         for delivery in (EO, ALO):
             cases.append((f"latency cutline kafka {SHORT[delivery]} {iv:g} s",
