@@ -175,5 +175,10 @@ def test_window_state_reads_as_rows(tmp_path):
     marks = [r["window-watermark"] for r in rows if "window-watermark" in r]
     assert len(marks) == 128 and len(set(marks)) == 1
     assert 0 < marks[0] < float("inf")
+    # `cutline checkpoints show` counts keys, not the 128 per-key-group marks
+    from cutline.state.reader import summary
+
+    counts = next(o for o in summary(handle)["operators"] if o["uid"] == "counts")
+    assert counts["keys"] == len({r["key"] for r in rows if "window-watermark" not in r})
     value = {(0, 100): 3, (100, 200): 1}
     assert _encode(value, _column_type([value])) == '{"(0, 100)": 3, "(100, 200)": 1}'

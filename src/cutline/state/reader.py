@@ -25,6 +25,9 @@ __all__ = ["LATE_STATE", "keyed_rows", "keyed_entries", "operators_with_state", 
 
 #: A window operator's late records dropped, per key group (:mod:`cutline.runtime.late`)
 LATE_STATE = "__late"
+#: States kept per key group under a stand-in key (the window operator's watermark of each
+#: key group, :data:`cutline.runtime.windows.MARKS`): not counted as keys
+PER_KEY_GROUP_STATES = frozenset({"window-watermark"})
 
 
 def keyed_entries(blob: Any) -> Iterator[tuple[int, str, Any, Any]]:
@@ -131,8 +134,8 @@ def summary(handle: Any) -> dict:
                     by = op.setdefault("late_by_subtask", {})
                     by[st.index] = by.get(st.index, 0) + v
                     continue
-                elif name.startswith("__"):
-                    continue
+                elif name.startswith("__") or name in PER_KEY_GROUP_STATES:
+                    continue  # (entries per key group, under a stand-in key: not keys)
                 if k.__hash__ is not None:
                     keys.add(k)
             op["keys"] += len(keys)
