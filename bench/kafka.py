@@ -233,8 +233,23 @@ def check_counts(pairs: list[tuple[str, int]], want: collections.Counter, *,
     return out
 
 
-def kafka_pairs(bootstrap: str, topic: str) -> list[tuple[str, int]]:
-    return [(m.key.decode(), int(m.value)) for m in read_topic(bootstrap, topic, timeout=120)]
+def checked_kafka(bootstrap: str, topic: str, want: collections.Counter, *, exact: bool,
+                  per_record: bool = True) -> dict:
+    """:func:`check_counts` of a topic read back by a new consumer; on a mismatch it also
+    says whether each partition's offsets run without a gap (records missing with no gap:
+    never stored, or stored and overwritten; with gaps: skipped in the reading)."""
+    msgs = read_topic(bootstrap, topic, timeout=120)
+    try:
+        return check_counts([(m.key.decode(), int(m.value)) for m in msgs], want, exact=exact,
+                            per_record=per_record)
+    except Mismatch as exc:
+        offsets: dict[int, list[int]] = collections.defaultdict(list)
+        for m in msgs:
+            offsets[m.partition].append(m.offset)
+        shape = {q: (len(o), min(o), max(o), "contiguous" if len(o) == max(o) - min(o) + 1
+                     else "gaps") for q, o in sorted(offsets.items())}
+        raise Mismatch(f"{exc}; topic {topic}: partition -> (records, first offset, last "
+                       f"offset, offsets): {shape}") from None
 
 
 # --------------------------------------------------------------------------- running cutline
@@ -301,9 +316,8 @@ def cutline_kafka_case(ctx: dict, delivery: str, interval: float,
                               stopping_offsets="latest")
             p = kafka_job(ctx, d, src, out, delivery, interval, columnar)
             res = timed(ctx, p, ctx["records"])
-        pairs = kafka_pairs(ctx["bootstrap"], out)
-        return res | check_counts(pairs, ctx["want"], exact=delivery == EO,
-                                  per_record=not columnar)
+        return res | checked_kafka(ctx["bootstrap"], out, ctx["want"], exact=delivery == EO,
+                                   per_record=not columnar)
     finally:
         delete_topic(ctx, out)
 
@@ -384,10 +398,9 @@ def bytewax_case(ctx: dict) -> dict:
                 raise RuntimeError(failed)
             firsts = [float(f.read_text()) for f in (d / "first").iterdir()]
         processing = t_end - min(firsts)
-        pairs = kafka_pairs(ctx["bootstrap"], out)
         return {"records": ctx["records"], "processing": processing,
-                "rate": ctx["records"] / processing} | check_counts(pairs, ctx["want"],
-                                                                    exact=False)
+                "rate": ctx["records"] / processing} | checked_kafka(
+                    ctx["bootstrap"], out, ctx["want"], exact=False)
     finally:
         delete_topic(ctx, out)
 
@@ -705,8 +718,8 @@ def kafka_latency_case(ctx: dict, system: str, delivery: str, interval: float) -
             return latency_result(inp, watcher, ctx["warmup"], exact=exact, extra=extra)
         except Mismatch as exc:  # the topic itself, read again: the watcher's miss or not?
             try:
-                again = "fine: " + repr(check_counts(
-                    kafka_pairs(ctx["bootstrap"], watcher.topic), inp.want, exact=exact))
+                again = "fine: " + repr(checked_kafka(ctx["bootstrap"], watcher.topic,
+                                                      inp.want, exact=exact))
             except Mismatch as exc2:
                 again = f"wrong too: {exc2}"
             raise Mismatch(f"{exc}; the topic read again by a new consumer: {again}") from None
