@@ -49,8 +49,11 @@ def test_kafka_bench_quick(tmp_path):
     assert bytewax["usable"] == ("bytewax kafka ALO 1 s" in cases), bytewax
     assert bytewax["usable"] or bytewax["why"]  # measured, or said why not
     latency = {r["case"]: r for r in result["latency"]}
-    for name in ("cutline kafka EO 0.1 s", "cutline kafka ALO 1 s", "cutline files 0.1 s"):
-        assert latency[name]["p99"] > 0 and latency[name]["measured"] > 0, (name, latency)
+    names = ("cutline kafka EO 0.1 s", "cutline kafka ALO 1 s", "cutline files 0.1 s")
+    for name in names:  # (a case whose watcher missed records has no row)
+        assert name in latency or any(name in e["case"] for e in misses), (name, latency)
+        if name in latency:
+            assert latency[name]["p99"] > 0 and latency[name]["measured"] > 0, (name, latency)
     assert [r["query"] for r in result["nexmark"]] == ["q0", "q5", "q7"]
     for row in result["nexmark"]:
         assert row["generator"] > 0 and row["kafka"] > 0, row
