@@ -230,7 +230,9 @@ def test_bounded_keyed_count_on_spark_with_three_kills_is_exact(spark, kafka_bro
     from cutline.spark.chaos import Chaos
 
     topic, want = keyed_topic(kafka_broker, 4, 40_000, seed=5)
-    p, out = build_count(tmp_path, kafka_broker, topic, slow=True, interval=0.2)
+    # (paced: about 10 s an attempt, so that three kills land mid-stream on a quiet
+    # machine too; with slow=True a CI run ended after two)
+    p, out = build_count(tmp_path, kafka_broker, topic, fn=paced_value_of, interval=0.2)
     chaos = Chaos(kills=3, seed=27, mean_delay=1.0)
     result = p.run(spark=spark, timeout=600, on_start=chaos)
     assert len(chaos.killed) == 3, chaos.killed
