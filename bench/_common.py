@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import platform
 import shutil
 import statistics
@@ -492,3 +493,24 @@ def checkout_src(rev: str, dest: Path) -> Path:
                              capture_output=True, check=True, timeout=120).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True, timeout=120)
     return dest / "src"
+
+
+class LoadSampler(threading.Thread):
+    """The 1-minute load average every 10 s during the run (the machine is shared)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True, name="load")
+        self.samples: list[float] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.samples.append(os.getloadavg()[0])
+            self._halt.wait(10.0)
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def summary(self) -> dict:
+        return {"min": min(self.samples, default=None), "p50": median(self.samples),
+                "max": max(self.samples, default=None), "samples": self.samples}

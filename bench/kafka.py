@@ -76,6 +76,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import (
+    LoadSampler,
     RESULTS, ROOT, AttemptWatcher, Runner, Workdir, bench_parser, fmt, git_state, median,
     noise_of, parse_bench_args, percentile, positive_float, positive_int, pyplot, rotated,
     spark_session, stamp, stop_quietly, table, write_results,
@@ -905,27 +906,6 @@ def nexmark_cases(ctx: dict) -> list[tuple[str, Any]]:
 
 
 # --------------------------------------------------------------------------- environment
-
-
-class LoadSampler(threading.Thread):
-    """The 1-minute load average every 10 s during the run (the machine is shared)."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True, name="load")
-        self.samples: list[float] = []
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            self.samples.append(os.getloadavg()[0])
-            self._halt.wait(10.0)
-
-    def stop(self) -> None:
-        self._halt.set()
-
-    def summary(self) -> dict:
-        return {"min": min(self.samples, default=None), "p50": median(self.samples),
-                "max": max(self.samples, default=None), "samples": self.samples}
 
 
 def probe_bytewax(ctx: dict) -> dict:

@@ -79,6 +79,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import (
+    LoadSampler,
     RESULTS, AttemptWatcher, Runner, Workdir, bench_parser, fmt, git_state, median, noise_of,
     parse_bench_args, percentile, positive_float, positive_int, pyplot, rotated,
     spark_processing, spark_session, stamp, stop_quietly, styled, table, verdict,
@@ -732,27 +733,6 @@ def kill_cases(ctx: dict) -> list[tuple[str, Any]]:
         out.append((f"kill {q} cutline", lambda q=q: cutline_live(ctx, q, kill_at=at)))
         out.append((f"kill {q} spark", lambda q=q: spark_kill(ctx, q, at)))
     return out
-
-
-class LoadSampler(threading.Thread):
-    """The 1-minute load average every 10 s during the run (the machine is shared)."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True, name="load")
-        self.samples: list[float] = []
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            self.samples.append(os.getloadavg()[0])
-            self._halt.wait(10.0)
-
-    def stop(self) -> None:
-        self._halt.set()
-
-    def summary(self) -> dict:
-        return {"min": min(self.samples, default=None), "p50": median(self.samples),
-                "max": max(self.samples, default=None), "samples": self.samples}
 
 
 def describe(o: dict) -> str:

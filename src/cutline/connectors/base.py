@@ -227,6 +227,14 @@ def commit_file(fs: Any, src: str, dest: str, *, strict: bool) -> bool:
     return False
 
 
+def check_open(subtask: int, parallelism: int, job: str) -> None:
+    """A sink writer's ``open`` arguments: a subtask in range, a job name without ``/``."""
+    if not 0 <= subtask < parallelism:
+        raise ValueError(f"subtask {subtask} out of range for parallelism {parallelism}")
+    if not job or "/" in job:
+        raise ValueError(f"job name must be non-empty and contain no '/', got {job!r}")
+
+
 def rm_quiet(fs: Any, path: str) -> None:
     try:
         fs.rm(path)
@@ -286,10 +294,7 @@ class StagedWriter:
         self._dir: str | None = None
 
     def open(self, subtask: int, parallelism: int, job: str) -> None:
-        if not 0 <= subtask < parallelism:
-            raise ValueError(f"subtask {subtask} out of range for parallelism {parallelism}")
-        if not job or "/" in job:
-            raise ValueError(f"job name must be non-empty and contain no '/', got {job!r}")
+        check_open(subtask, parallelism, job)
         self._subtask, self._parallelism, self._job = subtask, parallelism, job
         self._fs, self._root = get_fs(self._sink.path,
                                       getattr(self._sink, "storage_options", None))

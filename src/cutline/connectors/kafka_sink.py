@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import CommitError, UnsupportedRecordError, sink_label
+from .base import CommitError, UnsupportedRecordError, check_open, sink_label
 from .kafka_messages import (
     ACCEPTS,
     KafkaBrokerError,
@@ -163,10 +163,7 @@ class KafkaSinkWriter:
     # ------------------------------------------------------------------ opening
 
     def open(self, subtask: int, parallelism: int, job: str) -> None:
-        if not 0 <= subtask < parallelism:
-            raise ValueError(f"subtask {subtask} out of range for parallelism {parallelism}")
-        if not job or "/" in job:
-            raise ValueError(f"job name must be non-empty and contain no '/', got {job!r}")
+        check_open(subtask, parallelism, job)
         import confluent_kafka  # noqa: F401 - fails here, named, when it is not installed
 
         self._subtask, self._parallelism, self._job = subtask, parallelism, job
