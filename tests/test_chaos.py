@@ -54,6 +54,10 @@ def test_chaos_needs_an_example_with_chaos_job(tmp_path, capsys):
     assert "has no chaos_job" in capsys.readouterr().err
     assert main(["chaos", str(tmp_path / "missing.py")]) == 2
     assert "no example program" in capsys.readouterr().err
+    notes = tmp_path / "notes.txt"  # no Python loader for it: a clear error, not AttributeError
+    notes.write_text("x = 1\n")
+    assert main(["chaos", str(notes)]) == 2
+    assert "cannot be imported as a Python module" in capsys.readouterr().err
 
 
 def test_storage_orphans_finds_partial_checkpoints_and_staging(tmp_path):

@@ -268,6 +268,7 @@ def test_subtask_alignment_floor_as_data():
     assert a.on_report("s2", 60, True) == 70  # all idle or finished: the highest, none waits
     assert not paused_by_alignment(75, 70, 10) and paused_by_alignment(81, 70, 10)
     assert not paused_by_alignment(1e9, None, 0)  # no floor yet: read on
+    assert not paused_by_alignment(1e9, 0, None)  # not aligned: read on
     a.reset()
     assert a.sent is None and a.on_report("s0", 1, False) is None
 

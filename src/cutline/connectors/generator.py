@@ -142,7 +142,8 @@ class GeneratorReader:
         probe = False
         if self._split_wm is not None and len(self._splits) > 1:  # aligned: furthest behind
             keys = [self._key(sp) for sp in self._splits]
-            self._k = keys.index(next_split(keys, self._split_wm))
+            first = next_split(keys, self._split_wm)
+            self._k = 0 if first is None else keys.index(first)  # None: never (2+ splits)
             probe = keys[self._k] not in self._split_wm  # not begun: a record first
         split = self._splits[self._k]
         left = self._left(split)

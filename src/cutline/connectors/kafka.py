@@ -54,7 +54,7 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..protocol.watermarks import next_split
 from .base import RecordError, UnavailableError
@@ -505,11 +505,11 @@ class KafkaReader:
         ready = [k for k in live if buf.get(k)]
         if self._split_wm is not None:
             keys = self.split_keys()
-            k = cast("str | None", next_split(keys, self._split_wm))
+            k = next_split(keys, self._split_wm)
             if k is not None and not buf.get(k):
                 if not self._eof.get(k):
                     return None  # furthest behind and still fetching: wait for it
-                k = cast("str | None", next_split(ready, self._split_wm))  # at its end
+                k = next_split(ready, self._split_wm)  # at its end
             return k if k is None or buf.get(k) else None
         if not ready:
             return None

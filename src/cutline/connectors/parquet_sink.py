@@ -224,7 +224,7 @@ class ParquetWriter(StagedWriter):
         self._buf.extend(batch)
         self._rows += sum(rb.num_rows for rb in batch)
         if self._rows >= self._sink.roll_records:
-            path = join(self._dir, f"open-{len(self._rolled)}.parquet")
+            path = join(self._open_dir, f"open-{len(self._rolled)}.parquet")
             self._write_file(path, self._buf)
             self._rolled.append(path)
             self._buf, self._rows = [], 0

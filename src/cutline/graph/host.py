@@ -98,9 +98,21 @@ class _Proc:
         self.events = 0  # application events (sends and receives) so far
         self.timers: dict[int, tuple[float, Any]] = {}  # seq -> (due, tag)
         self.parts: dict[int, dict] = {}  # open snapshots: id -> part
-        self.handler: SnapshotHandler | None = None
-        self.ctx: _Ctx | None = None
+        self._handler: SnapshotHandler | None = None  # both set when the run starts
+        self._ctx: _Ctx | None = None
         self.running = False  # inside one of its handlers
+
+    @property
+    def handler(self) -> SnapshotHandler:
+        if self._handler is None:
+            raise RuntimeError(f"process {self.name!r} used before the run started")
+        return self._handler
+
+    @property
+    def ctx(self) -> _Ctx:
+        if self._ctx is None:
+            raise RuntimeError(f"process {self.name!r} used before the run started")
+        return self._ctx
 
 
 class _Ctx(Context):
@@ -220,10 +232,13 @@ class Host:
             self.close()
 
     def _read_control(self) -> None:
+        conn = self.conn
+        if conn is None:
+            raise RuntimeError("host control reader started before the driver connection")
         try:
             while True:
                 try:
-                    self.control.put(self.conn.recv())
+                    self.control.put(conn.recv())
                 except m.MessageError as exc:
                     log.error("host %d: dropped a control message: %s", self.slot, exc)
         except (ConnectionError, OSError):
@@ -241,8 +256,8 @@ class Host:
         for name, p in self.procs.items():
             seed = f"{spec.seed}:{name}:{self.attempt}" if spec.seed is not None else None
             ins = [self.edges[e][0] for e in p.in_edges]
-            p.ctx = _Ctx(self, p, list(p.out), ins, random.Random(seed))
-            p.handler = SnapshotHandler(p.in_edges, "chandy_lamport")
+            p._ctx = _Ctx(self, p, list(p.out), ins, random.Random(seed))
+            p._handler = SnapshotHandler(p.in_edges, "chandy_lamport")
         if parts:
             self._restore(parts)
         for p in self.procs.values():
@@ -432,7 +447,7 @@ class Host:
                                  f"{self.edges[e][0]}->{p.name}", head.n)
                 self._perform(p, p.handler.on_barrier(e, Barrier(head.n)))
                 continue
-            batch = []
+            batch: list = []
             while q and type(q[0]) is not _Mark and len(batch) < size:
                 batch.append(q.popleft())
             self._perform(p, p.handler.on_records(e, batch))

@@ -178,8 +178,13 @@ class _Aligned(_Policy):
                 return got
         return {}
 
+    def _aligning_id(self) -> int:
+        if self.aligning is None:
+            raise ProtocolError("no alignment in progress")
+        return self.aligning
+
     def _complete(self) -> list[Action]:
-        h, n = self.h, self.aligning
+        h, n = self.h, self._aligning_id()
         self._forget_announced(n)
         back = [c for c in h._back if c not in self.received]  # no barrier yet: record
         self.aligning, self.received = None, {}
@@ -187,7 +192,7 @@ class _Aligned(_Policy):
         return actions + h._unblock_all()
 
     def _switch(self) -> list[Action]:
-        h, n = self.h, self.aligning
+        h, n = self.h, self._aligning_id()
         pending = [c for c in h._open if c not in self.received]
         queued = self._forget_announced(n)
         self.aligning, self.received = None, {}

@@ -27,7 +27,7 @@ import datetime as _dt
 import math
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 __all__ = ["BoundedOutOfOrderness", "IDLE", "InputIdle", "NO_WATERMARK", "Watermark",
            "WatermarkGenerator", "WatermarkTracker", "decode_ts", "encode_ts", "is_time_item",
@@ -328,9 +328,19 @@ def restored_ts(v: Any, real: Mapping[Any, Any] | None = None, name: Any = None)
 
 # --------------------------------------------------------------------------- splits
 
+_Split = TypeVar("_Split", bound=Hashable)
+_SplitIn = TypeVar("_SplitIn", contravariant=True)
 
-def split_watermark(splits: Iterable[Hashable],
-                    watermark_of: Mapping[Hashable, float]) -> float:
+
+class WatermarkOf(Protocol[_SplitIn]):
+    """Each split's watermark, looked up with a default (a ``dict`` of split -> timestamp,
+    or a live view such as the timestamp assigner's)."""
+
+    def get(self, key: _SplitIn, default: float, /) -> float: ...
+
+
+
+def split_watermark(splits: Iterable[_Split], watermark_of: WatermarkOf[_Split]) -> float:
     """The watermark of a source subtask that reads ``splits`` (its *unfinished* splits: a
     file, a generator split, a partition; the ones not begun yet included): the lowest of
     their watermarks, a split not in ``watermark_of`` (no record read yet) at
@@ -347,8 +357,8 @@ def split_watermark(splits: Iterable[Hashable],
     return low
 
 
-def next_split(splits: Iterable[Hashable],
-               watermark_of: Mapping[Hashable, float]) -> Hashable | None:
+def next_split(splits: Iterable[_Split],
+               watermark_of: WatermarkOf[_Split]) -> _Split | None:
     """Split-level watermark alignment (Flink's FLIP-217, at its tightest): of ``splits``
     (the unfinished ones, in reading order), the one to read a batch from next is the one
     whose watermark is lowest (the first such in order): a split not begun first, then
@@ -412,10 +422,11 @@ class SubtaskAlignment:
         self.sent = None
 
 
-def paused_by_alignment(own: float, floor: float | None, max_drift: float) -> bool:
+def paused_by_alignment(own: float, floor: float | None, max_drift: float | None) -> bool:
     """A source subtask with watermark ``own`` waits (reads nothing) while it is more than
-    ``max_drift`` ahead of its group's ``floor`` (None: no floor yet, read on)."""
-    return floor is not None and own > floor + max_drift
+    ``max_drift`` ahead of its group's ``floor`` (None: no floor yet, read on; no
+    ``max_drift``: not aligned, read on)."""
+    return floor is not None and max_drift is not None and own > floor + max_drift
 
 
 # --------------------------------------------------------------------------- generators

@@ -60,11 +60,12 @@ from .deadletter import DeadLetters
 from .failures import repeats, setup_error
 from .faults import FaultPlan
 from .heartbeats import Heartbeats
-from .late import LateDrops
-from .operators import UserFunctionError, build_operator
+from .operators import AssignTimestamps, UserFunctionError, build_operator
+from .process import Process
 from .restore import RestoreView, read_states
 from .routing import Router
 from .tls import JobSecret
+from .windows import WindowOperator
 from .snapshots import Snapshots
 
 log = logging.getLogger("cutline.task")
@@ -178,14 +179,14 @@ class Subtask:
         self.event_time: EventTime | None = None
         # watermark alignment across the source's subtasks (assign_timestamps(max_drift=)):
         # its assigner, and the group's floor the driver sent last (m.Align)
-        self.aligned: Any = None
+        self.aligned: AssignTimestamps | None = None
         self.align_floor: float | None = None
         if plan.timed:
             self.event_time = EventTime(self.operators, self.inputs, self.router.emit,
                                   self.router.broadcast)
-            if self.reader is not None and ops and ops[0].emits_watermarks:
+            if self.reader is not None and ops and isinstance(ops[0], AssignTimestamps):
                 ops[0].read_splits_of(self.reader)  # one watermark per source split
-                if getattr(ops[0], "max_drift", None) is not None:
+                if ops[0].max_drift is not None:
                     self.aligned = ops[0]  # aligned with the source's other subtasks
             self.snapshots.event_time = self.event_time
         self.handler = SnapshotHandler(self.inputs, spec.mode, back_edges=self.back,
@@ -205,10 +206,10 @@ class Subtask:
         self.error: BaseException | None = None
         self.last_metrics = 0.0
         # pending timers for the live view: counted every few seconds (RocksDB reads them)
-        self.timer_ops = [op for op in ops if getattr(op, "has_processing_timers", False)]
+        self.timer_ops = [op for op in ops if isinstance(op, Process) and op.has_processing_timers]
         # window operators that drop late records (no .late()): counts for the driver
-        self.late_ops = [op for op in ops if isinstance(getattr(op, "late", None), LateDrops)
-                         and not op.spec.emit_late]
+        self.late_ops = [op for op in ops
+                         if isinstance(op, WindowOperator) and not op.spec.emit_late]
         self.timers_counted, self.timers_at = 0, -math.inf
         # a source that tells its lag per split and why it is stalled (KafkaSource)
         lag, stalled = getattr(self.reader, "lag", None), getattr(self.reader, "stalled", None)
@@ -370,7 +371,9 @@ class Subtask:
         op = self.aligned
         if op is None:
             return False
-        return bool(op.idle) or (op.splits is not None and not self.reader.split_keys())
+        reader = self.reader
+        return bool(op.idle) or (op.splits is not None and reader is not None
+                                 and not reader.split_keys())
 
     def _timers(self) -> None:
         now = time.monotonic()

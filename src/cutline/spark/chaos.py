@@ -115,7 +115,9 @@ def storage_orphans(storage: Any, output_dirs: tuple[str, ...] = ()) -> tuple[li
     belong to a completed checkpoint or savepoint, or be a shared file one of them
     references; a sink's output directories must hold no staging left behind."""
     fs, job_dir = storage.fs, storage.dir.rstrip("/")
-    retained, allowed_dirs, shared = [], [], set()
+    retained: list[str] = []
+    allowed_dirs: list[str] = []
+    shared: set[str] = set()
     for name in sorted(storage._entries()):
         if not (name.startswith("chk-") or name.startswith("savepoint-")):
             continue
@@ -146,6 +148,8 @@ def load_example(path: str) -> Any:
     if not file.is_file():
         raise FileNotFoundError(f"no example program at {path}")
     spec = importlib.util.spec_from_file_location(f"cutline_example_{file.stem}", file)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"{path} cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -182,7 +186,7 @@ def run_chaos(example: str, kills: int, seed: int = 0, mode: str = "aligned",
     retained, orphans = storage_orphans(
         CheckpointStorage(pipeline.checkpoint.storage, pipeline.name,
                           pipeline.checkpoint.storage_options),
-        tuple(getattr(n.fn, "path", None) for n in pipeline.nodes
+        tuple(n.fn.path for n in pipeline.nodes
               if n.kind == "sink" and isinstance(getattr(n.fn, "path", None), str)))
     return ChaosReport(
         kills=len(chaos.killed), attempts=result.attempts,

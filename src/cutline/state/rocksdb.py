@@ -492,11 +492,15 @@ class RocksDBSnapshot:
 
 # ---------------------------------------------------------------------- snapshot files
 
-def is_rocksdb_snapshot(blob: bytes) -> bool:
+#: A snapshot's bytes as a backend or a checkpoint file hands them over.
+Blob = bytes | bytearray | memoryview
+
+
+def is_rocksdb_snapshot(blob: Blob) -> bool:
     return bytes(blob[:len(MAGIC)]) == MAGIC
 
 
-def _manifest(blob: bytes) -> dict:
+def _manifest(blob: Blob) -> dict:
     m = msgpack.unpackb(bytes(blob[len(MAGIC):]), raw=False)
     if m.get("version") != FORMAT_VERSION:
         raise ValueError(f"RocksDB state snapshot of unsupported version {m.get('version')!r}")
@@ -529,7 +533,7 @@ def _range_items(db: Any, lo: int, hi: int) -> Iterator[tuple[bytes, bytes]]:
         yield k, v
 
 
-def read_entries(blob: bytes, key_groups: range | None = None, storage: Any = None
+def read_entries(blob: Blob, key_groups: range | None = None, storage: Any = None
                  ) -> Iterator[tuple[int, tuple[str, Any], Any]]:
     """``(key group, (state name, key), value)`` of a RocksDB snapshot, for the given key
     groups (default: all it holds).  The in-memory backend restores RocksDB snapshots with

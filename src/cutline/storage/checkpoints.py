@@ -166,8 +166,10 @@ def fetch_shared(base_url: str, rel: str, dest: str, size: int, sha256: str, *,
     if storage is not None and base_url == storage.job_url:
         fs, base = storage.fs, storage.dir
     else:
-        same = storage is not None and _scheme(base_url) == _scheme(storage.url)
-        fs, base = _open_url(base_url, storage.storage_options if same else None)
+        opts = None  # a URL of the storage's scheme opens with its options
+        if storage is not None and _scheme(base_url) == _scheme(storage.url):
+            opts = storage.storage_options
+        fs, base = _open_url(base_url, opts)
     where = f"shared file {rel}" + (f" referenced by {label}" if label else "")
     digest, got = hashlib.sha256(), 0
     try:
