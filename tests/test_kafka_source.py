@@ -390,3 +390,140 @@ def test_idle_partitions_leave_the_split_keys(kafka_broker):
     assert [(x.partition, x.value) for x in got] == [(2, "new")]
     assert k2 in r.split_keys()  # a record makes it active again
     r.close()
+
+
+# ---------------------------------------------------------------- gaps at the end of the log
+
+
+class _Err:
+    def __init__(self, code):
+        self._code = code
+
+    def code(self):
+        return self._code
+
+    def str(self):
+        return "end of partition"
+
+
+class _Msg:
+    def __init__(self, topic, offset, value=None, err=None):
+        self._t, self._o, self._v, self._e = topic, offset, value, err
+
+    def error(self):
+        return self._e
+
+    def topic(self):
+        return self._t
+
+    def partition(self):
+        return 0
+
+    def offset(self):
+        return self._o
+
+    def key(self):
+        return None
+
+    def value(self):
+        return self._v
+
+    def timestamp(self):
+        return 1, 1000
+
+    def headers(self):
+        return None
+
+
+class _TansuLikeConsumer:
+    """One partition of ``n`` records whose offsets in ``late`` are not readable for the
+    first ``late_fetches`` fetches (a batch whose high watermark the broker advanced before
+    storing it: Tansu 0.6 with two producers); a fetch answers the readable records from the
+    position on, and the position moves past the last one answered, as librdkafka's does."""
+
+    def __init__(self, topic, n, late, late_fetches, hw_offset=0):
+        self.topic, self.n, self.late, self.late_fetches = topic, n, set(late), late_fetches
+        self.hw = n + hw_offset
+        self.position = 0
+        self.fetches = 0
+        self.seeks = []
+
+    def assign(self, tps):
+        self.position = tps[0].offset
+
+    def seek(self, tp):
+        self.seeks.append(tp.offset)
+        self.position = tp.offset
+
+    def get_watermark_offsets(self, tp, timeout=None, cached=False):
+        return 0, self.hw
+
+    def consume(self, num, timeout):
+        from confluent_kafka import KafkaError
+
+        self.fetches += 1
+        hidden = self.late if self.fetches <= self.late_fetches else set()
+        out = [_Msg(self.topic, o, f"v{o}".encode()) for o in range(self.position, self.n)
+               if o not in hidden]
+        if out:
+            self.position = out[-1].offset() + 1
+            return out
+        time.sleep(min(timeout, 0.005))
+        return [_Msg(self.topic, self.position, err=_Err(KafkaError._PARTITION_EOF))]
+
+    def close(self):
+        pass
+
+
+def _fake_reader(monkeypatch, consumer, **kwargs):
+    from cutline.connectors import kafka as kafka_mod
+
+    monkeypatch.setattr(kafka_mod, "_consumer", lambda *a, **kw: consumer)
+    monkeypatch.setattr(kafka_mod, "_topics", lambda *a, **kw: {consumer.topic: [0]})
+    src = KafkaSource("127.0.0.1:1", consumer.topic, value_format="str",
+                      starting_offsets={consumer.topic: {0: 0}},
+                      stopping_offsets={consumer.topic: {0: consumer.n}}, **kwargs)
+    return opened(src)
+
+
+def test_a_gap_at_the_end_of_the_log_is_fetched_again_until_its_records_come(monkeypatch):
+    """The broker answers offsets 0, 1, 4, 5 while 2 and 3 are still being stored: the
+    reader fetches again from 2 and delivers every record once (without the re-fetch it
+    would have ended at offset 6 with 2 and 3 lost)."""
+    c = _TansuLikeConsumer("t", 6, late={2, 3}, late_fetches=3)
+    r = _fake_reader(monkeypatch, c)
+    got, ended = read_all(r, timeout=10)
+    assert ended
+    assert [x.offset for x in got] == [0, 1, 2, 3, 4, 5]
+    assert [x.value for x in got] == [f"v{i}" for i in range(6)]
+    assert c.seeks and set(c.seeks) == {2}
+    assert (r.gaps_refetched, r.offsets_skipped) == (1, 0)
+
+
+def test_a_gap_that_stays_is_taken_as_offsets_without_records(monkeypatch):
+    """Offsets with no record (transaction markers, compaction) stay missing: after
+    ``gap_recheck`` seconds of fetching again the reader goes on past them, counted."""
+    c = _TansuLikeConsumer("t", 6, late={2, 3}, late_fetches=10**9)
+    r = _fake_reader(monkeypatch, c, gap_recheck=0.1)
+    t0 = time.monotonic()
+    got, ended = read_all(r, timeout=10)
+    assert ended and time.monotonic() - t0 >= 0.1
+    assert [x.offset for x in got] == [0, 1, 4, 5]
+    assert (r.gaps_refetched, r.offsets_skipped) == (0, 2)
+
+
+@pytest.mark.parametrize("how", ["far from the end", "gap_recheck=0"])
+def test_a_gap_far_from_the_end_or_with_rechecks_off_is_not_fetched_again(monkeypatch, how):
+    from cutline.connectors.kafka import _GAP_NEAR_END
+
+    c = _TansuLikeConsumer("t", 6, late={2, 3}, late_fetches=10**9,
+                           hw_offset=_GAP_NEAR_END if how == "far from the end" else 0)
+    r = _fake_reader(monkeypatch, c, **({"gap_recheck": 0} if how == "gap_recheck=0" else {}))
+    got, ended = read_all(r, timeout=10)
+    assert ended and [x.offset for x in got] == [0, 1, 4, 5]
+    assert c.seeks == [] and r.offsets_skipped == 2
+
+
+def test_gap_recheck_must_not_be_negative():
+    with pytest.raises(ValueError, match="gap_recheck"):
+        KafkaSource("127.0.0.1:1", "t", gap_recheck=-1)

@@ -35,6 +35,17 @@ cutline[kafka]``), imported when a reader opens, so cutline works without it.
   since when); if it does not answer for ``broker_timeout`` seconds the job fails naming
   it (:class:`KafkaBrokerError`).  A topic that does not exist fails the job at the start.
 
+- **Gaps.**  A fetch that skips offsets (``n`` expected, ``n + k`` delivered) is normal
+  in Kafka (transaction markers, compacted records), but a broker may also answer a fetch
+  with the batches after one it has not stored yet: Tansu 0.6 advances a partition's high
+  watermark before it stores the batch, so with two producers writing one partition a
+  fetch at the end of the log can return the second producer's batch without the first's,
+  and the consumer's position moves past records that appear a moment later.  So a gap
+  within :data:`_GAP_NEAR_END` offsets of the partition's high watermark is fetched again
+  (``seek`` back) until its records arrive or ``gap_recheck`` seconds have passed, and only
+  then taken as offsets with no record.  ``gaps_refetched`` and ``offsets_skipped`` count
+  both outcomes.
+
 ``KafkaSource(...).batches(schema)``, the columnar reader, is in :mod:`.kafka_batches`.
 The reader here is one piece on purpose (partitions' offsets, buffers, fetch ends and the
 brokers' liveness change together on every read).
@@ -70,6 +81,7 @@ __all__ = ["KafkaBrokerError", "KafkaRecord", "KafkaRecordError", "KafkaSource",
 FORMATS = ("bytes", "str", "json")
 _EARLIEST, _LATEST = -2, -1  # Kafka's logical offsets (in explicit offset dicts too)
 _BUFFER = 4096  # records buffered per partition before its fetching pauses
+_GAP_NEAR_END = 100_000  # a gap this close to the high watermark is fetched again
 
 
 class KafkaRecord(NamedTuple):
@@ -162,7 +174,9 @@ class KafkaSource:
 
     ``bootstrap``: the brokers (``"host:port,..."``).  ``topics`` (a name or a list) or
     ``pattern`` (a regular expression a topic's whole name matches).  ``config``: more
-    librdkafka consumer settings (``security.protocol``, ``sasl.*`` ...).
+    librdkafka consumer settings (``security.protocol``, ``sasl.*`` ...).  ``gap_recheck``:
+    seconds a gap in a partition's offsets near its end is fetched again before it is taken
+    for offsets that hold no record (see "Gaps" in the module's documentation); 0: never.
     """
 
     def __init__(self, bootstrap: str, topics: str | Sequence[str] | None = None, *,
@@ -173,7 +187,8 @@ class KafkaSource:
                  key_format: Any = "bytes", value_format: Any = "bytes",
                  name: str | None = None, discovery_interval: float = 30.0,
                  broker_timeout: float = 60.0,
-                 stall_after: float = 5.0, config: Mapping[str, Any] | None = None) -> None:
+                 stall_after: float = 5.0, gap_recheck: float = 0.2,
+                 config: Mapping[str, Any] | None = None) -> None:
         if not isinstance(bootstrap, str) or not bootstrap:
             raise ValueError(f"bootstrap must be 'host:port[,host:port...]', got {bootstrap!r}")
         if (topics is None) == (pattern is None):
@@ -217,6 +232,9 @@ class KafkaSource:
         self.bootstrap, self.group_id = bootstrap, group_id
         self.discovery_interval = discovery_interval
         self.broker_timeout, self.stall_after = broker_timeout, stall_after
+        if not isinstance(gap_recheck, (int, float)) or gap_recheck < 0:
+            raise ValueError(f"gap_recheck must be >= 0 seconds, got {gap_recheck!r}")
+        self.gap_recheck = float(gap_recheck)
         self.config = dict(config or {})
         self.name = name or "kafka:" + (",".join(self.topics) if self.topics else
                                         f"/{pattern}/")
@@ -331,6 +349,9 @@ class KafkaReader:
         self._last_answer = time.monotonic()
         self._rx = -1
         self._committing = 0  # offset commits to the group not yet answered
+        self._gaps: dict[str, tuple[int, float]] = {}  # split -> (expected offset, since)
+        self.gaps_refetched = 0  # gaps whose records came when fetched again
+        self.offsets_skipped = 0  # offsets of gaps taken as holding no record
         self._brokers = source.bootstrap
         self._key = _decoder(source.key_format, "key_format")
         self._value = _decoder(source.value_format, "value_format")
@@ -595,6 +616,7 @@ class KafkaReader:
         nxt = 0
         seek: int | None = None
         touched: set[str] = set()
+        refetch: dict[str, int] = {}  # split -> the offset to fetch again from
         for msg in msgs:
             err = msg.error()
             if err is not None:
@@ -611,11 +633,16 @@ class KafkaReader:
                 q, nxt, seek = buf.get(k), fetched.get(k, 0), self._seek_ms.get(k)
                 if q is not None:
                     touched.add(k)
-            if q is None:
-                continue  # unassigned since
+            if q is None or k in refetch:
+                continue  # unassigned since; or fetched again from a gap
             off = msg.offset()
             if off < nxt:
                 continue  # a record of a batch before the position
+            if off > nxt or k in self._gaps:
+                assert k is not None
+                if self._gap(k, nxt, off):
+                    refetch[k] = nxt
+                    continue
             nxt = off + 1
             if seek is not None and k is not None:
                 ts_type, ts = msg.timestamp()
@@ -627,6 +654,8 @@ class KafkaReader:
             q.append(msg)
         if k is not None:
             fetched[k] = max(fetched.get(k, 0), nxt)
+        if refetch:
+            self._refetch(refetch)
         if not touched:
             return
         self._answered()
@@ -639,6 +668,56 @@ class KafkaReader:
                 if len(q) >= _BUFFER and k not in self._paused:
                     self._consumer.pause([ck.TopicPartition(*_parse_split(k))])
                     self._paused.add(k)
+
+    def _gap(self, k: str, nxt: int, off: int) -> bool:
+        """A record of ``k`` at ``off`` when ``nxt`` is expected (or ``k`` was being
+        fetched again): whether to fetch again from ``nxt`` (else the record is taken)."""
+        pending = self._gaps.get(k)
+        if off == nxt:  # the records of the gap came
+            if pending is not None:
+                del self._gaps[k]
+                self.gaps_refetched += 1
+                log.info("Kafka source %r: %s offsets %d.. came when fetched again (the "
+                         "broker had answered with later ones first)", self._src.name, k, nxt)
+            return False
+        now = time.monotonic()
+        if pending is None or pending[0] != nxt:
+            wait = self._src.gap_recheck
+            if wait <= 0 or not self._near_end(k, nxt):
+                self.offsets_skipped += off - nxt
+                return False
+            self._gaps[k] = (nxt, now)
+            return True
+        if now - pending[1] < self._src.gap_recheck:
+            return True
+        del self._gaps[k]  # the broker answers the same: no record there
+        self.offsets_skipped += off - nxt
+        log.debug("Kafka source %r: %s offsets %d..%d hold no record", self._src.name, k,
+                  nxt, off - 1)
+        return False
+
+    def _near_end(self, k: str, offset: int) -> bool:
+        """``offset`` is within :data:`_GAP_NEAR_END` of ``k``'s high watermark as the
+        last fetch answered it (unknown: near)."""
+        try:
+            _lo, hi = self._consumer.get_watermark_offsets(
+                _kafka().TopicPartition(*_parse_split(k)), cached=True)
+        except Exception:  # noqa: BLE001 - not known: assume near
+            return True
+        return hi is None or hi < 0 or hi - offset <= _GAP_NEAR_END
+
+    def _refetch(self, splits: dict[str, int]) -> None:
+        """Fetch ``splits`` again from the offsets given (what was fetched after is
+        dropped by the client)."""
+        ck = _kafka()
+        for k, off in splits.items():
+            tp = ck.TopicPartition(*_parse_split(k), off)
+            try:
+                self._consumer.seek(tp)
+            except ck.KafkaException:  # not fetching it at the moment: assign it again
+                self._consumer.incremental_unassign([ck.TopicPartition(*_parse_split(k))])
+                self._consumer.incremental_assign([tp])
+                self._paused.discard(k)
 
     def _on_error(self, msg: Any, err: Any) -> None:
         ck = _kafka()
@@ -750,6 +829,7 @@ class KafkaReader:
         for k in splits:
             self._buf[k], self._eof[k] = deque(), False
             self._last_data[k] = now
+            self._gaps.pop(k, None)
             off = self._offsets[k]
             self._fetched[k] = max(off, 0)
             if not self._finished(k):
