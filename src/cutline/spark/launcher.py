@@ -23,6 +23,7 @@ from ..plan import plan as make_plan
 from ..protocol.liveness import HEARTBEAT_TIMEOUT, check_timeout
 from ..runtime.restore import IncompatibleCheckpointError
 from ..storage.checkpoints import CheckpointStorage
+from ..storage.lease import check_free
 from .stage import SparkStage, ship_user_code
 
 log = logging.getLogger("cutline.spark")
@@ -172,6 +173,7 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
         cfg = pipeline.checkpoint
         storage = CheckpointStorage(cfg.storage, pipeline.name, cfg.storage_options)
         refuse_finished(storage, storage.latest(deep=False))
+        check_free(storage)  # another driver runs this job here: say so before Spark starts
     if spark is None:
         spark = embedded_session(plan.slots)
     stage = SparkStage(spark, plan.slots, f"pipeline {pipeline.name!r}",
