@@ -1,25 +1,42 @@
 """Where the long stories go: log files for what a user should not have to read on a failure.
 
-A failing job prints cutline's cause in a few lines.  Everything behind it (the failing
-task's Python traceback, the log4j output of an embedded Spark session and the stderr of
-its Python workers) goes to a log file under ``$CUTLINE_LOG_DIR`` (default:
-``<temp dir>/cutline-logs``), whose path the failure message names.  The newest
-:data:`KEEP` files are kept.
+A failing job prints cutline's cause in a few lines.  Everything behind it goes to the
+run's own log file, whose path the failure message names (:class:`RunLog`):
+
+- **one file per run of a job**: ``<job dir>/logs/<time>-<run>.log`` beside the job's
+  checkpoints when they are on a local disk, else ``<per-user dir>/<job>/<time>-<run>.log``
+  (``$CUTLINE_LOG_DIR`` when set, else ``$XDG_STATE_HOME/cutline/logs``, by default
+  ``~/.local/state/cutline/logs``).  The newest :data:`RUNS_KEPT` runs of each job are kept;
+  another job's runs never rotate them out.
+- **what it holds**: the driver's log records (INFO and up when the program configured no
+  logging itself; tasks on the threads engine log into it too), the failing task's Python
+  traceback, and what an embedded Spark session and its Python workers wrote during the run
+  (log4j, worker stderr).
+
+The embedded Spark session's JVM writes to one file for the session's life, under
+``$CUTLINE_LOG_DIR`` (default ``<temp dir>/cutline-logs``, the newest :data:`KEEP` kept):
+each run copies its own part of it into its run log.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import re
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-__all__ = ["KEEP", "append", "log_dir", "new_log_file", "redirect_output"]
+__all__ = ["KEEP", "RUNS_KEPT", "RunLog", "append", "log_dir", "new_log_file",
+           "redirect_output", "run_log_dir"]
 
 KEEP = 20
+RUNS_KEPT = 20  # run logs kept per job
+_RUN_LOG = re.compile(r"^\d{8}-\d{6}-[0-9a-f]+\.log$")
 
 
 def log_dir() -> Path:
@@ -83,3 +100,100 @@ def redirect_output(path: Path) -> Iterator[None]:
         os.dup2(saved[1], 2)
         for f in (fd, *saved):
             os.close(f)
+
+
+def run_log_dir(storage: Any) -> Path:
+    """Where the run logs of ``storage``'s job go (see the module docstring)."""
+    from ..storage.checkpoints import _is_local  # storage is below the driver
+
+    if not os.environ.get("CUTLINE_LOG_DIR") and _is_local(storage.fs):
+        return Path(storage.fs._strip_protocol(storage.dir)) / "logs"
+    base = os.environ.get("CUTLINE_LOG_DIR")
+    if not base:
+        state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        base = str(Path(state) / "cutline" / "logs")
+    return Path(base) / storage.job
+
+
+class _Console(logging.StreamHandler):
+    """What Python prints with no logging configured (its last-resort handler: WARNING and
+    up, the bare message, on stderr), kept while a run log takes cutline's records."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setLevel(logging.WARNING)
+
+    @property
+    def stream(self) -> Any:  # sys.stderr as it is now (pytest and redirect_output swap it)
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+class RunLog:
+    """The log file of one run of one job: opened when the run starts, :meth:`close` d when
+    it ends.  ``spark_log``: the embedded Spark session's log file, whose part written
+    during the run is copied in (at a failure, and at the end)."""
+
+    def __init__(self, storage: Any, run: str, spark_log: Path | None = None) -> None:
+        directory = run_log_dir(storage)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"{time.strftime('%Y%m%d-%H%M%S')}-{run}.log"
+        self.path.touch()
+        _prune(directory, keep=self.path)
+        self._spark_log = spark_log
+        self._spark_from = _size(spark_log)
+        self._handler = logging.FileHandler(self.path, encoding="utf-8")
+        self._handler.setFormatter(logging.Formatter(
+            "%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s"))
+        self._logger = logging.getLogger("cutline")
+        self._console: logging.Handler | None = None
+        self._level = self._logger.level
+        if not self._logger.hasHandlers():  # nothing configured: INFO to the file only
+            self._console = _Console()
+            self._logger.addHandler(self._console)
+            if self._logger.getEffectiveLevel() > logging.INFO:
+                self._logger.setLevel(logging.INFO)
+        self._logger.addHandler(self._handler)
+
+    def failure(self, title: str, text: str) -> None:
+        """A failure's long story: its traceback, and Spark's output so far."""
+        append(self.path, title, text)
+        self._copy_spark()
+
+    def _copy_spark(self) -> None:
+        if self._spark_log is None:
+            return
+        end = _size(self._spark_log)
+        if end <= self._spark_from:
+            return
+        with contextlib.suppress(OSError), open(self._spark_log, "rb") as f:
+            f.seek(self._spark_from)
+            text = f.read(end - self._spark_from).decode("utf-8", "replace")
+            append(self.path, f"Spark and its Python workers ({self._spark_log})", text)
+        self._spark_from = end
+
+    def close(self) -> None:
+        self._copy_spark()
+        self._logger.removeHandler(self._handler)
+        self._handler.close()
+        if self._console is not None:
+            self._logger.removeHandler(self._console)
+            self._logger.setLevel(self._level)
+
+
+def _size(path: Path | None) -> int:
+    try:
+        return path.stat().st_size if path is not None else 0
+    except OSError:
+        return 0
+
+
+def _prune(directory: Path, keep: Path) -> None:
+    """The newest :data:`RUNS_KEPT` run logs of the job stay (names sort by time)."""
+    runs = sorted(p for p in directory.iterdir() if _RUN_LOG.match(p.name) and p != keep)
+    for p in runs[:max(0, len(runs) - RUNS_KEPT + 1)]:
+        with contextlib.suppress(OSError):
+            p.unlink()

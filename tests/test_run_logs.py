@@ -1,0 +1,108 @@
+"""Logs per job and run (cutline.driver.logs.RunLog): beside the job's checkpoints on a local
+disk, else in a per-user folder named by job; the newest runs of each job kept, never rotated
+by another job; the console keeps what it printed before (WARNING and up) while the file takes
+INFO too; Spark's output during the run is copied in."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from cutline.driver.logs import RUNS_KEPT, RunLog, run_log_dir
+from cutline.storage.checkpoints import CheckpointStorage
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_local_jobs_run_logs_live_beside_its_checkpoints(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUTLINE_LOG_DIR", raising=False)
+    st = CheckpointStorage(f"file://{tmp_path}/chk", "daily")
+    assert run_log_dir(st) == tmp_path / "chk" / "daily" / "logs"
+    run = RunLog(st, "0123456789ab")
+    run.close()
+    assert run.path.parent == tmp_path / "chk" / "daily" / "logs"
+    assert run.path.name.endswith("-0123456789ab.log")
+    # a log folder is not a checkpoint: the storage's listing is unchanged
+    assert st.completed() == [] and st.next_id() == 1
+
+
+def test_cutline_log_dir_or_the_per_user_folder_when_not_local(tmp_path, monkeypatch, s3):
+    st = CheckpointStorage(s3.url("logs"), "remote-job", s3.options)
+    monkeypatch.delenv("CUTLINE_LOG_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert run_log_dir(st) == tmp_path / "state" / "cutline" / "logs" / "remote-job"
+    monkeypatch.setenv("CUTLINE_LOG_DIR", str(tmp_path / "mine"))
+    assert run_log_dir(st) == tmp_path / "mine" / "remote-job"
+    local = CheckpointStorage(f"file://{tmp_path}/chk", "j")
+    assert run_log_dir(local) == tmp_path / "mine" / "j"  # the user's choice wins
+
+
+def test_each_job_keeps_its_newest_runs_and_no_other_job_rotates_them(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUTLINE_LOG_DIR", raising=False)
+    a = CheckpointStorage(f"file://{tmp_path}/chk", "a")
+    b = CheckpointStorage(f"file://{tmp_path}/chk", "b")
+    first_a = RunLog(a, "aaaaaaaaaaaa")
+    first_a.close()
+    for i in range(RUNS_KEPT + 5):  # another job's runs
+        RunLog(b, f"{i:012x}").close()
+    assert first_a.path.exists()
+    older = run_log_dir(a) / "20000101-000000-000000000000.log"
+    older.write_text("old\n")
+    for i in range(RUNS_KEPT - 1):
+        RunLog(a, f"{i + 100:012x}").close()
+    names = sorted(p.name for p in run_log_dir(a).iterdir())
+    assert len(names) == RUNS_KEPT and older.name not in names
+    assert len(list(run_log_dir(b).iterdir())) == RUNS_KEPT
+    (run_log_dir(a) / "notes.txt").write_text("mine")  # not a run log: never deleted
+    RunLog(a, "bbbbbbbbbbbb").close()
+    assert (run_log_dir(a) / "notes.txt").exists()
+
+
+def test_spark_output_during_the_run_is_copied_in(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUTLINE_LOG_DIR", raising=False)
+    spark_log = tmp_path / "spark-session.log"
+    spark_log.write_text("before this run\n")
+    st = CheckpointStorage(f"file://{tmp_path}/chk", "j")
+    run = RunLog(st, "cccccccccccc", spark_log=spark_log)
+    with open(spark_log, "a") as f:
+        f.write("WARN TaskSetManager: during the run\n")
+    run.failure("cutline: job 'j' failed: boom", "Traceback ...\nValueError: boom")
+    with open(spark_log, "a") as f:
+        f.write("WARN after the failure\n")
+    run.close()
+    text = run.path.read_text()
+    assert "before this run" not in text
+    assert text.count("during the run") == 1 and text.count("after the failure") == 1
+    assert text.index("ValueError: boom") < text.index("during the run")
+
+
+_SCRIPT = textwrap.dedent("""
+    import logging, sys
+    from cutline.driver.logs import RunLog
+    from cutline.storage.checkpoints import CheckpointStorage
+    run = RunLog(CheckpointStorage(sys.argv[1], "j"), "dddddddddddd")
+    log = logging.getLogger("cutline.driver")
+    log.info("checkpoint 1 completed")
+    log.warning("cutline: something the user should see")
+    run.close()
+    log.warning("cutline: after the run")
+    print(run.path)
+""")
+
+
+def test_the_console_prints_what_it_did_and_the_file_takes_info_too(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env.pop("CUTLINE_LOG_DIR", None)
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT, f"file://{tmp_path}/chk"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == ["cutline: something the user should see",
+                                        "cutline: after the run"]
+    text = Path(proc.stdout.strip()).read_text()
+    assert "INFO cutline.driver [MainThread] checkpoint 1 completed" in text
+    assert "WARNING cutline.driver [MainThread] cutline: something the user should see" in text
+    assert "after the run" not in text
+
