@@ -362,3 +362,23 @@ def test_three_kills_on_spark_keep_a_16_file_replay_exact(spark, tmp_path, mode,
     assert len(chaos.killed) == 3, chaos.killed
     assert result.attempts >= 4
     assert_exact(out, late, want, columnar)
+
+
+def test_stateless_operators_before_assign_timestamps_keep_a_watermark_per_file(tmp_path):
+    """files -> map -> filter -> assign_timestamps: the batches that reach the assigner are
+    still one file's records, so it keeps a watermark per file and the files are read
+    aligned, as with the assigner right after the source (a watermark per subtask over 4
+    overlapping files per subtask made most of the records late)."""
+    want = write_input(tmp_path / "in", PARALLELISM * 4, 2000)
+    cfg = CheckpointConfig(interval=0.3, storage=f"file://{tmp_path}/chk")
+    p = Pipeline("aligned-files-map", parallelism=PARALLELISM, checkpoint=cfg)
+    out, late = CollectSink(str(tmp_path / "out")), CollectSink(str(tmp_path / "late"))
+    counts = (p.source(FileSource(str(tmp_path / "in")), uid="files")
+              .map(slow_records, uid="m").filter(lambda e: "t" in e, uid="f")
+              .assign_timestamps(lambda e: e["t"], max_delay=DELAY, uid="time")
+              .key_by(lambda e: e["k"]).window(tumbling(SIZE)).count(uid="counts"))
+    counts.sink(out, uid="out")
+    counts.late().sink(late, uid="late")
+    result = p.run(engine="threads", timeout=120)
+    assert result.attempts == 1
+    assert_exact(out, late, want, columnar=False)

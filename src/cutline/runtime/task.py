@@ -60,7 +60,7 @@ from .deadletter import DeadLetters
 from .failures import repeats, setup_error
 from .faults import FaultPlan
 from .heartbeats import Heartbeats
-from .operators import AssignTimestamps, UserFunctionError, build_operator
+from .operators import AssignTimestamps, Filter, FlatMap, Map, UserFunctionError, build_operator
 from .process import Process
 from .restore import RestoreView, read_states
 from .routing import Router
@@ -184,10 +184,14 @@ class Subtask:
         if plan.timed:
             self.event_time = EventTime(self.operators, self.inputs, self.router.emit,
                                   self.router.broadcast)
-            if self.reader is not None and ops and isinstance(ops[0], AssignTimestamps):
-                ops[0].read_splits_of(self.reader)  # one watermark per source split
-                if ops[0].max_drift is not None:
-                    self.aligned = ops[0]  # aligned with the source's other subtasks
+            # one watermark per source split: the assigner right after the source, or
+            # after stateless operators only (a batch is then still one split's records)
+            stamp = next((op for op in ops if isinstance(op, AssignTimestamps)), None)
+            if self.reader is not None and stamp is not None and all(
+                    type(op) in (Map, FlatMap, Filter) for op in ops[:ops.index(stamp)]):
+                stamp.read_splits_of(self.reader)
+                if stamp.max_drift is not None:
+                    self.aligned = stamp  # aligned with the source's other subtasks
             self.snapshots.event_time = self.event_time
         self.handler = SnapshotHandler(self.inputs, spec.mode, back_edges=self.back,
                                        aligned_timeout=spec.aligned_timeout)
