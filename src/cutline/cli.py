@@ -313,6 +313,22 @@ def _nexmark(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from .driver.history import rebuild_report
+    from .storage.checkpoints import CheckpointStorageError
+
+    try:
+        where, snap = rebuild_report(args.job_dir, out=args.out)
+    except (CheckpointStorageError, OSError, ImportError) as exc:
+        print(f"cutline: error: {exc}", file=sys.stderr)
+        return 1
+    ck = snap["checkpoints"]
+    print(f"report of job {snap['job']!r} ({snap['status']}, {ck['total']} checkpoints"
+          f"{'' if snap['report']['source'] == 'history' else ', from _metadata only'}): "
+          f"{where}")
+    return 0
+
+
 # ---------------------------------------------------------------------------- main
 
 
@@ -405,6 +421,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="add a file with one bid a year later (closes every window in "
                          "Spark, whose watermark only moves with the input)")
 
+    rep = sub.add_parser(
+        "report", help="write a job's report (its dashboard after the job) from its storage",
+        description="Rebuild a job's static report, the dashboard's page with its "
+                    "configuration, checkpoint history and summary, subtasks, attempts and "
+                    "runs, from its job directory alone (history.jsonl and the checkpoints' "
+                    "_metadata): a path or URL such as /tmp/cutline-checkpoints/wordcount or "
+                    "s3://bucket/checkpoints/wordcount (s3: credentials and endpoint from the "
+                    "AWS_* environment variables). Written to JOB_DIR/report.html unless "
+                    "--out says where; prints where.")
+    rep.add_argument("job_dir", metavar="JOB_DIR", help="the job directory: <storage>/<job>")
+    rep.add_argument("--out", metavar="FILE.html", help="write it here (a local file)")
     snaps = sub.add_parser(
         "snapshots", help="list or show the stored snapshots of process-graph runs",
         description="list PATH: the completed snapshots under a job directory "
@@ -441,6 +468,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_main(build, args.args, prog=f"cutline run {args.program}")
         if args.command == "nexmark":
             return _nexmark(args)
+        if args.command == "report":
+            return _report(args)
         if args.command == "snapshots":
             from .graph.cli import snapshots_main
 

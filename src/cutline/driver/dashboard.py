@@ -49,7 +49,7 @@ log = logging.getLogger("cutline.dashboard")
 __all__ = ["DASHBOARD_ENV", "Dashboard", "JobView", "dashboard_port"]
 
 DASHBOARD_ENV = "CUTLINE_DASHBOARD"
-_HISTORY = 50  # checkpoints (completed and failed) the page lists
+_HISTORY = 50  # checkpoints (completed and failed) /api/job lists unless asked for a page
 
 
 def dashboard_port(option: Any) -> int | None:
@@ -125,34 +125,59 @@ class JobView:
         plan = driver.plan
         self.chain_of = {c.task_id(i): c.uid for c, i in plan.tasks()}
         self.graph = _graph(plan)
+        self.config = config_of(driver.config, driver.storage, plan)
+        self.tasks_total = len(list(plan.tasks()))
 
     def sample(self) -> dict[str, tuple[float, float]]:
         c = self.driver.controller
         counters = {t: (x.records, x.backpressured) for t, x in list(c.metrics.items())}
         return self.rates.sample(time.monotonic(), c.attempt.number, counters)
 
-    def snapshot(self) -> dict[str, Any]:
-        """The job as JSON-able data (``/api/job``)."""
+    def snapshot(self, offset: int = 0, limit: int = _HISTORY, selected: int | None = None,
+                 upto: int | None = None) -> dict[str, Any]:
+        """The job as JSON-able data (``/api/job``): the checkpoint history's entries
+        ``offset`` to ``offset + limit`` (newest first; ``upto``: of those with ids up to
+        it, so that pages stay put while new checkpoints complete), and checkpoint
+        ``selected``'s."""
         for _ in range(5):  # the driver thread changes the controller meanwhile: retry
             try:
-                return self._snapshot()
+                return self._snapshot(offset, limit, selected, upto)
             except RuntimeError:  # a dict changed size while read
                 time.sleep(0.001)
-        return self._snapshot()
+        return self._snapshot(offset, limit, selected, upto)
 
-    def _snapshot(self) -> dict[str, Any]:
+    def checkpoint_entry(self, r: Any, now: float, wall: float,
+                         tasks: bool = True) -> dict[str, Any]:
+        """A completed checkpoint (a ``CheckpointRecord``) as the page shows it."""
+        return completed_entry(r, now, wall, self.config, self.tasks_total, tasks)
+
+    def failed_entry(self, f: Any, now: float, wall: float) -> dict[str, Any]:
+        return failed_entry(f, now, wall, self.config, self.tasks_total)
+
+    def history(self, now: float, wall: float) -> tuple[list[dict[str, Any]], dict[int, Any]]:
+        """Every checkpoint the driver remembers (completed and failed, newest first, without
+        their per-task rows), and the completed ones' records by id."""
+        c = self.driver.controller
+        records = {r.id: r for r in list(c.checkpoints)}
+        out = [self.checkpoint_entry(r, now, wall, tasks=False) for r in records.values()]
+        out += [self.failed_entry(f, now, wall) for f in list(c.failed_checkpoints)]
+        out.sort(key=lambda h: h["id"], reverse=True)
+        return out, records
+
+    def _snapshot(self, offset: int, limit: int, selected: int | None,
+                  upto: int | None) -> dict[str, Any]:
         d, c = self.driver, self.driver.controller
         now, wall = time.monotonic(), time.time()
         rates = self.sample()
         metrics = dict(c.metrics)
         operators = []
-        for chain in d.plan.chains:
+        for chain, node in zip(d.plan.chains, self.graph["nodes"]):
             subtasks = [_subtask(chain.task_id(i), metrics.get(chain.task_id(i)),
                                  rates.get(chain.task_id(i), (0.0, 0.0)))
                         for i in range(chain.parallelism)]
             marks = [decode_ts(metrics[s["task"]].watermark) for s in subtasks if s["timed"]]
             operators.append({
-                "uid": chain.uid, "parallelism": chain.parallelism,
+                "uid": chain.uid, "name": node["name"], "parallelism": chain.parallelism,
                 "records": sum(s["records"] for s in subtasks),
                 "records_per_s": sum(s["records_per_s"] for s in subtasks),
                 "backpressure": max(s["backpressure"] for s in subtasks),
@@ -164,12 +189,7 @@ class JobView:
                         if any(s["lag"] is not None for s in subtasks) else None),
                 "stalled": [f'{s["task"]}: {s["stalled"]}' for s in subtasks if s["stalled"]],
                 "subtasks": subtasks})
-        history = [_completed(r, now, wall) for r in list(c.checkpoints)[-_HISTORY:]]
-        history += [{"id": f.id, "status": "failed", "attempt": f.attempt,
-                     "triggered": _wall(f.started, now, wall),
-                     "duration": f.failed - f.started, "reason": f.reason}
-                    for f in list(c.failed_checkpoints)[-_HISTORY:]]
-        history.sort(key=lambda h: h["id"], reverse=True)
+        history, records = self.history(now, wall)
         coordinator = c.coordinator
         pending = []
         if coordinator is not None and c.running:
@@ -178,7 +198,16 @@ class JobView:
                 if p is not None:
                     pending.append({"id": n, "status": "in progress",
                                     "acked": len(p.acks), "tasks": len(c.shape.tasks),
+                                    "tasks_total": len(c.shape.tasks),
                                     "duration": now - c.triggered.get(n, now)})
+
+        def full(h: dict[str, Any]) -> dict[str, Any]:
+            r = records.get(h["id"]) if h["status"] == "completed" else None
+            return self.checkpoint_entry(r, now, wall) if r is not None else h
+
+        checkpoints = page_of(history, offset, limit, selected, full, upto)
+        checkpoints.update(completed=c.checkpoints_completed, failed=c.checkpoints_failed,
+                           in_progress=pending, summary=summarize(history))
         status = ("failed" if c.error or d.error else "finished" if c.done
                   else "running" if c.attempt.started
                   else "restarting" if c.attempt.number else "starting")
@@ -187,10 +216,10 @@ class JobView:
             "error": c.error or d.error,
             "uptime": now - self.started, "time": wall,
             "mode": d.config.protocol_mode.value, "interval": d.config.interval,
+            "config": self.config,
+            "restored_from": d.restored_from,
             "attempt": c.attempt.number, "restarts": max(0, c.started_attempts - 1),
-            "attempts": [{"number": a.number, "started": _wall(a.at, now, wall),
-                          "restored_from": a.restored_from, "after_failure": a.after_failure}
-                         for a in list(c.attempt_log)[-_HISTORY:]],
+            "attempts": [attempt_entry(a, now, wall) for a in list(c.attempt_log)],
             "last_failure": c.last_failure,
             "source_records": c.source_records_before + c.source_records(),
             "late_records": sum(o["late_records"] for o in operators),
@@ -199,10 +228,118 @@ class JobView:
             "watermark_text": (format_event_time(c.watermark())
                                if c.watermark() is not None else None),
             "graph": self.graph, "operators": operators,
-            "checkpoints": {
-                "completed": c.checkpoints_completed, "failed": c.checkpoints_failed,
-                "in_progress": pending, "history": history[:_HISTORY]},
+            "checkpoints": checkpoints,
         }
+
+
+# ---------------------------------------------------------------------------- checkpoints
+
+
+def config_of(cfg: Any, storage: Any, plan: Any = None) -> dict[str, Any]:
+    """A job's checkpointing configuration, as Flink's checkpoint tab shows it (never the
+    storage options: they may hold credentials)."""
+    return {
+        "interval": cfg.interval, "mode": cfg.mode, "unaligned": cfg.unaligned,
+        "aligned_timeout": cfg.aligned_timeout, "timeout": cfg.timeout,
+        "min_pause": cfg.min_pause, "max_concurrent": cfg.max_concurrent,
+        "tolerable_failures": cfg.tolerable_failures, "retained": cfg.retained,
+        "retain_on_cancel": cfg.retain_on_cancel, "storage": cfg.storage,
+        "job_dir": storage.fs.unstrip_protocol(storage.dir) if storage is not None else None,
+        "state_backend": cfg.state_backend,
+        "max_parallelism": plan.max_parallelism if plan is not None else None,
+    }
+
+
+def checkpoint_type(config: dict[str, Any] | None, *, savepoint: bool = False,
+                    final: bool = False, in_flight: int = 0) -> str:
+    """``savepoint``, ``final`` (a bounded run's last), ``unaligned`` (its barriers overtook
+    in-flight records: the mode, or an aligned checkpoint past ``aligned_timeout``),
+    ``aligned`` or ``at least once``."""
+    if savepoint:
+        return "savepoint"
+    if final:
+        return "final"
+    config = config or {}
+    if config.get("mode") == "at_least_once":
+        return "at least once"
+    return "unaligned" if config.get("unaligned") or in_flight else "aligned"
+
+
+def completed_entry(r: Any, now: float, wall: float, config: dict[str, Any] | None,
+                    tasks_total: int, tasks: bool = True) -> dict[str, Any]:
+    """A ``CheckpointRecord`` as the page and the history file hold it (``tasks``: with its
+    per-subtask rows, which the driver keeps for its newest 100)."""
+    out = {"id": r.id, "status": "completed", "attempt": r.attempt,
+           "triggered": _wall(r.started, now, wall), "duration": r.duration,
+           "bytes": r.bytes, "in_flight": r.in_flight, "in_flight_bytes": r.in_flight_bytes,
+           "alignment": r.alignment, "final": r.final, "savepoint": r.savepoint,
+           "type": checkpoint_type(config, savepoint=r.savepoint, final=r.final,
+                                   in_flight=r.in_flight or r.in_flight_bytes),
+           "acked": tasks_total, "tasks_total": tasks_total, "path": r.path}
+    if tasks:
+        out["tasks"] = [{"task": t, **s} for t, s in sorted(r.tasks.items())]
+    return out
+
+
+def failed_entry(f: Any, now: float, wall: float, config: dict[str, Any] | None,
+                 tasks_total: int) -> dict[str, Any]:
+    """A ``FailedCheckpoint`` as the page and the history file hold it."""
+    return {"id": f.id, "status": "failed", "attempt": f.attempt,
+            "triggered": _wall(f.started, now, wall), "duration": f.failed - f.started,
+            "reason": f.reason, "type": checkpoint_type(config),
+            "acked": getattr(f, "acked", None), "tasks_total": tasks_total}
+
+
+def attempt_entry(a: Any, now: float, wall: float) -> dict[str, Any]:
+    return {"number": a.number, "started": _wall(a.at, now, wall),
+            "restored_from": a.restored_from, "after_failure": a.after_failure}
+
+
+SUMMARIZED = ("duration", "bytes", "in_flight_bytes", "alignment")
+
+
+def summarize(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Min, average and max of the completed checkpoints' end-to-end duration, state size,
+    persisted in-flight bytes and alignment (Flink's checkpoint summary), over ``history``;
+    a value a checkpoint does not know (``None``) is left out."""
+    done = [h for h in history if h["status"] == "completed"]
+    out: dict[str, Any] = {"count": len(done)}
+    for key in SUMMARIZED:
+        values = [h[key] for h in done if h.get(key) is not None]
+        out[key] = ({"min": min(values), "avg": sum(values) / len(values),
+                     "max": max(values), "count": len(values)} if values else None)
+    return out
+
+
+def page_of(history: list[dict[str, Any]], offset: int, limit: int, selected: int | None,
+            full: Any = None, upto: int | None = None) -> dict[str, Any]:
+    """Entries ``offset`` .. ``offset + limit`` of ``history`` (newest first; ``upto``:
+    of its entries with ids up to that), and the entry of checkpoint ``selected``
+    (wherever it is); ``full(entry)``: the entry with its per-subtask rows.  ``total``:
+    the entries paged, ``newer``: those above ``upto``."""
+    full = full or (lambda h: h)
+    offset, limit = max(0, offset), max(1, limit)
+    paged = history if upto is None else [h for h in history if h["id"] <= upto]
+    shown = [full(h) for h in paged[offset:offset + limit]]
+    chosen = next((h for h in shown if h["id"] == selected), None)
+    if chosen is None and selected is not None:
+        chosen = next((full(h) for h in history if h["id"] == selected), None)
+    return {"history": shown, "total": len(paged), "newer": len(history) - len(paged),
+            "offset": offset, "limit": limit, "upto": upto, "selected": chosen,
+            **latest_of(history)}
+
+
+def latest_of(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The newest completed checkpoint, failed checkpoint and savepoint of ``history``
+    (newest first), without their per-subtask rows."""
+    def newest(test: Any) -> dict[str, Any] | None:
+        h = next((h for h in history if test(h)), None)
+        return {k: v for k, v in h.items() if k != "tasks"} if h is not None else None
+
+    return {"latest": newest(lambda h: h["status"] == "completed"),
+            "latest_failed": newest(lambda h: h["status"] == "failed"),
+            "latest_savepoint": newest(lambda h: h["status"] == "completed"
+                                       and h.get("savepoint"))}
 
 
 def _subtask(task: str, x: Any, rate: tuple[float, float]) -> dict[str, Any]:
@@ -231,30 +368,81 @@ def _sum_late(per_subtask: Any) -> dict[str, int]:
     return out
 
 
-def _completed(r: Any, now: float, wall: float) -> dict[str, Any]:
-    return {"id": r.id, "status": "completed", "attempt": r.attempt,
-            "triggered": _wall(r.started, now, wall), "duration": r.duration,
-            "bytes": r.bytes, "in_flight": r.in_flight, "in_flight_bytes": r.in_flight_bytes,
-            "alignment": r.alignment, "final": r.final, "savepoint": r.savepoint,
-            "path": r.path, "tasks": [{"task": t, **s} for t, s in sorted(r.tasks.items())]}
-
-
 def _graph(plan: Any) -> dict[str, Any]:
     """Chains as nodes (an operator chain runs as one task, as in Flink), edges between them,
-    and each chain's column: its longest distance from a source (feedback edges aside)."""
+    and each chain's column: its longest distance from a source (feedback edges aside).
+    Each operator has its uid, kind and a name for people (:func:`operator_name`)."""
     depth = {c.id: 0 for c in plan.chains}
     for _ in plan.chains:  # chains are few: relax until stable
         for e in plan.edges:
             if not e.back:
                 depth[e.dst] = max(depth[e.dst], depth[e.src] + 1)
+    by_id = {n.id: n for c in plan.chains for n in c.nodes}
+    nodes = []
+    for c in plan.chains:
+        ops = [{"uid": n.uid, "kind": n.kind, "name": operator_name(n, by_id),
+                "named": not _auto_uid(n.uid, n.kind)} for n in c.nodes]
+        nodes.append({"uid": c.uid, "parallelism": c.parallelism, "depth": depth[c.id],
+                      "name": " → ".join(o["name"] for o in ops), "operators": ops})
     return {
-        "nodes": [{"uid": c.uid, "parallelism": c.parallelism, "depth": depth[c.id],
-                   "operators": [{"uid": n.uid, "kind": n.kind} for n in c.nodes]}
-                  for c in plan.chains],
+        "nodes": nodes,
         "edges": [{"src": plan.chains[e.src].uid, "dst": plan.chains[e.dst].uid,
                    "partitioning": e.partitioning, "back": e.back} for e in plan.edges],
         "sources": [c.uid for c in plan.chains if c.is_source],
     }
+
+
+_KINDS = {"source": "Source", "sink": "Sink", "map": "Map", "flat_map": "Flat map",
+          "filter": "Filter", "reduce": "Reduce", "process": "Process", "count": "Count",
+          "union": "Union", "iterate": "Iteration", "assign_timestamps": "Timestamps",
+          "window": "Window", "window_results": "Window results", "window_late": "Late records",
+          "to_batches": "To batches"}
+
+
+def kind_label(kind: str) -> str:
+    """``flat_map`` -> ``Flat map``."""
+    return _KINDS.get(kind) or kind.replace("_", " ").capitalize()
+
+
+def _auto_uid(uid: str, kind: str) -> bool:
+    """Whether ``uid`` is one cutline made up (``<kind>-<node id>``), not the user's."""
+    head, _, tail = uid.rpartition("-")
+    return head == kind and tail.isdigit()
+
+
+def operator_name(node: Any, by_id: dict[int, Any] | None = None) -> str:
+    """What the dashboard calls an operator: the user's uid when they gave one, else its
+    kind and what it runs (``Map: parse``, ``Source: FileSource``, ``Window: tumbling 5 s,
+    count``), as Flink names operators; a window's results take the window's name."""
+    if not _auto_uid(node.uid, node.kind):
+        return node.uid
+    label, fn = kind_label(node.kind), node.fn
+    if node.kind in ("source", "sink") and fn is not None:
+        return f"{label}: {type(fn).__name__}"
+    if node.kind == "window_results":
+        window = (by_id or {}).get(node.inputs[0]) if node.inputs else None
+        if window is not None and not _auto_uid(window.uid, window.kind):
+            return f"{window.uid}: results"
+        return label
+    if node.kind == "window" and fn is not None and hasattr(fn, "assigner"):
+        return f"{label}: {_assigner(fn.assigner)}, {fn.aggregate.name}"
+    name = getattr(fn, "__name__", None)
+    if node.kind in ("map", "flat_map", "filter", "reduce", "process") and name and \
+            name != "<lambda>":
+        return f"{label}: {name}"
+    return label
+
+
+def _assigner(assigner: Any) -> str:
+    """``tumbling(size=5, offset=0)`` -> ``tumbling 5 s``; ``sliding 10 s every 5 s``."""
+    kind = repr(assigner).split("(", 1)[0]
+    parts = [kind]
+    for field, text in (("size", "{:g} s"), ("gap", "gap {:g} s"), ("slide", "every {:g} s"),
+                        ("offset", "offset {:g} s")):
+        value = getattr(assigner, field, None)
+        if isinstance(value, (int, float)) and not (field == "offset" and value == 0):
+            parts.append(text.format(value))
+    return " ".join(parts)
 
 
 # ---------------------------------------------------------------------------- Prometheus
@@ -392,6 +580,42 @@ class _Collector:
 # ---------------------------------------------------------------------------- the server
 
 
+def _page_args(query: dict[str, list[str]]) -> dict[str, Any]:
+    """``/api/job?offset=20&limit=20&upto=80&checkpoint=17``: which checkpoints to list."""
+    def number(name: str) -> int | None:
+        text = query.get(name, [""])[0]
+        if not text:
+            return None
+        if not text.isdigit():
+            raise ValueError(f"{name} must be a whole number >= 0, got {text!r}")
+        return int(text)
+
+    out: dict[str, Any] = {"selected": number("checkpoint"), "upto": number("upto")}
+    offset, limit = number("offset"), number("limit")
+    if offset is not None:
+        out["offset"] = offset
+    if limit is not None:
+        out["limit"] = max(1, min(limit, 1000))
+    return out
+
+
+def page(snapshot: dict[str, Any] | None = None) -> bytes:
+    """The dashboard's page; with ``snapshot`` (a finished job's, every checkpoint in its
+    history) a static, self-contained report: the data is in the page, nothing is polled."""
+    html = (resources.files(__package__) / "dashboard.html").read_bytes()
+    if snapshot is None:
+        return html
+    data = json.dumps(snapshot, default=str, separators=(",", ":"))  # ASCII only
+    # inside <script>: no "<" at all ("</script>" or "<!--" in an error message would end
+    # or derail it); JSON reads the escape back as the same character
+    data = data.replace("<", "\\u003c")
+    tag = f'<script id="cutline-job" type="application/json">{data}</script>\n'
+    marker = b"<script>\n\"use strict\";"
+    if marker not in html:  # pragma: no cover - the page and this function go together
+        raise RuntimeError("dashboard.html: its script's first line changed")
+    return html.replace(marker, tag.encode() + marker, 1)
+
+
 class _Server(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A connection that failed before a request (a plaintext client at the HTTPS
@@ -412,7 +636,7 @@ class Dashboard:
         self.token = secrets.token_urlsafe(16)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(view))
-        self._page = (resources.files(__package__) / "dashboard.html").read_bytes()
+        self._page = page()
         self.server = _Server(("127.0.0.1", port), self._handler())
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
@@ -481,7 +705,9 @@ class Dashboard:
                     if url.path == "/":
                         self._reply(200, board._page, "text/html; charset=utf-8")
                     elif url.path == "/api/job":
-                        body = json.dumps(board.view.snapshot(), default=str).encode()
+                        query = parse_qs(url.query)
+                        body = json.dumps(board.view.snapshot(**_page_args(query)),
+                                          default=str).encode()
                         self._reply(200, body, "application/json")
                     elif url.path == "/metrics":
                         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -489,6 +715,8 @@ class Dashboard:
                         self._reply(200, generate_latest(board.registry), CONTENT_TYPE_LATEST)
                     else:
                         self._reply(404, b"not found\n", "text/plain; charset=utf-8")
+                except ValueError as exc:  # a bad query: ?offset=x
+                    self._reply(400, f"{exc}\n".encode(), "text/plain; charset=utf-8")
                 except Exception as exc:  # noqa: BLE001 - a dashboard never fails a job
                     log.debug("dashboard request failed", exc_info=True)
                     self._reply(500, f"{type(exc).__name__}: {exc}\n".encode(),

@@ -8,6 +8,7 @@ submit the tasks, wait (showing progress), and turn what happened into a
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ class JobResult:
     # late records dropped per window operator (uid), every subtask: counted exactly once
     # (in the checkpoints, so a restored count goes on); every window that drops them
     late_records: dict[str, int] = field(default_factory=dict)
+    # the run's static report (the dashboard's page after the job), in its job directory
+    report: str | None = None
 
     @property
     def latest_checkpoint(self) -> CheckpointRecord | None:
@@ -102,6 +105,9 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
                    storage_options=cfg.storage_options, host=engine.task_host,
                    faults=tuple(faults), heartbeat_timeout=heartbeat_timeout)
     board = _start_dashboard(driver, dashboard, engine)
+    from .history import start_recording
+
+    record = start_recording(driver, engine.name)  # history.jsonl; report.html at the end
     driver.start()
     t0 = time.monotonic()
     engine.submit(_slot_main, spec, f"cutline job {pipeline.name}",
@@ -136,12 +142,15 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
         driver.stop()
         if board is not None:
             board.stop()
+        if record is not None:
+            record.finish(sys.exc_info()[1])
     return JobResult(pipeline.name, driver.checkpoints, driver.attempts,
                      time.monotonic() - t0, driver.restored_from, plan.describe(),
                      task_pids=driver.task_pids, cpu_seconds=driver.cpu_seconds,
                      savepoint=driver.stopped_with_savepoint,
                      checkpoints_completed=driver.controller.checkpoints_completed,
-                     late_records=driver.late_records())
+                     late_records=driver.late_records(),
+                     report=record.report if record is not None else None)
 
 
 def _start_dashboard(driver: JobDriver, option: Any, engine: Any) -> Any:
