@@ -205,6 +205,15 @@ def test_spark_run_exact_counts(spark, tmp_path):
         raise seen["error"]
     assert [c.id for c in result.checkpoints] == [1]
     assert seen["job"]["operators"][0]["subtasks"][0]["records"] == N // 2
+    # the page after the job: the same counts, in the job directory
+    from test_dashboard_report import embedded
+
+    assert result.report == str(tmp_path / "chk" / "dash-spark" / "report.html")
+    report = embedded(Path(result.report).read_text())
+    assert report["status"] == "finished" and report["engine"].startswith("spark local")
+    assert [(o["uid"], o["records"]) for o in report["operators"]] == [
+        (o["uid"], o["records"]) for o in seen["job"]["operators"]]
+    assert [h["id"] for h in report["checkpoints"]["history"]] == [1]
 
 
 def test_dashboard_option(monkeypatch):
@@ -337,3 +346,137 @@ def test_pending_timers_per_operator_and_subtask(tmp_path, backend):
     for i in range(2):
         assert prom[f'cutline_task_timers{{job="timers",operator="hold",task="hold.{i}"}}'] \
             == want[i]
+
+
+# ---------------------------------------------------------------------------- Flink's tab
+
+
+def _parse(record):
+    return record
+
+
+def test_operator_names_from_uids():
+    from cutline import tumbling
+    from cutline.driver.dashboard import _graph
+    from cutline.plan import plan
+
+    p = Pipeline("names", parallelism=1)
+    stamped = (p.source(GeneratorSource(count=1), uid="readings")
+               .assign_timestamps(lambda r: r, max_delay=1))
+    (stamped.map(_parse).rebalance().map(lambda r: r).key_by(lambda r: r)
+     .window(tumbling(5)).count().sink(CollectSink("/nonexistent/a")))
+    (stamped.key_by(lambda r: r).window(tumbling(60, offset=5)).sum(lambda r: r,
+                                                                    uid="per_key")
+     .sink(CollectSink("/nonexistent/b"), uid="totals"))
+    graph = _graph(plan(p))
+    ops = {o["uid"]: (o["kind"], o["name"], o["named"])
+           for n in graph["nodes"] for o in n["operators"]}
+    assert ops == {
+        "readings": ("source", "readings", True),
+        "assign_timestamps-1": ("assign_timestamps", "Timestamps", False),
+        "map-2": ("map", "Map: _parse", False),
+        "map-3": ("map", "Map", False),
+        "window-4": ("window", "Window: tumbling 5 s, count", False),
+        "window_results-5": ("window_results", "Window results", False),
+        "sink-6": ("sink", "Sink: CollectSink", False),
+        "per_key": ("window", "per_key", True),
+        "window_results-8": ("window_results", "per_key: results", False),
+        "totals": ("sink", "totals", True)}
+    node = next(n for n in graph["nodes"] if n["uid"] == "window-4")
+    assert node["name"] == "Window: tumbling 5 s, count → Window results → Sink: CollectSink"
+
+
+def test_checkpoint_history_paged_with_configuration_and_summary(tmp_path):
+    cfg = CheckpointConfig(storage=f"file://{tmp_path}/chk", interval=0.05, retained=2,
+                           min_pause=0.01, max_concurrent=1, tolerable_failures=3,
+                           timeout=30)
+    p = Pipeline("paged-live", parallelism=2, checkpoint=cfg)
+    (p.source(GeneratorSource(count=None, rate=2000), uid="numbers")
+     .key_by(_key).count(uid="counts")
+     .sink(CollectSink(str(tmp_path / "out")), uid="out"))
+    job = p.start(engine="threads", dashboard=True)
+    try:
+        url = _url_of(job)
+        _wait_for(url, lambda j: j["checkpoints"]["completed"] >= 45, timeout=120)
+        api = url.replace("/?", "/api/job?")
+        first = json.loads(_get(api + "&limit=20")[1])
+        ck = first["checkpoints"]
+        top = ck["history"][0]["id"]
+        second = json.loads(_get(api + f"&limit=20&offset=20&upto={top}")[1])["checkpoints"]
+        time.sleep(0.3)  # more checkpoints complete: the page holds still
+        again = json.loads(_get(api + f"&limit=20&offset=20&upto={top}&checkpoint={top - 30}"
+                                )[1])["checkpoints"]
+        everything = json.loads(_get(api + "&limit=1000")[1])
+        bad = _get(api + "&offset=x")
+    finally:
+        job.cancel()
+    with pytest.raises(Exception, match="cancelled"):
+        job.result(60)
+    ids = [h["id"] for h in ck["history"]] + [h["id"] for h in second["history"]]
+    assert len(ids) == 40 and len(set(ids)) == 40 and ids == sorted(ids, reverse=True)
+    assert [h["id"] for h in again["history"]] == [h["id"] for h in second["history"]]
+    assert again["newer"] > second["newer"] >= 0 and again["upto"] == top
+    assert again["selected"]["id"] == top - 30 and len(again["selected"]["tasks"]) == 4
+    assert ck["selected"] is None and ck["latest"]["id"] == top
+    history = everything["checkpoints"]["history"]
+    done = [h for h in history if h["status"] == "completed"]
+    assert everything["checkpoints"]["total"] == len(history) >= 45
+    for h in done:
+        assert (h["type"], h["acked"], h["tasks_total"]) == ("aligned", 4, 4)
+        assert h["path"] == f"file://{tmp_path}/chk/paged-live/chk-{h['id']}"
+    # Flink's summary: min / avg / max over what the driver remembers, as Python says
+    summary = everything["checkpoints"]["summary"]
+    for key in ("duration", "bytes", "in_flight_bytes", "alignment"):
+        values = [h[key] for h in done]
+        assert summary[key]["min"] == pytest.approx(min(values))
+        assert summary[key]["max"] == pytest.approx(max(values))
+        assert summary[key]["avg"] == pytest.approx(sum(values) / len(values))
+    assert summary["count"] == len(done)
+    c = everything["config"]
+    assert {k: c[k] for k in ("interval", "mode", "unaligned", "aligned_timeout", "timeout",
+                              "min_pause", "max_concurrent", "tolerable_failures",
+                              "retained", "storage", "state_backend", "max_parallelism",
+                              "job_dir")} == {
+        "interval": 0.05, "mode": "exactly_once", "unaligned": False,
+        "aligned_timeout": None, "timeout": 30, "min_pause": 0.01, "max_concurrent": 1,
+        "tolerable_failures": 3, "retained": 2, "storage": f"file://{tmp_path}/chk",
+        "state_backend": "memory", "max_parallelism": 128,
+        "job_dir": f"file://{tmp_path}/chk/paged-live"}
+    assert bad == (400, b"offset must be a whole number >= 0, got 'x'\n")
+
+
+@pytest.mark.skipif(_chromium() is None, reason="no headless Chromium here")
+def test_live_pages_hold_still_in_headless_chromium(tmp_path):
+    from chromium import Browser
+
+    p = Pipeline("paging", parallelism=2, checkpoint=CheckpointConfig(
+        storage=f"file://{tmp_path}/chk", interval=0.05))
+    (p.source(GeneratorSource(count=None, rate=2000), uid="numbers")
+     .key_by(_key).count(uid="counts")
+     .sink(CollectSink(str(tmp_path / "out")), uid="out"))
+    job = p.start(engine="threads", dashboard=True)
+    rows = ('[...document.querySelectorAll("#checkpoints tbody tr.ck")]'
+            '.filter(t => !t.querySelector(".st-progress")).map(t => +t.dataset.id)')
+    try:
+        url = _url_of(job)
+        _wait_for(url, lambda j: j["checkpoints"]["completed"] >= 45, timeout=120)
+        with Browser(1280, 1000) as b:
+            b.open(url)
+            b.wait(f"{rows}.length === 20")
+            top = b.eval(rows)[0]
+            b.eval('document.getElementById("older").click()')
+            b.wait(f"{rows}.length === 20 && {rows}[0] < {top}")
+            page2 = b.eval(rows)
+            assert b.eval("location.hash").startswith("#page=2&upto=")
+            b.wait('document.getElementById("page-text").textContent.includes("newer since")')
+            assert b.eval(rows) == page2  # checkpoints completed meanwhile; the page held
+            b.eval('document.querySelector("#checkpoints tbody tr.ck:nth-child(5)").click()')
+            b.wait(f'document.getElementById("detail-title").textContent === '
+                   f'"Subtasks of checkpoint #{page2[4]}"')
+            b.wait('document.querySelectorAll("#checkpoint-detail tbody tr").length === 4')
+            b.eval('document.getElementById("newer").click()')
+            b.wait(f"{rows}[0] > {top}")  # page 1 is live again
+    finally:
+        job.cancel()
+    with pytest.raises(Exception, match="cancelled"):
+        job.result(60)
