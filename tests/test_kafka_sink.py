@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -360,6 +361,79 @@ def test_a_paused_broker_stalls_the_commit_which_resumes_without_loss(own_broker
     assert 19.0 < took < 40.0, took
     assert "has not acknowledged" in caplog.text and "answers again" in caplog.text
     assert sorted(values(own_broker, topic)) == list(range(5000))
+
+
+@pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
+def test_a_sink_stall_shows_in_the_live_line_and_metrics_and_ends(own_broker, tmp_path,
+                                                                   delivery):
+    """The broker paused 9 s while the job writes: after 5 s the driver hears the sink's
+    subtasks say they are stalled, naming the broker (the live line says so, /metrics has
+    cutline_source_stalled 1 for them); resumed, it is over and the output is exact."""
+    import io
+
+    from rich.console import Console
+
+    from cutline.driver.dashboard import Dashboard, JobView
+    from cutline.report import Progress
+
+    topic = own_broker.create_topic(unique_topic("stall"), 4)
+    n = 6000
+    p = counts_job(tmp_path, count_sink(own_broker, topic, delivery, timeout=60), n,
+                   interval=0.2, rate=n / 12, name="kafka-sink-stall")
+    job = p.start(engine="threads", timeout=180, progress=Console(file=io.StringIO()))
+
+    def wait(cond, what, timeout):
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)
+
+    def live() -> str:
+        shown: list = []
+        progress = Progress()
+        progress.live = SimpleNamespace(update=shown.append)
+        progress.update(driver)
+        return str(shown[-1])
+
+    try:
+        wait(lambda: job.driver is not None, "the job started", timeout=60)
+        driver = job.driver
+        time.sleep(2.0)
+        assert not driver.stalled_sources()
+        own_broker.pause()
+        try:
+            wait(lambda: driver.stalled_sources(), "a stalled sink", timeout=15)
+            stalled = driver.stalled_sources()
+            assert all(own_broker.bootstrap in why and "not acknowledging" in why
+                       for why in stalled.values()), stalled
+            line = live()
+            assert "stalled: " in line and "not acknowledging" in line, line
+            board = Dashboard(JobView(driver, "threads"))
+            try:
+                metrics = board_get(board.url.replace("/?", "/metrics?"))
+            finally:
+                board.stop()
+            assert any(x.startswith("cutline_source_stalled{") and x.endswith(" 1.0")
+                       for x in metrics.splitlines()), metrics
+            time.sleep(max(0.0, 9.0 - 5.0))
+        finally:
+            own_broker.resume()
+        wait(lambda: not driver.stalled_sources(), "no longer stalled", timeout=20)
+        result = job.result(timeout=120)
+    finally:
+        job.cancel("the test is over")
+    assert result.attempts == 1
+    if delivery == "exactly_once":
+        assert_exactly_once(own_broker, topic, n)
+    else:
+        assert set(got_counts(own_broker, topic)) == set(expected_counts(n))
+
+
+def board_get(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 - loopback
+        return r.read().decode()
 
 
 def test_a_broker_gone_for_good_fails_within_the_timeout_naming_it(own_broker):

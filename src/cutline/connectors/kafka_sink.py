@@ -157,6 +157,10 @@ class KafkaSinkWriter:
     def __init__(self, sink: KafkaSink) -> None:
         self._sink = sink
         self._producer: Any = None
+        self._waiting: tuple[float, int, str] | None = None  # a wait for acks: since, n, why
+        # called (by the task) about every second while the writer waits for the broker,
+        # so that its stall is reported while the task is blocked in the wait
+        self.on_wait: Callable[[], None] | None = None
         self._key = serialiser(sink.key_serializer, "key")
         self._value = serialiser(sink.value_serializer, "value")
 
@@ -333,9 +337,13 @@ class KafkaSinkWriter:
                     break
                 except BufferError:  # the queue is full: the broker is slow or away
                     producer.poll(0.1)
+                    self._waiting = (waited, len(producer), "the producer's queue full")
+                    if self.on_wait is not None:
+                        self.on_wait()
                     self._check(waited, "take records to")
                 except Exception as e:  # noqa: BLE001 - librdkafka refuses the record
                     raise self._undeliverable(e, p, key, value) from None
+        self._waiting = None
         producer.poll(0)
         self._raise_errors()
 
@@ -378,25 +386,48 @@ class KafkaSinkWriter:
         if time.monotonic() - since > self._sink.timeout + 10:
             raise self._unanswered(f"{what} {self._sink.topic!r}", None)
 
+    def stalled(self) -> str | None:
+        """Why the sink cannot go on now (its broker has not acknowledged its records for
+        a few seconds), or None: the live line, the dashboard and ``/metrics`` show it."""
+        w = self._waiting
+        if w is None:
+            return None
+        quiet = time.monotonic() - w[0]
+        if quiet < _WARN_AFTER:
+            return None
+        return (f"Kafka broker(s) {self._broker} not acknowledging {w[1]} records to "
+                f"{self._sink.topic!r} for {quiet:.0f} s ({w[2]})")
+
     def _flush(self, producer: Any, doing: str) -> None:
         """Wait until the broker acknowledged everything ``producer`` sent: a stall is
-        logged after a few seconds, the sink's timeout fails it naming the broker."""
+        logged and reported (:meth:`stalled`, :attr:`on_wait`) after a few seconds, the
+        sink's timeout fails it naming the broker."""
         start, warned = time.monotonic(), False
-        while True:
-            left = producer.flush(1.0)
-            self._raise_errors()
-            if left == 0:
-                if warned:
-                    log.warning("KafkaSink %s: Kafka broker %s answers again after %.1f s",
-                                self._sink.topic, self._broker, time.monotonic() - start)
-                return
-            waited = time.monotonic() - start
-            if waited > _WARN_AFTER and not warned:
-                warned = True
-                log.warning("KafkaSink %s: Kafka broker %s has not acknowledged %d records "
-                            "for %.0f s (%s); waiting up to %g s", self._sink.topic,
-                            self._broker, left, waited, doing, self._sink.timeout)
-            self._check(start, f"acknowledge {left} records ({doing}) to")
+        try:
+            while True:
+                left = producer.flush(1.0)
+                self._raise_errors()
+                if left == 0:
+                    if warned:
+                        log.warning("KafkaSink %s: Kafka broker %s answers again after "
+                                    "%.1f s", self._sink.topic, self._broker,
+                                    time.monotonic() - start)
+                    return
+                self._waiting = (start, left, doing)
+                if self.on_wait is not None:
+                    self.on_wait()
+                waited = time.monotonic() - start
+                if waited > _WARN_AFTER and not warned:
+                    warned = True
+                    log.warning("KafkaSink %s: Kafka broker %s has not acknowledged %d "
+                                "records for %.0f s (%s); waiting up to %g s",
+                                self._sink.topic, self._broker, left, waited, doing,
+                                self._sink.timeout)
+                self._check(start, f"acknowledge {left} records ({doing}) to")
+        finally:
+            self._waiting = None
+            if warned and self.on_wait is not None:
+                self.on_wait()  # (rate-limited: the next report says it is over)
 
     # ------------------------------------------------------------------ two-phase commit
 

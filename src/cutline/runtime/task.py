@@ -219,6 +219,14 @@ class Subtask:
         lag, stalled = getattr(self.reader, "lag", None), getattr(self.reader, "stalled", None)
         self.reader_lag = lag if callable(lag) else None
         self.reader_stalled = stalled if callable(stalled) else None
+        # a sink that tells why it is stalled (KafkaSink waiting for its broker's
+        # acknowledgements): it calls on_wait while it waits, so the driver hears of it
+        writer = self.writer
+        stalled = getattr(writer, "stalled", None)
+        self.writer_stalled = stalled if callable(stalled) else None
+        if writer is not None and self.writer_stalled is not None and \
+                hasattr(writer, "on_wait"):
+            writer.on_wait = self._metrics
 
     def plan_faults(self, attempt: int) -> None:
         """Install the faults planned for this subtask in ``attempt`` (tests, chaos)."""
@@ -363,6 +371,8 @@ class Subtask:
                          if op.late.first is not None} or None
             lag = self.reader_lag() if self.reader_lag is not None else None
             stalled = self.reader_stalled() if self.reader_stalled is not None else None
+            if stalled is None and self.writer_stalled is not None:
+                stalled = self.writer_stalled()
             self.slot.send(m.Metrics(self.task_id, self.records_in, self.reader is not None,
                                      self.slot.cpu(), et is not None,
                                      None if et is None else encode_ts(et.output),
