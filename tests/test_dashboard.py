@@ -280,7 +280,7 @@ def test_page_in_headless_chromium(tmp_path):
         dom = subprocess.run([*browser, "--dump-dom", url], capture_output=True, text=True,
                              timeout=60).stdout
         png = tmp_path / "dashboard.png"
-        subprocess.run([*browser, "--window-size=1280,1390", f"--screenshot={png}", url],
+        subprocess.run([*browser, "--window-size=1280,2000", f"--screenshot={png}", url],
                        capture_output=True, timeout=60)
     finally:
         job.cancel()
@@ -480,3 +480,32 @@ def test_live_pages_hold_still_in_headless_chromium(tmp_path):
         job.cancel()
     with pytest.raises(Exception, match="cancelled"):
         job.result(60)
+
+
+def test_a_failed_checkpoint_shows_how_many_subtasks_had_acknowledged_it():
+    from cutline.driver.dashboard import failed_entry, summarize
+    from cutline.protocol import messages as m
+    from cutline.protocol.coordinator import CheckpointPolicy
+    from cutline.protocol.job import JobController, JobShape
+
+    tasks = ("src.0", "src.1", "sink.0", "sink.1")
+    slot_of = {"src.0": 0, "sink.0": 0, "src.1": 1, "sink.1": 1}
+    c = JobController(JobShape(tasks=tasks, sources=frozenset({"src.0", "src.1"}),
+                               slot_of=slot_of, slots=2),
+                      CheckpointPolicy(interval=1.0, tolerable_failures=5), job="j",
+                      restore=None, first_id=1)
+    for slot in (0, 1):
+        c.on_message(f"s{slot}", m.Register(slot, 100 + slot, {
+            t: None for t in tasks if slot_of[t] == slot}), 0.0)
+    c.tick(1.0)  # checkpoint 1 triggered
+    for t in ("src.1", "sink.1"):
+        c.on_message("s1", m.Ack(t, 1, m.SnapshotStats(bytes=1)), 1.2)
+    c.on_message("s0", m.Decline("src.0", 1, "no space"), 1.5)
+    (f,) = c.failed_checkpoints
+    entry = failed_entry(f, 2.0, 1000.0, {"mode": "exactly_once", "unaligned": True}, 4)
+    assert {k: entry[k] for k in ("id", "status", "acked", "tasks_total", "type")} == {
+        "id": 1, "status": "failed", "acked": 2, "tasks_total": 4, "type": "unaligned"}
+    assert entry["duration"] == pytest.approx(0.5) and "no space" in entry["reason"]
+    assert entry["triggered"] == pytest.approx(999.0)
+    assert summarize([entry]) == {"count": 0, "duration": None, "bytes": None,
+                                  "in_flight_bytes": None, "alignment": None}
