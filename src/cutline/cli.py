@@ -323,7 +323,8 @@ def _report(args: argparse.Namespace) -> int:
         print(f"cutline: error: {exc}", file=sys.stderr)
         return 1
     ck = snap["checkpoints"]
-    print(f"report of job {snap['job']!r} ({snap['status']}, {ck['total']} checkpoints"
+    print(f"report of job {snap['job']!r} ({snap['status']}, {ck['total']} checkpoint"
+          f"{'' if ck['total'] == 1 else 's'}"
           f"{'' if snap['report']['source'] == 'history' else ', from _metadata only'}): "
           f"{where}")
     return 0
