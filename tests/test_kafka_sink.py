@@ -669,3 +669,48 @@ def test_spark_kafka_to_kafka_five_kills(spark, kafka_broker, tmp_path, delivery
         assert_exactly_once(kafka_broker, out, n)
     else:
         assert set(got_counts(kafka_broker, out)) == set(expected_counts(n))
+
+
+def test_partitions_added_to_the_topic_are_written_to(kafka_broker, monkeypatch):
+    """The writer opens on a topic of 4 partitions that gets 8 (Tansu cannot add
+    partitions, CreatePartitions is unsupported: the topic has 8 and the writer's first
+    look at it says 4).  At the next pre-commit it reads the count again: keyed records
+    written before go to murmur2 % 4, those after to murmur2 % 8, each exactly once; and
+    a partition function naming partition 6 is accepted at once (the sink looks again
+    before refusing it)."""
+    from cutline.connectors.kafka_messages import murmur2_partition
+    from cutline.connectors.kafka_sink import KafkaSinkWriter
+
+    topic = kafka_broker.create_topic(unique_topic("grow"), 8)
+    real = KafkaSinkWriter._describe_topic
+    looks = []
+
+    def describe(self):
+        looks.append(1)
+        return 4 if len(looks) == 1 else real(self)
+
+    monkeypatch.setattr(KafkaSinkWriter, "_describe_topic", describe)
+    sink = KafkaSink(topic, kafka_broker.bootstrap, key=str, partition_check=0.0)
+    w = writer(sink)
+    before, after = list(range(0, 200)), list(range(200, 400))
+    w.write(before)
+    w.commit([w.pre_commit(1)])  # (the pre-commit reads the count: 8)
+    w.write(after)
+    w.commit([w.pre_commit(2)])
+    msgs = kafka_broker.read_topic(topic)
+    where = {json.loads(m.value): m.partition for m in msgs}
+    assert len(msgs) == len(where) == 400
+    assert all(where[i] == murmur2_partition(str(i).encode(), 4) for i in before)
+    assert all(where[i] == murmur2_partition(str(i).encode(), 8) for i in after)
+    assert {where[i] for i in after} == set(range(8))
+
+    looks.clear()
+    to_six = KafkaSink(topic, kafka_broker.bootstrap, partition=lambda r: 6,
+                       partition_check=3600)
+    w6 = writer(to_six)
+    w6.write(["six"])
+    w6.commit([w6.pre_commit(1)])
+    assert [(json.loads(m.value), m.partition) for m in kafka_broker.read_topic(topic)
+            if m.value == b'"six"'] == [("six", 6)]
+    with pytest.raises(UnsupportedRecordError, match="partition 8 is not one"):
+        writer(KafkaSink(topic, kafka_broker.bootstrap, partition=8)).write(["x"])

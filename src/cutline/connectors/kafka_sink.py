@@ -85,6 +85,11 @@ class KafkaSink:
     resumes without loss when the broker answers again.  ``config``: more librdkafka
     settings for every client the sink opens (security, ...); ``producer_config``: for the
     producer only.  ``transactional_id_prefix``: ``kafka_transactions`` only.
+    ``partition_check`` (seconds, default 30): how often (at a checkpoint's pre-commit) the
+    sink reads the topic's partition count again; partitions added to the topic are written
+    to from then on, keyed records going to murmur2 over the new count as Kafka's own
+    producers do (a key's later records may then be in another partition than its earlier
+    ones), and a ``partition`` function may name them at once.
 
     A topic that does not exist fails the job at start (:class:`KafkaTopicError`); a record
     the broker refuses fails it naming the record (:class:`UndeliverableRecordError`).
@@ -99,7 +104,8 @@ class KafkaSink:
                  headers: Any = None, timestamp: Callable[[Any], float] | None = None,
                  timeout: float = 60.0, config: dict | None = None,
                  producer_config: dict | None = None,
-                 transactional_id_prefix: str = "cutline", name: str | None = None) -> None:
+                 transactional_id_prefix: str = "cutline", name: str | None = None,
+                 partition_check: float = 30.0) -> None:
         if not topic or not isinstance(topic, str):
             raise ValueError(f"KafkaSink needs a topic name, got {topic!r}")
         if not bootstrap_servers or not isinstance(bootstrap_servers, str):
@@ -118,6 +124,10 @@ class KafkaSink:
                              f"function of the record, got {partition!r}")
         if not timeout or timeout <= 0:
             raise ValueError(f"KafkaSink timeout must be > 0 seconds, got {timeout!r}")
+        if not isinstance(partition_check, (int, float)) or partition_check < 0:
+            raise ValueError(f"KafkaSink partition_check must be >= 0 seconds, got "
+                             f"{partition_check!r}")
+        self.partition_check = float(partition_check)
         serialiser(key_serializer, "key")
         serialiser(value_serializer, "value")
         self.topic, self.bootstrap_servers, self.delivery = topic, bootstrap_servers, delivery
@@ -183,6 +193,8 @@ class KafkaSinkWriter:
         conf = {**self._sink.config, **self._sink.producer_config}
         self._max_bytes = int(conf.get("message.max.bytes", 1_000_000))
         self._partitions = self._describe_topic()
+        self._checked = time.monotonic()  # when the partition count was last read
+        self._asked = -1e9  # ... because a record named a partition beyond it
         if self._sink.delivery != "kafka_transactions":
             self._producer = self._new_producer()
         if self._sink.delivery != "at_least_once":
@@ -221,6 +233,25 @@ class KafkaSinkWriter:
             raise KafkaTopicError(f"sink {sink_label(self)}: topic {topic!r} on Kafka broker "
                                   f"{self._broker}: {found.error}")
         return len(found.partitions)
+
+    def _check_partitions(self, now: bool = False) -> None:
+        """Read the topic's partition count again (at a pre-commit, every
+        ``partition_check`` seconds; ``now``: a record names a partition beyond it):
+        partitions added since are written to from then on."""
+        t = time.monotonic()
+        if not now and t - self._checked < self._sink.partition_check:
+            return
+        if now:
+            if t - self._asked < 1.0:
+                return  # (a function that names no partition of the topic: not per record)
+            self._asked = t
+        self._checked = t
+        n = self._describe_topic()
+        if n > self._partitions:
+            log.info("KafkaSink %s: topic %r has %d partitions now (had %d): records go to "
+                     "all of them from here on", sink_label(self), self._sink.topic, n,
+                     self._partitions)
+            self._partitions = n
 
     def _end_offsets(self) -> dict[int, int]:
         """Each partition's end offset as ListOffsets says: a lower bound of where later
@@ -291,6 +322,8 @@ class KafkaSinkWriter:
                 self._rr += 1
         else:
             p = s.partition(record) if callable(s.partition) else s.partition
+            if type(p) is int and p >= self._partitions:
+                self._check_partitions(now=True)  # added since the last look?
             if type(p) is not int or not 0 <= p < self._partitions:
                 raise UnsupportedRecordError(
                     sink_label(self), record, f"partitions 0 to {self._partitions - 1}",
@@ -434,6 +467,7 @@ class KafkaSinkWriter:
     def pre_commit(self, checkpoint_id: int) -> dict:
         cid, mode = int(checkpoint_id), self._sink.delivery
         self._raise_errors()  # a delivery report of an earlier commit
+        self._check_partitions()  # for the records after this checkpoint
         if mode == "at_least_once":
             self._flush(self._producer, f"checkpoint {cid}")
             return {"delivery": mode, "checkpoint_id": cid, "subtask": self._subtask}
