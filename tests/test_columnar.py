@@ -232,10 +232,11 @@ def _node(kind, fn, **kw):
     return Node(0, f"{kind}-op", kind, fn, **kw)
 
 
-def test_aggregate_state_rescales_by_key_group():
+@pytest.mark.parametrize("updates", ["checkpoint", "batch"])
+def test_aggregate_state_rescales_by_key_group(updates):
     from cutline.logical import AggSpec
 
-    spec = AggSpec(("user",), (("n", None, "count"), ("total", "value", "sum")))
+    spec = AggSpec(("user",), (("n", None, "count"), ("total", "value", "sum")), updates)
     node = _node("aggregate", spec, key_fn=ColumnKey(("user",)), partitioning=HASH,
                  columnar=True)
     data = events(np.arange(4000))
@@ -245,7 +246,7 @@ def test_aggregate_state_rescales_by_key_group():
     blobs = [op.snapshot() for op in ops]
     one = build_operator(node, 0, 1, 128)  # 2 -> 1: both halves' key groups
     one.restore(blobs)
-    out = pa.Table.from_batches(one.process([data.slice(2000)])).to_pylist()
+    out = pa.Table.from_batches(one.process([data.slice(2000)]) + one.flush()).to_pylist()
     want = {}
     for r in data.to_pylist():
         n, t = want.get(r["user"], (0, 0))

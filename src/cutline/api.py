@@ -23,8 +23,10 @@ from .logical import (
     BatchWindowSpec,
     ColumnKey,
     ColumnTime,
+    CountSpec,
     Node,
     TimestampSpec,
+    check_updates,
     timestamp_fn_of,
 )
 from .protocol import Mode
@@ -571,9 +573,20 @@ class KeyedStream:
         stream.node.on_timer = on_timer
         return stream
 
-    def count(self, *, uid: str | None = None, parallelism: int | None = None) -> Stream:
-        """Running count per key: emits ``(key, count)`` for every record."""
-        return self._keyed("count", None, uid, parallelism)
+    def count(self, *, uid: str | None = None, parallelism: int | None = None,
+              updates: Any = "record") -> Stream:
+        """Running count per key: ``(key, count)`` records, an update stream.
+
+        ``updates``: when it emits.  ``"record"`` (the default): for every record, with the
+        key's count so far.  ``"checkpoint"``: once per key counted since the last
+        checkpoint, at each checkpoint (and the end of input), with its count then; a
+        number of seconds: every that often too (Flink's mini-batch, Spark's update mode
+        per micro-batch).  Sized by time, the count runs in two phases: each upstream
+        subtask counts its records per key and sends one partial count per key before
+        each checkpoint's barrier, so the exchange carries one record per key, not one
+        per input record (docs/pipelines.md, "Update streams")."""
+        spec = CountSpec(check_updates("count", updates, "record"))
+        return self._keyed("count", spec, uid, parallelism)
 
     # ------------------------------------------------------------------ windows (issue 14)
 
@@ -940,32 +953,36 @@ class _Aggregations:
     """``count()``, ``sum(col)``, ``min``, ``max``, ``mean``: shorthands of ``agg``."""
 
     def agg(self, *, uid: str | None = None, parallelism: int | None = None,
-            **named: Any) -> BatchStream:
+            updates: Any = None, **named: Any) -> BatchStream:
         raise NotImplementedError
 
-    def count(self, *, uid: str | None = None, parallelism: int | None = None) -> BatchStream:
+    def count(self, *, uid: str | None = None, parallelism: int | None = None,
+              updates: Any = None) -> BatchStream:
         """Rows per key, as column ``count``."""
-        return self.agg(uid=uid, parallelism=parallelism, count="count")
+        return self.agg(uid=uid, parallelism=parallelism, updates=updates, count="count")
 
     def sum(self, column: str, *, uid: str | None = None,
-            parallelism: int | None = None) -> BatchStream:
+            parallelism: int | None = None, updates: Any = None) -> BatchStream:
         """The sum of ``column`` per key, as column ``<column>_sum``."""
-        return self.agg(uid=uid, parallelism=parallelism, **{f"{column}_sum": (column, "sum")})
+        return self.agg(uid=uid, parallelism=parallelism, updates=updates,
+                        **{f"{column}_sum": (column, "sum")})
 
     def min(self, column: str, *, uid: str | None = None,
-            parallelism: int | None = None) -> BatchStream:
+            parallelism: int | None = None, updates: Any = None) -> BatchStream:
         """The smallest ``column`` per key, as ``<column>_min``."""
-        return self.agg(uid=uid, parallelism=parallelism, **{f"{column}_min": (column, "min")})
+        return self.agg(uid=uid, parallelism=parallelism, updates=updates,
+                        **{f"{column}_min": (column, "min")})
 
     def max(self, column: str, *, uid: str | None = None,
-            parallelism: int | None = None) -> BatchStream:
+            parallelism: int | None = None, updates: Any = None) -> BatchStream:
         """The largest ``column`` per key, as ``<column>_max``."""
-        return self.agg(uid=uid, parallelism=parallelism, **{f"{column}_max": (column, "max")})
+        return self.agg(uid=uid, parallelism=parallelism, updates=updates,
+                        **{f"{column}_max": (column, "max")})
 
     def mean(self, column: str, *, uid: str | None = None,
-             parallelism: int | None = None) -> BatchStream:
+             parallelism: int | None = None, updates: Any = None) -> BatchStream:
         """The mean of ``column`` per key (a float), as ``<column>_mean``."""
-        return self.agg(uid=uid, parallelism=parallelism,
+        return self.agg(uid=uid, parallelism=parallelism, updates=updates,
                         **{f"{column}_mean": (column, "mean")})
 
 
@@ -979,9 +996,13 @@ class BatchWindowedStream(_Aggregations):
         self.on_late = "drop"
 
     def agg(self, *, uid: str | None = None, parallelism: int | None = None,
-            **named: Any) -> BatchStream:
+            updates: Any = None, **named: Any) -> BatchStream:
         """Named aggregates per key and window, as :meth:`BatchKeyedStream.agg`; the
         output names ``start`` and ``end`` are the window's."""
+        if updates is not None:
+            raise ValueError("window agg(updates=...): a window emits its row when the "
+                             "watermark reaches its end; updates= sizes the update stream "
+                             "of a keyed aggregation without windows")
         keys = self.keyed.key_fn.columns
         aggs = _agg_specs(named, keys)
         clash = {"start", "end"} & (set(named) | set(keys))
@@ -1025,19 +1046,30 @@ class BatchWindowedResults(BatchStream):
 class BatchKeyedStream(_Aggregations):
     """A batch stream partitioned by key columns: keyed aggregations follow (``count``,
     ``sum``, ``min``, ``max``, ``mean``, ``agg``), computed per record batch with
-    ``Table.group_by`` and merged into keyed state.  Each emits, per input batch, one row
-    per key in it with the key's aggregates so far (an update stream, as Spark's update
-    output mode): ``(key columns..., aggregates...)``."""
+    ``Table.group_by`` and merged into keyed state.  Each emits an update stream, as
+    Spark's update output mode: rows ``(key columns..., aggregates...)``, a key's latest
+    row holding its aggregates so far; by default one row per key changed since the last
+    checkpoint, at each checkpoint (``updates=``, see :meth:`agg`)."""
 
     def __init__(self, stream: BatchStream, key: ColumnKey) -> None:
         self.stream, self.key_fn = stream, key
 
     def agg(self, *, uid: str | None = None, parallelism: int | None = None,
-            **named: Any) -> BatchStream:
+            updates: Any = None, **named: Any) -> BatchStream:
         """Named aggregates: ``agg(n="count", total=("value", "sum"), avg=("value",
-        "mean"))``; functions ``count`` (rows), ``sum``, ``min``, ``max``, ``mean``."""
+        "mean"))``; functions ``count`` (rows), ``sum``, ``min``, ``max``, ``mean``.
+
+        ``updates``: when the update stream emits.  ``"checkpoint"`` (the default): one row
+        per key changed since the last checkpoint, at each checkpoint (and the end of
+        input); a number of seconds: every that often too; ``"batch"``: one row per key
+        per input record batch, as it comes.  Sized by time, the aggregation runs in two
+        phases: each upstream subtask merges its batches per key and sends one partial per
+        key before each barrier (Spark's partial aggregation), so the exchange carries one
+        row per key and checkpoint, not the input (docs/columnar.md)."""
+        updates = check_updates("agg", "checkpoint" if updates is None else updates,
+                                "batch")
         aggs = _agg_specs(named, self.key_fn.columns)
-        stream = self.stream._then("aggregate", AggSpec(self.key_fn.columns, aggs),
+        stream = self.stream._then("aggregate", AggSpec(self.key_fn.columns, aggs, updates),
                                    uid=uid, parallelism=parallelism, partitioning=HASH,
                                    key_fn=self.key_fn)
         return stream  # type: ignore[return-value]

@@ -11,9 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AGGREGATES", "AggSpec", "BatchFunction", "BatchWindowSpec", "FORWARD", "REBALANCE",
-           "HASH", "BROADCAST", "ColumnKey", "ColumnTime", "Node", "TimestampSpec",
-           "timestamp_fn_of"]
+__all__ = ["AGGREGATES", "AggSpec", "BatchFunction", "BatchWindowSpec", "CountSpec", "FORWARD",
+           "REBALANCE", "HASH", "BROADCAST", "ColumnKey", "ColumnTime", "Node", "Partial",
+           "PartialKey", "TimestampSpec", "check_updates", "timestamp_fn_of",
+           "update_interval"]
 
 # Partitioning of an edge into an operator.
 FORWARD, REBALANCE, HASH, BROADCAST = "forward", "rebalance", "hash", "broadcast"
@@ -27,7 +28,8 @@ class Node:
     uid: str
     kind: str  # source | map | flat_map | filter | reduce | process | count | union |
     #            iterate | assign_timestamps | window | window_results | window_late |
-    #            operator (tests: node.fn builds it) | sink
+    #            operator (tests: node.fn builds it) | sink | combine (the planner's: the
+    #            local half of a two-phase aggregation, :func:`cutline.plan.plan`)
     fn: Any = None
     parallelism: int | None = None
     inputs: list[int] = field(default_factory=list)
@@ -115,14 +117,97 @@ class BatchFunction:
 
 AGGREGATES = ("count", "sum", "min", "max", "mean")
 
+# How often a keyed aggregation's update stream emits (``updates=``): at every checkpoint
+# (and the end of input), every N seconds (a number; and at every checkpoint), or for every
+# input record (``count()``) / input batch (``agg()``) as it comes.
+UPDATES_EACH = ("record", "batch")
+
+
+def check_updates(what: str, updates: Any, each: str) -> Any:
+    """``updates=`` of a keyed aggregation: ``"checkpoint"``, a number of seconds > 0, or
+    ``each`` (``"record"`` / ``"batch"``); anything else raises naming ``what``."""
+    if updates == "checkpoint" or updates == each:
+        return updates
+    if isinstance(updates, (int, float)) and not isinstance(updates, bool) \
+            and 0 < updates < float("inf"):
+        return float(updates)
+    raise ValueError(f"{what}(updates=...) is 'checkpoint' (one row per changed key at each "
+                     f"checkpoint), a number of seconds > 0 (every that often, and at each "
+                     f"checkpoint) or {each!r} (one row per key per input {each}), got "
+                     f"{updates!r}")
+
+
+def update_interval(updates: Any) -> float | None:
+    """The seconds between a time-sized update stream's emissions (``None``: at checkpoints
+    only, or per input)."""
+    return updates if isinstance(updates, float) else None
+
 
 @dataclass(frozen=True)
 class AggSpec:
     """A keyed aggregation of a batch stream: the key columns and ``(output name, column,
-    function)`` per aggregate (``count`` counts rows; its column is ``None``)."""
+    function)`` per aggregate (``count`` counts rows; its column is ``None``).
+
+    ``updates``: when the update stream emits (:func:`check_updates`).  ``partial``: the
+    planner put a ``combine`` before the exchange (two-phase aggregation), so the input
+    holds partial aggregates per key (and, from an older checkpoint's channels, rows)."""
 
     keys: tuple[str, ...]
     aggs: tuple[tuple[str, str | None, str], ...]
+    updates: Any = "checkpoint"
+    partial: bool = False
+
+
+@dataclass(frozen=True)
+class CountSpec:
+    """``KeyedStream.count(updates=...)``: when its update stream emits; ``partial``: the
+    planner put a ``combine`` before the exchange (its input holds :class:`Partial` counts,
+    and, from an older checkpoint's channels, records)."""
+
+    updates: Any = "record"
+    partial: bool = False
+
+
+class Partial:
+    """A key's partial aggregate on its way from a ``combine`` to the keyed aggregation
+    after the exchange (the per-record path's two-phase aggregation): ``key`` and
+    ``value`` (a count)."""
+
+    __slots__ = ("key", "value")
+
+    def __init__(self, key: Any, value: Any) -> None:
+        self.key, self.value = key, value
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Partial and (other.key, other.value) == (self.key, self.value)
+
+    def __hash__(self) -> int:
+        return hash(("partial", self.key, self.value))
+
+    def __repr__(self) -> str:
+        return f"Partial({self.key!r}, {self.value!r})"
+
+    def __reduce__(self) -> tuple:
+        return (Partial, (self.key, self.value))
+
+
+class PartialKey:
+    """The key function of an exchange after a ``combine``: a :class:`Partial`'s key, else
+    (a record from an older checkpoint's channels) the user's key function's."""
+
+    __slots__ = ("key_fn",)
+
+    def __init__(self, key_fn: Callable[[Any], Any]) -> None:
+        self.key_fn = key_fn
+
+    def __call__(self, record: Any) -> Any:
+        return record.key if type(record) is Partial else self.key_fn(record)
+
+    def __getstate__(self) -> Any:
+        return self.key_fn
+
+    def __setstate__(self, state: Any) -> None:
+        self.key_fn = state
 
 
 @dataclass
@@ -143,6 +228,9 @@ class BatchWindowSpec:
     emit_late: bool = False
     ts_shift: float = 0.0
     on_late: str = "drop"
+    # the planner put a ``combine`` before the exchange: the input holds partial aggregates
+    # per key and window (and rows the combine did not pre-aggregate)
+    partial: bool = False
 
     @property
     def ts_fn(self) -> ColumnTime:

@@ -9,14 +9,24 @@
   another parallelism by moving whole key groups.
 * Spark task ``k`` hosts subtask ``k`` of every chain (slot sharing): the job needs as many
   Spark slots as its largest parallelism.
+* **Two-phase aggregation** (Spark's partial aggregation, Flink's local-global
+  aggregation): a keyed aggregation whose update stream is sized by time (``updates=
+  "checkpoint"`` or seconds: ``agg``, ``count``, ``sum``, ... on a batch stream by default,
+  ``count(updates=...)`` on records) and an event-time tumbling-window aggregation of a
+  batch stream (no allowed lateness, no ``.late()``, late rows dropped) get a ``combine``
+  at the end of the upstream chain, before the exchange: it merges its input per key (and
+  window) and sends one partial per key, which the aggregation merges into its state.  The
+  combine holds no state across a checkpoint: it sends what it holds before every barrier
+  (and every watermark, the end of input, and each ``updates`` interval), so exactly-once
+  is unchanged (:func:`_two_phase`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from .logical import FORWARD, HASH, Node
+from .logical import FORWARD, HASH, AggSpec, BatchWindowSpec, CountSpec, Node, PartialKey
 from .storage.schema import ChannelId  # what checkpoints store: below the plan
 
 if TYPE_CHECKING:  # the planner is below the user API: it only reads a built Pipeline
@@ -152,10 +162,17 @@ def plan(pipeline: Pipeline) -> PhysicalPlan:
             chain = Chain(len(chains), [n], par[n.id])
             chains.append(chain)
         chain_of[n.id] = chain
+    heads, own = _two_phase(pipeline, chains, chain_of, consumers)
     edges = []
+    for n_id, c in own.items():  # a combine of its own: fed by its input's chain
+        i = nodes[n_id].inputs[0]
+        edges.append(Edge(chain_of[i].id, c.id, FORWARD, columnar=nodes[i].columnar))
     for n in nodes:
-        if chain_of[n.id].head is not n:
+        if chain_of[n.id].head is not n and n.id not in heads:
             continue
+        combined = heads.get(n.id)
+        if combined is not None:
+            chain_of[n.id].nodes[0] = n = combined
         for i in n.inputs:
             if i in n.feedback:  # an iteration's back edge: logged, never chained
                 part, key_fn = n.feedback[i]
@@ -165,9 +182,61 @@ def plan(pipeline: Pipeline) -> PhysicalPlan:
             part = n.partitioning
             if part == FORWARD and par[i] != par[n.id]:
                 part = "rebalance"
-            edges.append(Edge(chain_of[i].id, chain_of[n.id].id, part,
-                              n.key_fn if part == HASH else None,
+            key_fn = n.key_fn
+            if combined is not None and isinstance(n.fn, CountSpec) and key_fn is not None:
+                key_fn = PartialKey(key_fn)  # partials carry their key
+            src = own[n.id] if n.id in own else chain_of[i]
+            edges.append(Edge(src.id, chain_of[n.id].id, part,
+                              key_fn if part == HASH else None,
                               columnar=nodes[i].columnar))
     return PhysicalPlan(pipeline.name, chains, edges, pipeline.max_parallelism,
                         state_backend=pipeline.checkpoint.state_backend,
                         timed=any(n.kind == "assign_timestamps" for n in nodes))
+
+
+def combinable(node: Node) -> bool:
+    """A keyed aggregation the planner splits in two (the module docstring)."""
+    spec = node.fn
+    if node.kind == "aggregate" and isinstance(spec, AggSpec):
+        return spec.updates != "batch"
+    if node.kind == "count" and isinstance(spec, CountSpec):
+        return spec.updates != "record"
+    if node.kind == "window_agg" and isinstance(spec, BatchWindowSpec):
+        a = spec.assigner
+        return (type(a).__name__ == "Tumbling" and a.exact and not spec.allowed_lateness
+                and not spec.emit_late and spec.on_late == "drop")
+    return False
+
+
+def _two_phase(pipeline: Pipeline, chains: list[Chain], chain_of: dict[int, Chain],
+               consumers: dict[int, list[int]]) -> tuple[dict[int, Node], dict[int, Chain]]:
+    """Put a ``combine`` before each :func:`combinable` keyed aggregation whose input comes
+    on one hash edge: at the end of the upstream chain when the operator before it feeds
+    nothing else, else in a chain of its own at the upstream's parallelism, reached by a
+    forward edge (the same slot: no network).  Returns the aggregations, by node id, as they
+    run (told that their input is partial), and the chains of combines of their own (by
+    aggregation node id: its input comes from there)."""
+    if any(n.kind == "iterate" for n in pipeline.nodes):
+        return {}, {}
+    out: dict[int, Node] = {}
+    own: dict[int, Chain] = {}
+    for chain in list(chains):
+        n = chain.head
+        if n.partitioning != HASH or len(n.inputs) != 1 or n.feedback or not combinable(n):
+            continue
+        i = n.inputs[0]
+        up = chain_of[i]
+        last = up.nodes[-1]
+        if up is chain or last.id != i:  # (an operator feeding others ends its chain)
+            continue
+        local = Node(len(pipeline.nodes) + n.id, f"{n.uid}.combine", "combine", n.fn,
+                     up.parallelism, [i], FORWARD, n.key_fn,
+                     timestamp_fn=last.timestamp_fn, timestamps_from=last.timestamps_from,
+                     columnar=last.columnar)
+        if consumers[i] == [n.id]:
+            up.nodes.append(local)
+        else:  # the stream feeds other operators too: the combine in a chain of its own
+            own[n.id] = Chain(len(chains), [local], up.parallelism)
+            chains.append(own[n.id])
+        out[n.id] = replace(n, fn=replace(n.fn, partial=True))
+    return out, own

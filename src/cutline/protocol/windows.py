@@ -479,7 +479,9 @@ def merge_partial(fn: str, cur: Any, part: Any) -> Any:
         return part if part < cur else cur
     if fn == "max":
         return part if part > cur else cur
-    return (cur[0] + part[0], cur[1] + part[1])  # mean: (sum, count)
+    # mean: (sum, count); a sum of nulls only is None
+    total = cur[0] if part[0] is None else part[0] if cur[0] is None else cur[0] + part[0]
+    return (total, cur[1] + part[1])
 
 
 class _Columns:

@@ -50,15 +50,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..logical import BatchWindowSpec, Node
+from ..protocol.watermarks import NO_WATERMARK
 from ..protocol.windows import Session, Tumbling
 from ..state.arrow_keys import key_groups
 from ..state.keygroups import key_group
-from .batches import Described, Partials
+from .batches import Described, Partials, is_partial
 from .late import late_error
-from .operators import AssignTimestamps, UserFunctionError
+from .operators import AssignTimestamps, Operator, UserFunctionError
 from .windows import LateRecord, WindowOperator
 
-__all__ = ["BatchAssignTimestamps", "BatchWindowAggregate", "seconds"]
+__all__ = ["BatchAssignTimestamps", "BatchWindowAggregate", "BatchWindowCombine", "seconds"]
 
 _START, _ROW, _SESSION = "__window_start", "__row", "__session"
 _PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
@@ -154,6 +155,8 @@ class BatchWindowAggregate(WindowOperator):
             self.size, self.slide, self.offset = a.size, a.slide, a.offset  # type: ignore
             self.copies = int(np.ceil(self.size / self.slide))
         self.panes = spec.panes  # state per key and pane (one slide), windows merge panes
+        # two-phase (``spec.partial``): the partials a combine sends (and their row counts)
+        self.combined = window_partials(spec) if spec.partial else None
 
     # ------------------------------------------------------------------ records
 
@@ -162,6 +165,9 @@ class BatchWindowAggregate(WindowOperator):
         for rb in batch:
             if rb.num_rows:
                 try:
+                    if self.combined is not None and is_partial(rb):
+                        self._partial(rb)
+                        continue
                     late = self._sessions(rb, out) if self.assigner.merging else \
                         self._panes(rb) if self.panes else self._fixed(rb, out)
                 except UserFunctionError:
@@ -177,6 +183,34 @@ class BatchWindowAggregate(WindowOperator):
                         self._drop_late(rb, late)
         self.state.after_batch()
         return out
+
+    def _partial(self, rb: pa.RecordBatch) -> None:
+        """A combine's partials, one per key and tumbling window (``_START``): merged into
+        the windows still open for the key (the watermark of its key group); a partial for
+        a fired one holds rows that are all late (no allowed lateness: the planner combines
+        only then), counted as that many dropped rows."""
+        combined = self.combined
+        assert combined is not None
+        starts = rb.column(_START).to_numpy(zero_copy_only=False).astype(np.float64)
+        ends = starts + self.size
+        cur = self._marks(rb)
+        fresh = ends > cur
+        if self.fired:
+            fresh &= ends > self.fired_until
+        late = np.flatnonzero(~fresh)
+        if len(late):
+            n_col = combined.part_names[combined.reads[-1][1][0]]  # the rows of each
+            counts = rb.column(n_col).to_numpy(zero_copy_only=False)[late]
+            self.late_records += int(counts.sum())
+            groups = key_groups(rb.take(pa.array(late)), self.keys, self.max_parallelism)
+            self.late.add_groups(np.repeat(groups, counts).tolist(), float(starts[late[0]]),
+                                 float(cur[late[0]]))
+            if len(late) == rb.num_rows:
+                return
+            rb = rb.filter(pa.array(fresh))
+        _, keys, _, part_cols = combined.group(pa.Table.from_batches([rb]),
+                                               [*self.keys, _START], partial=True)
+        self._add_groups(keys, [t[:-1] for t in combined.tuples(part_cols)], self.size)
 
     def _drop_late(self, rb: pa.RecordBatch, late: np.ndarray) -> None:
         """Rows ``late`` (indices) of ``rb`` came too late for all their windows: counted
@@ -543,3 +577,84 @@ class BatchWindowAggregate(WindowOperator):
             cols[name] = pa.array([v[j] for v in values], pa.int64() if fn == "count" else
                                   pa.float64() if fn == "mean" else None)
         return pa.RecordBatch.from_pydict(cols)
+
+
+def window_partials(spec: BatchWindowSpec) -> Partials:
+    """The parts a window's combine sends per key and window: the aggregates' and, last,
+    the row count (a partial for a fired window counts its rows as late)."""
+    return Partials(tuple(spec.aggs) + (("__rows", None, "count"),))
+
+
+class BatchWindowCombine(Operator):
+    """The local half of a tumbling-window aggregation of a batch stream (two-phase,
+    planned by :func:`cutline.plan.plan` for windows without allowed lateness whose late
+    rows are dropped): the rows of windows still open by the watermark this task has sent
+    on (so by the aggregation's, which is never ahead of it) are grouped per key and window
+    into partials, held and sent before the next watermark (:meth:`on_watermark`), barrier
+    or end of input; a row of a window the watermark reached goes on as it is, and the
+    window operator decides on it as on any row.  No state."""
+
+    flushes = True
+    MAX_ROWS = 1 << 17
+
+    def __init__(self, node: Node) -> None:
+        super().__init__(node)
+        spec: BatchWindowSpec = node.fn
+        self.keys, self.column, self.shift = list(spec.keys), spec.ts_column, spec.ts_shift
+        a = spec.assigner
+        assert isinstance(a, Tumbling)  # (the planner combines tumbling windows only)
+        self.size, self.offset = a.size, a.offset
+        self.partials = window_partials(spec)
+        self.wm = NO_WATERMARK  # the watermark sent on after this operator
+        self.held: list[pa.Table] = []
+        self.rows = 0
+        self.agg_uid = node.uid.rsplit(".", 1)[0]
+
+    def process(self, batch: list) -> list:
+        out: list = []
+        for rb in batch:
+            if not rb.num_rows:
+                continue
+            try:
+                ts = seconds(rb, self.column) + self.shift
+                starts = ts - np.mod(ts - self.offset, self.size)
+                fresh = starts + self.size > self.wm
+                if not fresh.all():
+                    out.append(rb.filter(pa.array(~fresh)))
+                    if not fresh.any():
+                        continue
+                    rb, starts = rb.filter(pa.array(fresh)), starts[fresh]
+                cols = {k: rb.column(k) for k in self.keys}
+                cols.update({c: rb.column(c) for c, _ in self.partials.parts if c})
+                table = pa.table(cols).append_column(_START, pa.array(starts))
+                part = self.partials.partial(table, [*self.keys, _START])
+            except (KeyError, ValueError, TypeError, pa.ArrowInvalid,
+                    pa.ArrowNotImplementedError) as exc:
+                raise UserFunctionError(self.agg_uid, "window", Described(rb), exc) from exc
+            self.held.append(part)
+            self.rows += part.num_rows
+        if self.rows > self.MAX_ROWS:
+            self._compact()
+            if self.rows > 4 * self.MAX_ROWS:
+                out.extend(self.flush())
+        return out
+
+    def _compact(self) -> None:
+        if len(self.held) > 1:
+            merged = self.partials.partial(pa.concat_tables(self.held),
+                                           [*self.keys, _START], True)
+            self.held, self.rows = [merged], merged.num_rows
+
+    def flush(self) -> list:
+        if not self.held:
+            return []
+        self._compact()
+        out = [b for b in self.held[0].combine_chunks().to_batches() if b.num_rows]
+        self.held, self.rows = [], 0
+        return out
+
+    def on_watermark(self, ts: float) -> list:
+        """The partials held go on before watermark ``ts`` does."""
+        out = self.flush()
+        self.wm = ts
+        return out

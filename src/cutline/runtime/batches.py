@@ -26,13 +26,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..logical import AggSpec, BatchFunction, Node
+from ..logical import update_interval
 from ..protocol.windows import merge_partial
 from ..state.arrow_keys import key_groups
+from ..state.columnar import ColumnarAggregates, numeric
 from ..state.keygroups import subtask_for_key_group
 from .operators import BATCH_KINDS, Keyed, Operator, UserFunctionError
 
-__all__ = ["AggSpec", "BATCH_KINDS", "BatchAggregate", "BatchFunction", "build_batch_operator",
-           "decode_batches", "encode_batches", "is_batch_list", "split_by_key"]
+__all__ = ["AggSpec", "BATCH_KINDS", "BatchAggregate", "BatchCombine", "BatchFunction",
+           "build_batch_operator", "build_combine", "decode_batches", "encode_batches",
+           "is_batch_list", "is_partial", "split_by_key"]
 
 FORMATS = ("arrow", "pandas", "polars")
 
@@ -231,6 +234,11 @@ class ToBatches(Operator):
 
 # --------------------------------------------------------------------------- aggregation
 
+PART = "__cutline_p"  # a combine's partial columns: PART + index into Partials.parts
+# how two partials of each part merge (``Table.group_by`` aggregate functions)
+_MERGE = {"count_all": "sum", "count": "sum", "sum": "sum", "min": "min", "max": "max"}
+
+
 class Partials:
     """The partial aggregates ``Table.group_by`` computes for named aggregates ``(name,
     column, function)``: ``parts`` (column, pyarrow function), each computed once, and per
@@ -249,24 +257,46 @@ class Partials:
                 idx = [self._part((col, fn))]
             self.reads.append((fn, idx))
         self.names = [f if c == "" else f"{c}_{f}" for c, f in self.parts]
+        self.part_names = [f"{PART}{j}" for j in range(len(self.parts))]
+        self.merge = [(n, _MERGE[f]) for n, (_, f) in zip(self.part_names, self.parts)]
+        self.merged_names = [f"{n}_{f}" for n, f in self.merge]
 
     def _part(self, p: tuple[str, str]) -> int:
         if p not in self.parts:
             self.parts.append(p)
         return self.parts.index(p)
 
-    def group(self, table: pa.Table, keys: tuple[str, ...] | list[str]
-              ) -> tuple[list, list, list, list]:
+    def group(self, table: pa.Table, keys: tuple[str, ...] | list[str],
+              partial: bool = False) -> tuple[list, list, list, list]:
         """``table`` grouped by ``keys``: the key columns (Arrow), the keys (a value, or a
-        tuple of values, per group), the partial columns (Arrow) and as lists."""
-        grouped = table.group_by(list(keys), use_threads=False).aggregate(
-            [([] if c == "" else c, f) for c, f in self.parts])
-        names = grouped.column_names
-        part_arrays = [grouped.column(names.index(n)) for n in self.names]
-        key_cols = [grouped.column(names.index(k)) for k in keys]
+        tuple of values, per group), the partial columns (Arrow) and as lists
+        (``partial``: see :meth:`arrow`)."""
+        key_cols, part_arrays = self.arrow(table, keys, partial)
         key_lists = [c.to_pylist() for c in key_cols]
         values = key_lists[0] if len(key_lists) == 1 else list(zip(*key_lists))
         return key_cols, values, part_arrays, [a.to_pylist() for a in part_arrays]
+
+    def arrow(self, table: pa.Table, keys: tuple[str, ...] | list[str],
+              partial: bool = False) -> tuple[list, list]:
+        """``table`` grouped by ``keys``: the key columns and the partial columns (Arrow).
+        ``partial``: ``table`` holds partials already (:meth:`partial`'s columns): they
+        are merged."""
+        if partial:
+            grouped = table.group_by(list(keys), use_threads=False).aggregate(self.merge)
+            names, wanted = grouped.column_names, self.merged_names
+        else:
+            grouped = table.group_by(list(keys), use_threads=False).aggregate(
+                [([] if c == "" else c, f) for c, f in self.parts])
+            names, wanted = grouped.column_names, self.names
+        return ([grouped.column(names.index(k)) for k in keys],
+                [grouped.column(names.index(n)) for n in wanted])
+
+    def partial(self, table: pa.Table, keys: tuple[str, ...] | list[str],
+                partial: bool = False) -> pa.Table:
+        """``table`` (rows, or with ``partial`` partials) as one partial per key: the key
+        columns and the parts as columns :attr:`part_names` (what a combine sends)."""
+        key_cols, part_arrays = self.arrow(table, keys, partial)
+        return pa.table([*key_cols, *part_arrays], names=[*keys, *self.part_names])
 
     def tuples(self, part_cols: list) -> list[tuple]:
         """Every group's partials (:meth:`of` of each), built at once."""
@@ -280,12 +310,74 @@ class Partials:
                      else part_cols[idx[0]][i] for fn, idx in self.reads)
 
 
+def is_partial(rb: pa.RecordBatch) -> bool:
+    """A combine's record batch (partials per key), not rows."""
+    return rb.schema.get_field_index(f"{PART}0") >= 0
+
+
+class BatchCombine(Operator):
+    """The local half of a keyed aggregation of a batch stream (two-phase aggregation,
+    planned by :func:`cutline.plan.plan`): each record batch grouped by key into partial
+    aggregates (``Table.group_by``), held and merged with those before, and sent on as one
+    partial per key at each :meth:`flush` (before every barrier, at the end of input, every
+    ``updates`` seconds), or when more than ``MAX_ROWS`` partials are held after merging.
+    No state: a snapshot never finds anything held."""
+
+    flushes = True
+    MAX_ROWS = 1 << 17  # held partials merged past this many rows; sent past 4x
+
+    def __init__(self, node: Node) -> None:
+        super().__init__(node)
+        spec = node.fn
+        self.keys = tuple(spec.keys)
+        self.partials = Partials(spec.aggs)
+        self.interval = update_interval(getattr(spec, "updates", None))
+        self.held: list[pa.Table] = []
+        self.rows = 0
+        self.agg_uid = node.uid.rsplit(".", 1)[0]  # errors name the aggregation
+
+    def process(self, batch: list) -> list:
+        try:
+            part = self.partials.partial(pa.Table.from_batches(batch), self.keys)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
+                KeyError) as exc:
+            raise UserFunctionError(self.agg_uid, "aggregate", Described(batch[0]),
+                                    exc) from exc
+        self.held.append(part)
+        self.rows += part.num_rows
+        if self.rows > self.MAX_ROWS:
+            self._compact()
+            if self.rows > 4 * self.MAX_ROWS:
+                return self.flush()
+        return []
+
+    def _compact(self) -> None:
+        if len(self.held) > 1:
+            merged = self.partials.partial(pa.concat_tables(self.held), self.keys, True)
+            self.held = [merged]
+            self.rows = merged.num_rows
+
+    def flush(self) -> list:
+        if not self.held:
+            return []
+        self._compact()
+        out = [b for b in self.held[0].combine_chunks().to_batches() if b.num_rows]
+        self.held, self.rows = [], 0
+        return out
+
+
 class BatchAggregate(Keyed):
     """``key_by(cols).agg(...)`` on a batch stream: per record batch, ``Table.group_by``
-    computes one partial aggregate per key (vectorised); each is merged into the key's
-    state (one tuple of accumulators, on either backend), and the batch's keys are emitted
-    with their aggregates so far: one row per key and batch, the latest row of a key holds
-    its total (an update stream, like Spark's update output mode)."""
+    computes one partial aggregate per key (vectorised), merged into the key's state (one
+    tuple of accumulators, on either backend), an update stream, like Spark's update output
+    mode.  ``updates="batch"``: the batch's keys are emitted with their aggregates so far
+    (one row per key and batch); time-sized (``"checkpoint"``, seconds): the keys changed
+    since the last :meth:`flush`, once each (the latest row of a key holds its total).
+
+    The input holds rows, or (two-phase, ``AggSpec.partial``) a combine's partials per key
+    (:func:`is_partial`), merged the same way.  Numeric aggregates merge into
+    :class:`~cutline.state.columnar.ColumnarAggregates` (numpy, no Python call per key;
+    written into the backend's table at each snapshot); others key by key."""
 
     def __init__(self, node: Node, subtask: int, parallelism: int, max_parallelism: int,
                  state_backend: str = "memory", storage: Any = None) -> None:
@@ -294,17 +386,53 @@ class BatchAggregate(Keyed):
         self.spec = spec
         self.partials = Partials(spec.aggs)
         self.reads = self.partials.reads
+        self.each = spec.updates == "batch"
+        self.flushes = not self.each
+        self.interval = update_interval(spec.updates)
+        self.names = [*spec.keys, *(name for name, _, _ in spec.aggs)]
+        self.columns: ColumnarAggregates | None = None  # numeric: vectorised state
+        self.vectorised: bool | None = None  # decided on the first batch (its types)
+        self.changed: dict[Any, None] = {}  # key by key: keys changed since the last flush
+        self.out_types: list | None = None  # key by key: key and aggregate column types
 
-    def process(self, batch: list) -> list:
-        if not batch:
-            return batch
+    def _grouped(self, batch: list) -> tuple[list, list]:
+        """The batch (rows and / or partials) as one partial per key: key and part columns."""
+        keys = self.spec.keys
         try:
-            key_cols, keys, part_arrays, part_cols = self.partials.group(
-                pa.Table.from_batches(batch), self.spec.keys)
+            rows = [b for b in batch if not is_partial(b)]
+            if len(rows) == len(batch):
+                return self.partials.arrow(pa.Table.from_batches(batch), keys)
+            tables = [self.partials.partial(pa.Table.from_batches(rows), keys)] if rows \
+                else []
+            tables += [pa.Table.from_batches([b]) for b in batch if is_partial(b)]
+            return self.partials.arrow(pa.concat_tables(tables), keys, partial=True)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
                 KeyError) as exc:
             raise UserFunctionError(self.uid, "aggregate", Described(batch[0]),
                                     exc) from exc
+
+    def process(self, batch: list) -> list:
+        if not batch:
+            return batch
+        key_cols, part_arrays = self._grouped(batch)
+        if self.vectorised is None:
+            self.vectorised = all(numeric(a.type) for a in part_arrays)
+            if self.vectorised:
+                self.columns = ColumnarAggregates(
+                    [f for _, f in self.partials.parts], [a.type for a in part_arrays],
+                    [c.type for c in key_cols], self.reads,
+                    self.state.table("aggregate"), track=not self.each)
+        if self.columns is not None:
+            rows = self.columns.merge(key_cols, part_arrays)
+            return [self._batch(self.columns.rows(rows))] if self.each else []
+        return self._merge_keys(key_cols, part_arrays)
+
+    def _merge_keys(self, key_cols: list, part_arrays: list) -> list:
+        """Key by key (aggregates Arrow holds as other than numbers: strings, timestamps):
+        each key's partials merged into its state with :func:`merge_partial`."""
+        key_lists = [c.to_pylist() for c in key_cols]
+        keys = key_lists[0] if len(key_lists) == 1 else list(zip(*key_lists))
+        part_cols = [a.to_pylist() for a in part_arrays]
         table_state = self.state.table("aggregate")
         fast, read = table_state.fast, table_state.read
         reads = self.reads
@@ -323,13 +451,56 @@ class BatchAggregate(Keyed):
                     acc[0] / acc[1] if acc[1] else None))
             fast[k] = new
         self.state.after_batch()
-        arrays = list(key_cols)
-        for (fn, idx), values in zip(reads, outs):
-            t = pa.float64() if fn == "mean" else part_arrays[idx[0]].type
-            arrays.append(pa.array(values, type=t))
-        return [pa.RecordBatch.from_arrays(
+        types = [c.type for c in key_cols] + [
+            pa.float64() if fn == "mean" else part_arrays[idx[0]].type for fn, idx in reads]
+        if self.out_types is None:
+            self.out_types = types
+        if not self.each:
+            self.changed.update(dict.fromkeys(keys))
+            return []
+        return [self._batch([*key_cols, *(pa.array(v, type=t) for v, t in
+                                          zip(outs, types[len(key_cols):]))])]
+
+    def _batch(self, arrays: list) -> pa.RecordBatch:
+        return pa.RecordBatch.from_arrays(
             [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays],
-            names=[*self.spec.keys, *(name for name, _, _ in self.spec.aggs)])]
+            names=self.names)
+
+    def flush(self) -> list:
+        if self.columns is not None:
+            arrays = self.columns.rows(self.columns.take_changed())
+            return [self._batch(arrays)] if len(arrays[0]) else []
+        if not self.changed or self.out_types is None:
+            return []
+        keys, self.changed = list(self.changed), {}
+        get, reads = self.state.table("aggregate").get, self.reads
+        accs = [get(k) for k in keys]
+        nk = len(self.spec.keys)
+        key_arrays = [pa.array(keys, type=self.out_types[0])] if nk == 1 else [
+            pa.array([k[j] for k in keys], type=self.out_types[j]) for j in range(nk)]
+        values = [pa.array([(a[j][0] / a[j][1] if a[j][1] else None) if fn == "mean"
+                            else a[j] for a in accs], type=t)
+                  for j, ((fn, _), t) in enumerate(zip(reads, self.out_types[nk:]))]
+        return [self._batch([*key_arrays, *values])]
+
+    def snapshot(self) -> Any:
+        if self.columns is not None:
+            self.columns.save()
+        return super().snapshot()
+
+    def restore(self, blobs: list[bytes]) -> None:
+        super().restore(blobs)
+        if self.columns is not None:
+            self.columns.clear()
+
+
+def build_combine(node: Node) -> Operator:
+    """The ``combine`` of a two-phase aggregation of a batch stream (the planner's)."""
+    if isinstance(node.fn, AggSpec):
+        return BatchCombine(node)
+    from .batch_windows import BatchWindowCombine
+
+    return BatchWindowCombine(node)
 
 
 def build_batch_operator(node: Node, subtask: int, parallelism: int, max_parallelism: int,

@@ -88,6 +88,28 @@ class OperatorChain:
                     f"up to {describe_position(self.reader.snapshot())}")
         return f"task {self.task_id}"
 
+    def run_from(self, batch: list, start: int) -> list:
+        """``batch`` through operators ``start``.. (a pipeline without event time)."""
+        for op in self.ops[start:]:
+            if not batch:
+                break
+            batch = op.process(batch)
+        return batch
+
+    def flush(self, run: Callable[[list, int], list], emit: Callable[[list], None]) -> None:
+        """The operators that hold output back (``Operator.flushes``: a two-phase
+        aggregation's combine, a time-sized update stream) send it on, in chain order: each
+        one's through the operators after it (``run(batch, start)``), then ``emit``."""
+        try:
+            for i, op in enumerate(self.ops):
+                if op.flushes:
+                    out = op.flush()
+                    if out:
+                        emit(run(out, i + 1))
+        except UserFunctionError as exc:
+            exc.locate(self.where())
+            raise
+
     def keyed(self) -> list:
         """The operators with keyed state (snapshotted and restored by uid)."""
         return [op for op in self.ops if op.keyed]

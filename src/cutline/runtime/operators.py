@@ -14,7 +14,7 @@ from typing import Any
 
 import msgpack
 
-from ..logical import Node
+from ..logical import CountSpec, Node, Partial, update_interval
 from ..protocol.watermarks import (
     NO_WATERMARK,
     BoundedOutOfOrderness,
@@ -82,6 +82,10 @@ class UserFunctionError(RuntimeError):
 class Operator:
     keyed = False
     emits_watermarks = False  # an event-time assigner (AssignTimestamps)
+    # it holds output back until :meth:`flush` (a combine, a time-sized update stream): the
+    # task flushes it before every snapshot, at the end of input, and every ``interval``
+    flushes = False
+    interval: float | None = None
 
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -97,6 +101,12 @@ class Operator:
         """Event time reached ``ts`` (the task's combined input watermark advanced): the
         records to emit because of it (window results, timer output).  Called in chain
         order, after the output of the operators before it went through this one."""
+        return []
+
+    def flush(self) -> list:
+        """What this operator held back (:attr:`flushes`), to emit now: called by the task
+        before each snapshot is taken (so it leaves before the barrier, and the snapshot
+        holds nothing of it), at the end of input, and every :attr:`interval` seconds."""
         return []
 
     def snapshot(self) -> bytes | DeferredSnapshot | None:
@@ -405,9 +415,27 @@ class Reduce(Keyed):
 
 
 class Count(Keyed):
-    """``KeyedStream.count()``: a running count per key, one dict lookup per record."""
+    """``KeyedStream.count()``: a running count per key, one dict lookup per record.
+
+    ``updates="record"`` (the default): ``(key, count)`` for every record.  Else (time-sized,
+    ``CountSpec.updates``): the counts change silently and :meth:`flush` emits ``(key,
+    count)`` once per key changed since the last flush (at each checkpoint, the end of
+    input, and every ``updates`` seconds); the input then holds :class:`Partial` counts of
+    the ``combine`` before the exchange (and records, from an older checkpoint's channels).
+    """
+
+    def __init__(self, node: Node, subtask: int, parallelism: int, max_parallelism: int,
+                 state_backend: str = "memory", storage: Any = None) -> None:
+        super().__init__(node, subtask, parallelism, max_parallelism, state_backend, storage)
+        spec = node.fn if isinstance(node.fn, CountSpec) else CountSpec()
+        self.each = spec.updates == "record"
+        self.flushes = not self.each
+        self.interval = update_interval(spec.updates)
+        self.changed: dict[Any, None] = {}  # keys counted since the last flush (in order)
 
     def process(self, batch: list) -> list:
+        if not self.each:
+            return self._merge(batch)
         key_fn = self.key_fn
         out: list = []
         table = self.state.table("count")
@@ -424,6 +452,73 @@ class Count(Keyed):
         except Exception as exc:
             raise UserFunctionError(self.uid, "count", record, exc) from exc
         self.state.after_batch()
+        return out
+
+    def _merge(self, batch: list) -> list:
+        key_fn, changed = self.key_fn, self.changed
+        table = self.state.table("count")
+        fast, read = table.fast, table.read
+        cached = fast.get
+        record = None
+        try:
+            for record in batch:
+                if type(record) is Partial:
+                    k, d = record.key, record.value
+                else:
+                    k, d = key_fn(record), 1
+                n = cached(k)
+                fast[k] = (read(k, 0) if n is None else n) + d
+                changed[k] = None
+        except Exception as exc:
+            raise UserFunctionError(self.uid, "count", record, exc) from exc
+        self.state.after_batch()
+        return []
+
+    def flush(self) -> list:
+        if not self.changed:
+            return []
+        get = self.state.table("count").get
+        out = [(k, get(k, 0)) for k in self.changed]
+        self.changed = {}
+        return out
+
+
+class CountCombine(Operator):
+    """The local half of a time-sized ``count()`` (two-phase aggregation, planned by
+    :func:`cutline.plan.plan`): counts its records per key and sends one :class:`Partial`
+    count per key at each :meth:`flush` (before every barrier, at the end of input, every
+    ``updates`` seconds) or when it holds ``MAX_KEYS`` keys.  No state: a snapshot never
+    finds anything held."""
+
+    flushes = True
+    MAX_KEYS = 100_000
+
+    def __init__(self, node: Node) -> None:
+        super().__init__(node)
+        if node.key_fn is None:
+            raise ValueError(f"count operator {node.uid!r} has no key function")
+        self.key_fn: Callable[[Any], Any] = node.key_fn
+        self.interval = update_interval(node.fn.updates)
+        self.counts: dict[Any, int] = {}
+        self.agg_uid = node.uid.rsplit(".", 1)[0]  # errors name the count operator
+
+    def process(self, batch: list) -> list:
+        key_fn, counts = self.key_fn, self.counts
+        get = counts.get
+        record = None
+        try:
+            for record in batch:
+                k = key_fn(record)
+                counts[k] = get(k, 0) + 1
+        except Exception as exc:
+            raise UserFunctionError(self.agg_uid, "count", record, exc) from exc
+        return self.flush() if len(counts) >= self.MAX_KEYS else []
+
+    def flush(self) -> list:
+        if not self.counts:
+            return []
+        out = [Partial(k, n) for k, n in self.counts.items()]
+        self.counts = {}
         return out
 
 
@@ -467,6 +562,12 @@ def build_operator(node: Node, subtask: int, parallelism: int, max_parallelism: 
         return Process(node, subtask, parallelism, max_parallelism, state_backend, storage)
     if node.kind == "count":
         return Count(node, subtask, parallelism, max_parallelism, state_backend, storage)
+    if node.kind == "combine":  # the local half of a two-phase aggregation (the planner's)
+        if isinstance(node.fn, CountSpec):
+            return CountCombine(node)
+        from .batches import build_combine  # (pyarrow: only for batch streams)
+
+        return build_combine(node)
     if node.kind in BATCH_KINDS:  # a batch stream's operators
         from .batches import build_batch_operator  # (pyarrow: only for batch streams)
 

@@ -198,6 +198,12 @@ class Subtask:
         # operators with processing-time timers (process with on_timer): polled by the loop
         self.processing_timers = [i for i, op in enumerate(ops)
                                   if getattr(op, "has_processing_timers", False)]
+        # operators holding output back (two-phase aggregation, time-sized updates): flushed
+        # before each snapshot, at the end of input and every ``flush_every`` seconds
+        self.flushing = any(op.flushes for op in ops)
+        self.flush_every = min((op.interval for op in ops if op.flushes and op.interval),
+                               default=None)
+        self.next_flush = time.monotonic() + (self.flush_every or 0.0)
         # the record path, looked up once
         self._process, self._emit = self.operators.process, self.router.emit
         self.flush_all, self.flush_full = self.router.flush_all, self.router.flush_full
@@ -288,6 +294,8 @@ class Subtask:
             elif t is RecordChannelState:
                 self.snapshots.record_channel(a.checkpoint_id, a.channel, a.records)
             elif t is TakeSnapshot:
+                if self.flushing:  # what is held back leaves before the barrier
+                    self._flush_held()
                 self.snapshots.take(a.checkpoint_id, self._forward_closed())
             elif t is EmitBarrier:
                 if a.barrier.unaligned:
@@ -430,10 +438,21 @@ class Subtask:
         event-time timer fires, and the final checkpoint records the end of input."""
         if self.event_time is not None:
             self.event_time.end_of_input()
+        if self.flushing:
+            self._flush_held()
         self.router.close_outputs()
         self.drained = True
         self._metrics(force=True)  # its final counts
         self.slot.send(m.Drained(self.task_id))
+
+    def _flush_held(self) -> None:
+        """What operators held back (:attr:`flushing`) goes on now, on the task's thread
+        between batches (:meth:`OperatorChain.flush`)."""
+        et = self.event_time
+        self.operators.flush(et.run if et is not None else self.operators.run_from,
+                             self._emit)
+        if self.flush_every is not None:
+            self.next_flush = time.monotonic() + self.flush_every
 
     def _forward_closed(self) -> bool:
         """An iteration head whose inputs from outside the loop all ended."""
@@ -500,6 +519,8 @@ class Subtask:
                 continue
             batch = reader.read_batch(size)
             self._metrics()
+            if self.flush_every is not None and time.monotonic() >= self.next_flush:
+                self._flush_held()
             if batch is None:
                 self._end_output()
             elif batch:
@@ -529,6 +550,8 @@ class Subtask:
                 continue
             if self.processing_timers:
                 self._fire_processing_timers()
+            if self.flush_every is not None and time.monotonic() >= self.next_flush:
+                self._flush_held()
             for ch, barrier in gate.announcements():
                 self.perform(h.on_announce(ch, barrier))
             item = gate.poll(self.blocked, timeout=self.spec.flush_interval)
