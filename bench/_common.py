@@ -225,6 +225,7 @@ class Runner:
     def run(self, name: str, fn: Callable[[], Any], r: int | None = None,
             rounds: int | None = None, describe: Callable[[Any], str] | None = None) -> Any:
         t0 = time.monotonic()
+        load_before = os.getloadavg()[0]
         try:
             out = fn()
         except Exception as exc:  # noqa: BLE001 - a benchmark reports and goes on
@@ -242,6 +243,8 @@ class Runner:
             self.console.print(f"  {name:<{self.width}} {dt:6.1f} s", style="dim")
             return out
         out["round"] = r + 1
+        if isinstance(out, dict):  # the 1-minute load average as the run began and ended
+            out["load"] = {"before": load_before, "after": os.getloadavg()[0]}
         self.runs.setdefault(name, []).append(out)
         extra = describe(out) if describe is not None else ""
         self.console.print(f"  round {r + 1}/{rounds}: {name:<{self.width}} {dt:5.1f} s  "
@@ -514,3 +517,185 @@ class LoadSampler(threading.Thread):
     def summary(self) -> dict:
         return {"min": min(self.samples, default=None), "p50": median(self.samples),
                 "max": max(self.samples, default=None), "samples": self.samples}
+
+
+# --------------------------------------------------------------------------- one run, one process
+# Issue 30's rules, shared by the benchmarks that follow them (bench/scale.py): every
+# measured run is a fresh process whose clock the parent starts before it spawns it and stops
+# when it exits (end to end, the headline), with the run's own processing time beside it;
+# warm-up runs until run times settle; rounds with confidence intervals; the machine's load
+# and the versions recorded with every result; outputs checked by the parent after the run.
+
+LOADED_PER_CORE = 1.5  # a run at a higher 1-minute load per core is marked, not a headline
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def proc_stat(pid: int) -> tuple[int, float] | None:
+    """``(parent pid, CPU seconds)`` of a live process from ``/proc``: its own and that of
+    its children it has waited for (a Python worker the PySpark daemon reaped counts)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), sum(int(x) for x in fields[11:15]) / _CLK_TCK
+
+
+def tree_cpu(root: int | None = None) -> float | None:
+    """CPU seconds of process ``root`` (default: this one) and every live process under it,
+    each with the children it has reaped (Linux ``/proc``; ``None`` elsewhere).  Read by a
+    run just before it exits: a Spark driver's JVM, its PySpark daemon and the Python workers
+    (cutline's tasks, Spark's UDF workers) or a process pool's workers, all counted."""
+    root = os.getpid() if root is None else root
+    if not os.path.exists(f"/proc/{root}/stat"):
+        return None
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            got = proc_stat(int(name))
+            if got is not None:
+                parents[int(name)], cpu[int(name)] = got
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    tree, todo = {root}, [root]
+    while todo:
+        for c in children.get(todo.pop(), ()):
+            if c not in tree:
+                tree.add(c)
+                todo.append(c)
+    return sum(cpu.get(p, 0.0) for p in tree)
+
+
+def versions() -> dict:
+    """Python, PySpark (Spark), pyarrow and Java versions, and the code measured."""
+    import importlib.metadata as md
+
+    out: dict[str, Any] = {"python": platform.python_version()}
+    for name in ("pyspark", "pyarrow", "pandas", "orjson"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = None
+    try:
+        java = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=30)
+        out["java"] = (java.stderr or java.stdout).splitlines()[0] if java.returncode == 0 \
+            else None
+    except (OSError, subprocess.SubprocessError, IndexError):
+        out["java"] = None
+    return out | {"git": git_state()}
+
+
+def input_files(directory: Path) -> dict:
+    """How many input files, how big (bytes: total, smallest, largest)."""
+    sizes = [f.stat().st_size for f in Path(directory).iterdir()
+             if f.is_file() and not f.name.startswith((".", "_"))]
+    return {"directory": str(directory), "files": len(sizes), "bytes": sum(sizes),
+            "smallest": min(sizes, default=0), "largest": max(sizes, default=0)}
+
+
+def cores() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def conditions() -> dict:
+    """The machine now: cores, the load averages, versions."""
+    return {"cores": cores(), "load_before": list(os.getloadavg()),
+            "loaded_above_per_core": LOADED_PER_CORE, "versions": versions(), **stamp()}
+
+
+class RunLoad(threading.Thread):
+    """The 1-minute load average once a second while one run lasts."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True, name="run-load")
+        self.samples: list[float] = [os.getloadavg()[0]]
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.wait(1.0):
+            self.samples.append(os.getloadavg()[0])
+
+    def stop(self) -> dict:
+        self._halt.set()
+        self.samples.append(os.getloadavg()[0])
+        return {"before": self.samples[0], "max": max(self.samples),
+                "mean": sum(self.samples) / len(self.samples)}
+
+
+def is_loaded(load: dict, ncores: int | None = None) -> bool:
+    """Whether a run's load (``RunLoad.stop()``) exceeds ``LOADED_PER_CORE`` per core."""
+    return load["max"] > LOADED_PER_CORE * (ncores or cores())
+
+
+class RunFailed(RuntimeError):
+    """A measured run that exited non-zero, timed out or wrote a wrong output."""
+
+
+def run_child(argv: Sequence[str], result_file: Path, timeout: float,
+              env: dict | None = None) -> dict:
+    """Run ``argv`` (a Python program's arguments, ``sys.executable`` prepended) as a fresh
+    process and time it from just before the spawn to its exit: ``end_to_end``; the run
+    writes its own figures (its processing time, CPU, ...) as JSON to ``result_file``,
+    merged into what is returned with ``load`` (:class:`RunLoad`).  A non-zero exit or a
+    timeout raises :class:`RunFailed` with the end of its stderr."""
+    import json
+    import signal
+
+    errors = Path(result_file).with_suffix(".stderr")
+    load = RunLoad()
+    load.start()
+    with open(errors, "wb") as err_file:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.DEVNULL,
+                                stderr=err_file, env=env, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        end_to_end = time.perf_counter() - t0
+    try:  # what the run left behind (a JVM shutting down): its own process group only
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    run_load = load.stop()
+    err = errors.read_text(errors="replace")
+    if proc.returncode is None:
+        proc.wait()
+        raise RunFailed(f"no exit within {timeout:.0f} s: killed; {err[-2000:]}")
+    if proc.returncode != 0:
+        raise RunFailed(f"exit code {proc.returncode}: {err[-2000:]}")
+    try:
+        out = json.loads(Path(result_file).read_text())
+    except (OSError, ValueError) as exc:
+        raise RunFailed(f"no result from the run ({exc}): {err[-2000:]}") from None
+    return out | {"end_to_end": end_to_end, "load": run_load}
+
+
+def settled(times: Sequence[float], tolerance: float) -> bool:
+    """The last two run times within ``tolerance`` (relative to the smaller) of each other."""
+    if len(times) < 2:
+        return False
+    a, b = times[-2], times[-1]
+    return abs(a - b) <= tolerance * min(a, b)
+
+
+def bootstrap_ci(xs: Sequence[float], level: float = 0.95, resamples: int = 4000,
+                 seed: int = 1) -> tuple[float, float] | None:
+    """A percentile bootstrap confidence interval of the median of ``xs``; None for fewer
+    than 3 values (nothing to resample)."""
+    import random
+
+    ys = [x for x in xs if x is not None]
+    if len(ys) < 3:
+        return None
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(ys, k=len(ys))) for _ in range(resamples))
+    lo = meds[int((1 - level) / 2 * resamples)]
+    hi = meds[min(resamples - 1, int((1 + level) / 2 * resamples))]
+    return lo, hi

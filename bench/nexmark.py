@@ -79,13 +79,14 @@ from pathlib import Path
 from typing import Any
 
 from _common import (
-    LoadSampler,
+    LoadSampler, conditions,
     RESULTS, AttemptWatcher, Runner, Workdir, bench_parser, fmt, git_state, median, noise_of,
     parse_bench_args, percentile, positive_float, positive_int, pyplot, rotated,
     spark_processing, spark_session, stamp, stop_quietly, styled, table, verdict,
     write_results,
 )
 from _common import console as make_console
+from _common import input_files as input_dir_files
 
 from cutline.connectors import DiscardSink
 
@@ -992,6 +993,7 @@ def main(argv: list[str] | None = None) -> int:
     kill_queries = args.kill_queries if args.kill_queries is not None else (
         ["q0"] if args.quick else args.queries)
     load0 = os.getloadavg()
+    machine = conditions()
     load = LoadSampler()
     load.start()
     try:
@@ -999,6 +1001,7 @@ def main(argv: list[str] | None = None) -> int:
             t = time.monotonic()
             cfg = R.generate(str(d / "in"), events, 10_000.0, OUT_OF_ORDER,
                              files=max(2 * PARALLELISM, events // PER_FILE))
+            machine["input"] = input_dir_files(d / "in")
             console.print(f"{events:,} Nexmark events written in "
                           f"{time.monotonic() - t:.1f} s; {args.rounds} round(s)")
             ctx = {"spark": spark, "input": str(d / "in"), "events": events + 1,
@@ -1090,7 +1093,10 @@ def main(argv: list[str] | None = None) -> int:
             tab.add_row(row["query"], caught_up_text(c), fmt(c["bound"], ".2f"),
                       caught_up_text(s_), fmt(s_["bound"], ".2f"))
         console.print(tab)
+    failures = [{"case": e["case"], "round": e.get("round"), "error": e["error"]}
+                for e in runner.errors] + rows_disagree(runner.runs)
     result = {"stamp": stamp(), "git": git_state(), "events": events, "rounds": args.rounds,
+              "conditions": machine, "failures": failures,
               "quick": args.quick, "rate": args.rate, "load": {"before": load0,
                                                                "after": load1,
                                                                **load.summary()},
@@ -1108,7 +1114,31 @@ def main(argv: list[str] | None = None) -> int:
         merged = merge_into(json.loads(args.merge_into.read_text()), result)
         merged["plots"] = plot(merged, args.merge_into.with_suffix(""))
         write_results(args.merge_into, merged, console, note=" (merged)")
+    if failures:
+        console.print(f"[red]{len(failures)} run(s) FAILED[/] (an error, or cutline's rows "
+                      "differing between rounds or forms): the benchmark fails", style="bold")
+        return 1
     return 0
+
+
+def rows_disagree(runs: dict) -> list[dict]:
+    """Throughput runs of one query whose cutline output rows (per record and columnar, every
+    round) are not all the same number.  (Spark's throughput runs write to its ``noop`` sink:
+    their rows are not compared here; ``tests/test_nexmark_queries.py`` compares the rows of
+    both systems on a small input.)"""
+    counts: dict[str, dict[int, list[str]]] = {}
+    for name, rs in runs.items():
+        query, _, system = name.partition(" ")
+        if system not in (CUTLINE, COLUMNAR):
+            continue
+        for r in rs:
+            if r is not None and "rows" in r:
+                counts.setdefault(query, {}).setdefault(r["rows"], []).append(
+                    f"{system} round {r.get('round')}")
+    return [{"case": f"{q} rows", "round": None,
+             "error": "cutline's runs disagree on the rows: " + "; ".join(
+                 f"{n:,} rows in {', '.join(w)}" for n, w in sorted(c.items()))}
+            for q, c in counts.items() if len(c) > 1]
 
 
 if __name__ == "__main__":

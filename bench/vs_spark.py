@@ -129,7 +129,18 @@ round; medians are reported, with the noise (half the spread of the per-round ra
 ``--profile`` (on in a full run) runs each cutline throughput pipeline once more under
 ``py-spy`` and splits the tasks' CPU samples by where they are spent.  Results go to
 ``bench/results/vs_spark.json`` with plots ``vs_spark-throughput.png`` and
-``vs_spark-latency.png`` next to it.  Exit code is 0 unless the arguments are bad.
+``vs_spark-latency.png`` next to it.
+
+**Failures and conditions** (issue 30): a run that fails or whose output is wrong counts in
+no figure, and the benchmark exits with code 1 (2 for bad arguments); ``--break-output``
+makes cutline's pipelines drop one input event, to show it.  Workload 1's output is checked
+row for row (an order-free digest of the rows against the input's kept events enriched),
+workloads 2 and 3 per user (each user's last count is its count in the input), workload 4
+per window.  The results record the cores, versions, the input files, the load before and
+during the benchmark and at each run's start and end; a run at a 1-minute load above 1.5
+per core is marked ``loaded`` and left out of the tables (``--keep-loaded`` keeps it, for
+smoke tests).  All systems run in this one process's Spark session here: end to end per
+process, warm-up until settled and confidence intervals are ``bench/scale.py``'s.
 """
 
 from __future__ import annotations
@@ -154,7 +165,8 @@ from pathlib import Path
 from typing import Any
 
 from _common import (
-    RESULTS, AttemptWatcher, Runner, Workdir, bench_parser, cutline_in_spark_task, fmt,
+    LOADED_PER_CORE, RESULTS, AttemptWatcher, LoadSampler, Runner, Workdir, bench_parser,
+    conditions, cores, cutline_in_spark_task, fmt, input_files, tree_cpu,
     git_state, median, ms, noise_of, non_negative_float, parse_bench_args, percentile,
     positive_float, positive_int, pyplot, rotated, spark_batches, spark_session, stamp,
     stop_quietly, styled,
@@ -271,10 +283,11 @@ def disorder(i: int) -> float:
     return ((i * 7919) % 1000) / 1000 * DISORDER
 
 
-def window_start(ts: float) -> float:
-    """The start of the tumbling window holding ``ts`` (timestamps are whole milliseconds, so
-    cutline's ``ts - ts % size``, Spark's window() on microseconds and this agree)."""
-    return float(int(ts // WINDOW) * WINDOW)
+def window_start(ts: float, window: float = WINDOW) -> float:
+    """The start of the tumbling window (``window`` seconds) holding ``ts`` (timestamps are
+    whole milliseconds, so cutline's ``ts - ts % size``, Spark's window() on microseconds and
+    this agree)."""
+    return float(int(ts // window) * window)
 
 
 def stateless_batches(frames):
@@ -399,11 +412,21 @@ class VisibleOnWriteWriter:
         pass
 
 
+BREAK_OUTPUT = False  # --break-output: cutline's pipelines drop event 0 (the checks must fail)
+BROKEN = make_event(0, BASE_TS)  # its user and event time tell it apart (ts: backlog_ts(0))
+
+
+def not_broken(e: dict) -> bool:
+    return not (e["user"] == BROKEN["user"] and e["ts"] == BROKEN["ts"])
+
+
 def cutline_pipeline(name: str, workload: str, source: Any, sink: Any, storage: str,
                      interval: float) -> Pipeline:
     p = Pipeline(name, parallelism=PARALLELISM,
                  checkpoint=CheckpointConfig(interval=interval, storage=storage))
     s = p.source(source, uid="events")
+    if BREAK_OUTPUT:
+        s = s.filter(not_broken, uid="broken")
     if workload == STATELESS:
         s = s.filter(keep, uid="keep").map(enrich, uid="enrich")
     elif workload == WINDOWED:
@@ -444,6 +467,9 @@ def columnar_pipeline(name: str, workload: str, source: Any, sink: Any, storage:
     p = Pipeline(name, parallelism=PARALLELISM,
                  checkpoint=CheckpointConfig(interval=interval, storage=storage))
     s = p.source(source.batches(event_arrow_schema()), uid="events")
+    if BREAK_OUTPUT:
+        s = s.where(~((pc.field("user") == BROKEN["user"]) & (pc.field("ts") == BROKEN["ts"])),
+                    uid="broken")
     if workload == STATELESS:
         s = (s.where((pc.field("kind") != "view") & (pc.field("value") >= 10), uid="keep")
              .with_column("score", pc.field("value") * 1.5 + 1.0, uid="score")
@@ -521,25 +547,37 @@ def backlog_ts(i: int) -> float:
     return round(BASE_TS + i / EVENT_RATE - disorder(i), 3)
 
 
-def write_backlog(directory: Path, records: int, files: int) -> dict:
+def write_backlog(directory: Path, records: int, files: int, window: float = WINDOW) -> dict:
     """``records`` events in ``files`` JSON-lines files; what a correct run outputs
-    (``window_counts``: workload 4's count per (user, window start), not written to JSON).
-    Files are numbered and dated in event-time order (Spark reads the oldest first)."""
+    (``window_counts``: the count per (user, start of its ``window``-second tumbling
+    window), ``user_counts``: the count per user; neither written to JSON).  Files are
+    numbered and dated in event-time order (Spark reads the oldest first)."""
     directory.mkdir(parents=True, exist_ok=True)
-    kept = 0
+    kept = digest = 0
     windows: collections.Counter = collections.Counter()
+    users: collections.Counter = collections.Counter()
     bounds = [records * k // files for k in range(files + 1)]
     now = time.time()
     for k in range(files):
         events = [make_event(i, backlog_ts(i)) for i in range(bounds[k], bounds[k + 1])]
-        kept += sum(1 for e in events if keep(e))
-        windows.update((e["user"], window_start(e["ts"])) for e in events)
+        passed = [enrich(e) for e in events if keep(e)]
+        kept += len(passed)
+        digest += rows_digest(passed)
+        windows.update((e["user"], window_start(e["ts"], window)) for e in events)
+        users.update(e["user"] for e in events)
         path = directory / f"ev-{k:06d}.jsonl"
         path.write_text("".join(json.dumps(e) + "\n" for e in events))
         os.utime(path, (now - files + k, now - files + k))
     return {"records": records, "files": files, "kept": kept, "windows": len(windows),
             "bytes": sum(f.stat().st_size for f in directory.iterdir()),
-            "window_counts": dict(windows)}
+            "stateless_digest": digest % (1 << 64),
+            "window_counts": dict(windows), "user_counts": dict(users)}
+
+
+def rows_digest(rows: list[dict]) -> int:
+    """An order-free digest of workload 1's output rows (the sum of their hashes; equal
+    multisets of rows, equal digests, within one process)."""
+    return sum(hash(tuple(r[c] for c in STATELESS_COLUMNS)) for r in rows)
 
 
 def windowed_backlog(backlog: Path, directory: Path) -> Path:
@@ -683,16 +721,24 @@ def check_output(workload: str, files: list[Path], expected: dict) -> dict:
     rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
     if workload == WINDOWED:
         return check_windows(read_windows(files), expected["window_counts"]) | {"rows": rows}
-    if workload == STATELESS:
-        return {"rows": rows, "ok": rows == expected["kept"]}
+    if workload == STATELESS:  # every row, as the input's kept events enriched
+        digest = sum(rows_digest(pq.read_table(f, columns=STATELESS_COLUMNS).to_pylist())
+                     for f in files) % (1 << 64)
+        return {"rows": rows, "digest": f"{digest:016x}",
+                "ok": rows == expected["kept"] and digest == expected["stateless_digest"]}
     tables = [pq.read_table(f, columns=["user", "count"]) for f in files]
     table = pa.concat_tables(tables) if tables else None
-    total = 0
+    finals: dict[str, int] = {}
     if table is not None and table.num_rows:
-        total = sum(table.group_by("user").aggregate([("count", "max")])
-                    .column("count_max").to_pylist())
-    ok = total == expected["records"] and (workload == KEYED_SQL or rows == expected["records"])
-    return {"rows": rows, "final_counts": total, "ok": ok}
+        t = table.group_by("user").aggregate([("count", "max")]).to_pydict()
+        finals = dict(zip(t["user"], t["count_max"]))
+    total = sum(finals.values())
+    # each user's last count is the input's count of that user
+    ok = finals == expected["user_counts"] and (workload == KEYED_SQL
+                                                or rows == expected["records"])
+    return {"rows": rows, "final_counts": total, "users": len(finals),
+            "users_wrong": sum(finals.get(u) != c for u, c in expected["user_counts"].items()),
+            "ok": ok}
 
 
 def read_windows(files: list[Path]) -> list[tuple[str, float, float, int]]:
@@ -732,20 +778,6 @@ def backlog_of(ctx: dict, workload: str) -> tuple[Path, int]:
     return ctx["backlog"], ctx["expected"]["records"]
 
 
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _stat_cpu(pid: int) -> tuple[int, float] | None:
-    """``(parent pid, CPU seconds)`` of a live process from ``/proc``: its own and that of
-    its children it has waited for (a Python worker the PySpark daemon reaped counts)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[1]), sum(int(x) for x in fields[11:15]) / _CLK_TCK
-
-
 class CpuMeter:
     """CPU seconds of everything a run uses: this process (cutline's driver, Spark's
     py4j client) and Spark's JVM with every process under it (the PySpark daemon, its
@@ -758,25 +790,8 @@ class CpuMeter:
         self.jvm = getattr(proc, "pid", None)
 
     def read(self) -> float | None:
-        if self.jvm is None or not os.path.exists("/proc/self/stat"):
-            return None
-        parents: dict[int, int] = {}
-        cpu: dict[int, float] = {}
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                got = _stat_cpu(int(name))
-                if got is not None:
-                    parents[int(name)], cpu[int(name)] = got
-        tree, todo = {self.jvm}, [self.jvm]
-        children: dict[int, list[int]] = collections.defaultdict(list)
-        for pid, ppid in parents.items():
-            children[ppid].append(pid)
-        while todo:
-            for c in children.get(todo.pop(), ()):
-                if c not in tree:
-                    tree.add(c)
-                    todo.append(c)
-        return time.process_time() + sum(cpu.get(p, 0.0) for p in tree)
+        jvm = tree_cpu(self.jvm) if self.jvm is not None else None
+        return None if jvm is None else time.process_time() + jvm
 
 
 def cpu_fields(n: int, cpu_all: float | None, cpu_tasks: float | None = None) -> dict:
@@ -1261,7 +1276,8 @@ def split_cases(ctx: dict, workdir: Path) -> list[tuple[str, Any]]:
         sub = dict(ctx)
         add_backlog(sub, workdir / f"files-{k}", ctx["records"], files=k * PARALLELISM)
         ctx.setdefault("split_backlogs", {})[k] = {
-            key: v for key, v in sub["expected"].items() if key != "window_counts"}
+            key: v for key, v in sub["expected"].items()
+            if key not in ("window_counts", "user_counts")}
         v = split_variant(k)
         cases += [(tp_name(WINDOWED, CUTLINE, v), lambda sub=sub: cutline_throughput(
                       sub, WINDOWED)),
@@ -1634,6 +1650,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="run only workload 4 over the backlog cut into each of these "
                          "numbers of files per subtask (e.g. 1,16: issue 25's aligned "
                          "split watermarks), cutline per record and columnar, Spark SQL")
+    ap.add_argument("--break-output", action="store_true",
+                    help="cutline's pipelines drop one input event: the output checks must "
+                         "fail the runs and the benchmark (exit code 1)")
+    ap.add_argument("--keep-loaded", action="store_true",
+                    help=f"summarise runs at a load above {LOADED_PER_CORE} per core too "
+                         "(smoke tests; never for published figures)")
     ap.add_argument("--cutline-only", action="store_true",
                     help="skip Spark's own queries (bench/ab.py: they do not change with "
                          "cutline's version); no cutline / Spark ratios then")
@@ -1714,10 +1736,47 @@ def add_backlog(ctx: dict, directory: Path, records: int, files: int | None = No
         ctx["backlog_windowed"] = windowed_backlog(ctx["backlog"], directory / "windowed")
 
 
+def failed_runs(runs: dict, errors: list[dict], check: dict | None) -> list[dict]:
+    """Every run that failed or whose output is wrong (each such run is set to ``None`` in
+    ``runs``: it counts in no figure), and a cross-system window check that failed."""
+    failures = [{"case": e["case"], "round": e.get("round"), "error": e["error"]}
+                for e in errors]
+    for name, rs in runs.items():
+        for i, r in enumerate(rs):
+            if r is not None and (r.get("output") or {}).get("ok") is False:
+                failures.append({"case": name, "round": r.get("round"),
+                                 "error": f"wrong output: {r['output']}"})
+                rs[i] = None
+    if check is not None and not (check["cutline_equals_spark_sql"]
+                                  and check["every_run_equals_the_input_counts"]):
+        failures.append({"case": "windowed_check", "round": None, "error": str(check)})
+    return failures
+
+
+def quiet_runs(runs: dict, keep_loaded: bool) -> dict:
+    """``runs`` with each run at a 1-minute load above ``LOADED_PER_CORE`` per core (as it
+    began or ended) marked ``loaded`` and, unless ``keep_loaded``, left out (``None``)."""
+    limit = LOADED_PER_CORE * cores()
+    out = {}
+    for name, rs in runs.items():
+        out[name] = []
+        for r in rs:
+            if r is not None and "load" in r:
+                r["loaded"] = max(r["load"].values()) > limit
+            out[name].append(None if r is not None and r.get("loaded") and not keep_loaded
+                             else r)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
+    global BREAK_OUTPUT
     args = parse_args(argv)
+    BREAK_OUTPUT = args.break_output
     console = make_console(160)
     t_bench = time.monotonic()
+    machine = conditions()
+    load = LoadSampler()
+    load.start()
     files = max(PARALLELISM, args.records // EVENTS_PER_FILE)
     console.print(f"[bold]cutline vs Spark Structured Streaming[/]  "
                   f"{'quick, ' if args.quick else ''}{args.rounds} throughput round(s) of "
@@ -1739,6 +1798,7 @@ def main(argv: list[str] | None = None) -> int:
         warm_up(ctx, console)
         if args.parts & {"throughput", "profile"}:
             add_backlog(ctx, workdir, args.records)
+            machine["input"] = input_files(ctx["backlog"])
             console.print(f"  backlog: {ctx['expected']['bytes'] / 1e6:.1f} MB, "
                           f"{ctx['expected']['kept']:,} events pass the filter, "
                           f"{ctx['expected']['windows']:,} windows (user, {WINDOW} s)",
@@ -1771,8 +1831,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
-    summary = summarise(runs)
+    load.stop()
+    check = windowed_check(runs)
+    failures = failed_runs(runs, errors, check)
+    summary = summarise(quiet_runs(runs, args.keep_loaded))
     elapsed = time.monotonic() - t_bench
+    machine.update({"load_during": load.summary(), "load_after": list(os.getloadavg()),
+                    "loaded_runs_summarised": args.keep_loaded})
     result = {
         "benchmark": "cutline vs Spark Structured Streaming: same workloads, same input files",
         **stamp(),
@@ -1795,7 +1860,7 @@ def main(argv: list[str] | None = None) -> int:
                    "cutline_parallelism": PARALLELISM, "spark_shuffle_partitions": PARALLELISM,
                    "cutline_poll_interval": POLL, "watch_interval": WATCH,
                    "expected": {k: v for k, v in (ctx.get("expected") or {}).items()
-                                if k != "window_counts"} or None},
+                                if k not in ("window_counts", "user_counts")} or None},
         "definitions": {
             "throughput": "records / processing time. cutline: attempt 0 started -> final "
                           "checkpoint completed. Spark: first micro-batch trigger -> end of the "
@@ -1815,7 +1880,10 @@ def main(argv: list[str] | None = None) -> int:
             "ratio": "cutline / Spark: throughput against Spark's one-micro-batch run, p99 "
                      "against Spark's lower p99 of its two triggers",
         },
-        "windowed_check": windowed_check(runs),
+        "conditions": machine,
+        "break_output": args.break_output,
+        "failures": failures,
+        "windowed_check": check,
         "skipped": {w: SKIPPED[w] for w in SKIPPED},
         "summary": summary,
         "profile": profile,
@@ -1833,10 +1901,27 @@ def main(argv: list[str] | None = None) -> int:
                   note=f", plots {', '.join(result.get('plots', []))}" if runs else "")
     console.print(f"benchmark took {elapsed:.0f} s", style="dim")
     stop_quietly(spark)
+    if failures:
+        console.print(f"[red]{len(failures)} run(s) FAILED[/] (an error or a wrong output; "
+                      "left out of every figure): the benchmark fails", style="bold")
+        for f in failures[:10]:
+            console.print(f"  {f['case']} (round {f['round']}): {f['error'][:300]}",
+                          style="red")
+        return 1
     return 0
 
 
 def print_tables(console: Console, result: dict, runs: dict) -> None:
+    c = result["conditions"]
+    v = c["versions"]
+    during = c["load_during"]
+    console.print(f"conditions: {c['cores']} cores, load before {c['load_before'][0]:.1f}, "
+                  f"during {fmt(during['min'], '.1f')}-{fmt(during['max'], '.1f')} (runs "
+                  f"above {LOADED_PER_CORE * c['cores']:g} "
+                  f"{'kept' if c['loaded_runs_summarised'] else 'left out'}); Spark "
+                  f"{v['pyspark']}, pyarrow {v['pyarrow']}, Python {v['python']}; input "
+                  + (f"{c['input']['files']} files, {c['input']['bytes']:,} bytes"
+                     if "input" in c else "-"))
     ok = {k: [x for x in v if x is not None] for k, v in runs.items()}
     tp = table(f"throughput (median of {result['rounds']} round(s); records / processing "
                "time)", ("workload", "system", "records/s", "end-to-end records/s",

@@ -19,7 +19,7 @@ def test_vs_spark_bench_quick(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--smoke", "--records", "8000", "--latency-seconds", "2.5",
          "--warmup", "0.5", "--rate", "300", "--window-latency-seconds", "13", "--no-profile",
-         "--out", str(out)],
+         "--keep-loaded", "--out", str(out)],
         capture_output=True, text=True, timeout=900,
         env={**os.environ, "COLUMNS": "200"},
     )
@@ -28,6 +28,10 @@ def test_vs_spark_bench_quick(tmp_path):
     result = json.loads(out.read_text())
     assert result["quick"] is True
     assert result["errors"] == [], result["errors"]
+    assert result["failures"] == [], result["failures"]
+    conditions = result["conditions"]
+    assert conditions["cores"] >= 1 and conditions["versions"]["pyspark"]
+    assert conditions["input"]["files"] >= 2 and conditions["load_during"]["samples"]
     workloads = {row["workload"] for row in result["summary"]}
     assert workloads == {"stateless", "keyed", "keyed-sql", "windowed"}, workloads
     # cpu rows: the columnar path against Spark SQL and the per-record path (issue 15)
@@ -48,6 +52,28 @@ def test_vs_spark_bench_quick(tmp_path):
             assert all(r["output"]["ok"] for r in runs), (name, runs)
     for plot in result["plots"]:
         assert Path(plot).stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_vs_spark_bench_fails_on_a_wrong_output(tmp_path):
+    """``--break-output``: cutline's pipelines drop one event; the keyed runs' check (each
+    user's last count against the input's) fails them, and the benchmark exits with 1."""
+    out = tmp_path / "vs_spark.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--workloads", "3", "--only", "throughput",
+         "--records", "4000", "--rounds", "1", "--cutline-only", "--keep-loaded",
+         "--break-output", "--out", str(out)],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "FAILED" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["break_output"] is True
+    (wrong,) = result["failures"]  # --cutline-only: the per-record pipeline's run
+    assert wrong["case"] == "tp | keyed | cutline", wrong
+    assert wrong["error"].startswith("wrong output") and "'users_wrong': 1" in wrong["error"]
+    # the failed runs count in no figure
+    assert all(r is None for name, runs in result["runs"].items() for r in runs
+               if name.startswith("tp |")), result["runs"]
 
 
 def test_vs_spark_bench_rejects_bad_arguments():
