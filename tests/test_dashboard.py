@@ -268,6 +268,7 @@ def test_page_in_headless_chromium(tmp_path):
         # unaligned barriers overtook the backpressured buffers: persisted in flight
         for h in state["checkpoints"]["history"]:
             if h["status"] == "completed":
+                assert (h["type"], h["acked"], h["tasks_total"]) == ("unaligned", 6, 6)
                 assert h["in_flight"] == sum(t["in_flight"] for t in h["tasks"])
                 assert h["in_flight_bytes"] == sum(t["in_flight_bytes"] for t in h["tasks"])
                 assert (h["in_flight"] == 0) == (h["in_flight_bytes"] == 0)

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -374,3 +375,46 @@ def test_build_snapshot_with_nothing_is_empty_not_an_error():
     snap = build_snapshot([], [], "file:///x/job", None)
     assert snap["job"] == "job" and snap["checkpoints"]["history"] == []
     assert snap["graph"] == {"nodes": [], "edges": [], "sources": []}
+
+
+def test_checkpoint_types():
+    from cutline.driver.dashboard import checkpoint_type
+
+    aligned = {"mode": "exactly_once", "unaligned": False}
+    timeout = {"mode": "exactly_once", "unaligned": False, "aligned_timeout": 0.1}
+    assert checkpoint_type(aligned) == "aligned"
+    assert checkpoint_type(timeout, in_flight=3) == "unaligned"  # it timed out into unaligned
+    assert checkpoint_type({"mode": "exactly_once", "unaligned": True}) == "unaligned"
+    assert checkpoint_type({"mode": "at_least_once"}) == "at least once"
+    assert checkpoint_type(aligned, savepoint=True, in_flight=3) == "savepoint"
+    assert checkpoint_type(aligned, final=True) == "final"
+
+
+def test_report_of_a_job_stopped_with_a_savepoint_and_of_a_cancelled_one(tmp_path):
+    BOMB["at"] = None
+    p = Pipeline("stopped", parallelism=2, checkpoint=CheckpointConfig(
+        storage=f"file://{tmp_path}/chk", interval=0.1))
+    (p.source(GeneratorSource(count=None, rate=2000), uid="numbers")
+     .key_by(_key).count(uid="counts")
+     .sink(CollectSink(str(tmp_path / "out")), uid="out"))
+    job = p.start(engine="threads")
+    while job.driver is None or job.driver.controller.checkpoints_completed < 3:
+        time.sleep(0.02)
+    savepoint = job.stop_with_savepoint(timeout=60)
+    result = job.result(60)
+    snap = embedded(Path(result.report).read_text())
+    assert snap["status"] == "stopped" and savepoint in snap["error"]
+    top = snap["checkpoints"]["history"][0]
+    assert (top["type"], top["savepoint"], top["path"]) == ("savepoint", True, savepoint)
+    assert snap["checkpoints"]["latest_savepoint"]["id"] == top["id"]
+    assert all(h["type"] == "aligned" for h in snap["checkpoints"]["history"][1:])
+
+    job = p.start(engine="threads", restore_from=savepoint)
+    while job.driver is None or not job.driver.attempt.started:
+        time.sleep(0.02)
+    job.cancel()
+    with pytest.raises(JobFailed, match="cancelled"):
+        job.result(60)
+    snap = embedded((tmp_path / "chk" / "stopped" / "report.html").read_text())
+    assert snap["status"] == "cancelled" and snap["restored_from"] == savepoint
+    assert [r["status"] for r in snap["report"]["runs"]] == ["cancelled", "stopped"]
