@@ -29,15 +29,11 @@ def test_kafka_bench_quick(tmp_path):
     assert out.exists(), proc.stdout[-5000:] + proc.stderr[-5000:]
     assert "Kafka -> keyed count -> Kafka, 3,000 records" in proc.stdout, proc.stdout
     result = json.loads(out.read_text())
-    # A live run whose watcher (a consumer reading the output topic while the job runs)
-    # missed records that a new consumer then finds in the topic is a miss of the
-    # measurement (seen a few times in a hundred runs, on Bytewax's output too; open), not
-    # lost output: reported, tolerated here.  Anything else fails, a topic that lacks
-    # records first of all.
-    misses = [e for e in result["errors"]
-              if "the topic read again by a new consumer: fine" in e["error"]]
-    assert result["quick"] is True and len(misses) == len(result["errors"]), result["errors"]
-    assert proc.returncode == (1 if misses else 0), proc.stdout[-5000:] + proc.stderr[-5000:]
+    # Every run's output checked, none failed: the live watchers' misses of before (Tansu
+    # answering a fetch with a batch stored after one still being stored) are fetched
+    # again now, as KafkaSource does.
+    assert result["quick"] is True and not result["errors"], result["errors"]
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
     assert result["cpus"] and result["load"]["before"] and result["versions"]["librdkafka"]
     cases = {r["case"]: r for r in result["throughput"]}
     for name in ("cutline kafka EO 1 s", "cutline kafka ALO 0.1 s", "cutline files 1 s",
@@ -50,10 +46,9 @@ def test_kafka_bench_quick(tmp_path):
     assert bytewax["usable"] or bytewax["why"]  # measured, or said why not
     latency = {r["case"]: r for r in result["latency"]}
     names = ("cutline kafka EO 0.1 s", "cutline kafka ALO 1 s", "cutline files 0.1 s")
-    for name in names:  # (a case whose watcher missed records has no row)
-        assert name in latency or any(name in e["case"] for e in misses), (name, latency)
-        if name in latency:
-            assert latency[name]["p99"] > 0 and latency[name]["measured"] > 0, (name, latency)
+    for name in names:
+        assert latency[name]["p99"] > 0 and latency[name]["measured"] > 0, (name, latency)
+        assert latency[name]["gaps_refetched"] >= 0, latency[name]
     assert [r["query"] for r in result["nexmark"]] == ["q0", "q5", "q7"]
     for row in result["nexmark"]:
         assert row["generator"] > 0 and row["kafka"] > 0, row
