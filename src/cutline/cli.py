@@ -423,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "Spark, whose watermark only moves with the input)")
 
     rep = sub.add_parser(
-        "report", help="write a job's report (its dashboard after the job) from its storage",
+        "report", help="a job's report (its dashboard after the job), from its storage",
         description="Rebuild a job's static report, the dashboard's page with its "
                     "configuration, checkpoint history and summary, subtasks, attempts and "
                     "runs, from its job directory alone (history.jsonl and the checkpoints' "
