@@ -9,7 +9,14 @@ from hypothesis import given, settings, strategies as st
 
 from cutline.protocol import messages as m
 from cutline.protocol.coordinator import CheckpointPolicy
-from cutline.protocol.job import CommitCheckpoint, Done, JobController, Resubmit, Send
+from cutline.protocol.job import (
+    CommitCheckpoint,
+    Done,
+    DoneCause,
+    JobController,
+    Resubmit,
+    Send,
+)
 
 from test_job_controller import SHAPE, TASKS, ack_all, register, sent
 
@@ -70,6 +77,7 @@ def test_no_new_attempt_in_time_resubmits_twice_then_fails_with_the_reason():
     assert c.attempt.lost  # the half-registered attempt is over
     cmds = c.tick(2.0 + 3 * LIMIT)
     assert cmds == [Done(
+        DoneCause.NO_ATTEMPT,
         "no attempt of the stage started within 10 s after attempt 0 lost slot 0, nor "
         "after the driver resubmitted it 2 times (the stage needs 2 free task slots at "
         "once: is capacity missing, or a task Spark cannot end holding one?)")]
@@ -110,6 +118,7 @@ def test_a_slow_start_has_its_own_deadline():
     assert [type(x) for x in c.tick(6 * LIMIT)] == [Resubmit]
     assert c.tick(12 * LIMIT - 0.1) == [] and type(c.tick(12 * LIMIT)[0]) is Resubmit
     assert c.tick(18 * LIMIT) == [Done(
+        DoneCause.NO_ATTEMPT,
         "no attempt of the stage started within 60 s after the stage was submitted, nor after "
         "the driver resubmitted it 2 times (the stage needs 2 free task slots at once: is "
         "capacity missing, or a task Spark cannot end holding one?)")]
@@ -126,7 +135,8 @@ def test_a_stage_that_ends_after_a_loss_is_resubmitted_not_failed():
     register(c, 1, 3.0)
     assert c.attempt.started and c.waiting_since is None
     # without a loss, a stage that ended early fails the job as before
-    assert type(c.on_stage_ended(4.0)[0]) is Done
+    (done,) = c.on_stage_ended(4.0)
+    assert type(done) is Done and done.cause is DoneCause.STAGE_ENDED
 
 
 def test_without_a_deadline_it_waits_for_spark():

@@ -17,7 +17,14 @@ import pytest
 from cutline.protocol import messages as m
 from cutline.runtime import net
 from cutline.runtime.channels import InputGate, channel_purpose
-from cutline.runtime.control import CLOSED, CONTROL, ControlService, HandshakeError, connect
+from cutline.runtime.control import (
+    CONTROL,
+    Closed,
+    ControlService,
+    HandshakeError,
+    Received,
+    connect,
+)
 from cutline.driver.admin import ADMIN, AdminServer, request_savepoint
 from cutline.storage.checkpoints import CheckpointStorage
 
@@ -37,11 +44,13 @@ def test_a_stranger_is_refused_and_logged_the_job_is_heard(caplog):
             raw.close()
             ok = connect(service.address, b"s" * 32, timeout=5)
             ok.send(m.Register(0, 1, {}))
-            conn, msg = events.get(timeout=5)
-        assert msg == m.Register(0, 1, {})  # the only message that got through
+            got = events.get(timeout=5)
+        assert type(got) is Received
+        assert got.msg == m.Register(0, 1, {})  # the only message that got through
         assert "refused control connection" in caplog.text
         ok.close()
-        assert events.get(timeout=5)[1] is CLOSED
+        closed = events.get(timeout=5)
+        assert type(closed) is Closed and closed.conn is got.conn and closed.cause is None
         assert events.empty()
     finally:
         service.close()
@@ -73,8 +82,7 @@ def test_tokens_do_not_cross_purposes_between_control_and_channels(caplog):
             assert _hello(service.address, secret, CONTROL) == net.WELCOME
         assert "test-driver: refused control connection" in caplog.text
         assert "wrong purpose" in caplog.text and "not a channel" in caplog.text
-        _, msg = events.get(timeout=5)
-        assert msg is CLOSED and events.empty()  # nothing else got through
+        assert type(events.get(timeout=5)) is Closed and events.empty()  # nothing else got in
     finally:
         gate.close()
         service.close()
@@ -91,9 +99,9 @@ def test_an_authenticated_peer_sending_garbage_is_dropped_and_logged(caplog):
             conn.send_frame(b"\x93\x07\xa7drained\xa1a")  # [7, "drained", "a"]: version 7
             conn.send_frame(b"\x92\x01\xa4nope")  # [1, "nope"]: no such message
             conn.send(m.Drained("a.0"))  # the connection stays up: the next one is heard
-            assert events.get(timeout=5)[1] == m.Drained("a.0")
+            assert events.get(timeout=5).msg == m.Drained("a.0")
             conn.close()
-            assert events.get(timeout=5)[1] is CLOSED
+            assert type(events.get(timeout=5)) is Closed
         assert "not a msgpack frame" in caplog.text
         assert "codec version 7" in caplog.text
         assert "unknown control message 'nope'" in caplog.text

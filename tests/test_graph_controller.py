@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from cutline.protocol import messages as m
 from cutline.protocol.graphjob import ID_POOL, GraphController, RestorePoint, StoreSnapshot
-from cutline.protocol.job import Done, Send
+from cutline.protocol.job import Done, DoneCause, Send
 
 # a -> b -> c, and d alone; a and b on host 0, c and d on host 1
 NAMES = ("a", "b", "c", "d")
@@ -131,7 +131,8 @@ def test_a_stopping_predicate_stops_the_hosts_and_the_run_ends_with_their_final_
     assert c.stopping == "terminated" and c.tick(2.0) == []  # no triggers while stopping
     assert c.on_message("a0h0", m.FinalStates(0, {"a": b""}), 2.0) == []
     assert c.on_closed("a0h0", 2.1) == []  # a host that said goodbye is not lost
-    assert c.on_message("a0h1", m.FinalStates(1, {"c": b""}), 2.2) == [Done(None)]
+    assert c.on_message("a0h1", m.FinalStates(1, {"c": b""}), 2.2) == [
+        Done(DoneCause.FINISHED)]
     assert c.on_register("late", m.Register(0, 1, {}), 3.0) == [Send("late", m.Stop())]
 
 
@@ -141,14 +142,15 @@ def test_stop_gives_up_waiting_for_final_states_after_the_grace():
     assert c.tick(104.0) == []
     assert sent(c.tick(105.0), m.Stop) and c.stopping == "duration"
     assert c.tick(120.0) == []
-    assert c.tick(136.0) == [Done(None)]
+    assert c.tick(136.0) == [Done(DoneCause.FINISHED)]
 
 
 def test_a_fatal_failure_ends_the_run_with_its_error():
     c = controller()
     register(c, 0)
     assert c.on_message("a0h0", m.Failed("host-0", False, "flaky"), 1.0) == []
-    assert c.on_message("a0h0", m.Failed("host-0", True, "boom"), 1.0) == [Done("boom")]
+    assert c.on_message("a0h0", m.Failed("host-0", True, "boom"), 1.0) == [
+        Done(DoneCause.TASK_FAILED, "boom")]
     assert c.on_stage_ended(2.0) == []  # Done at most once
 
 

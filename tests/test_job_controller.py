@@ -9,6 +9,7 @@ from cutline.protocol.coordinator import CheckpointPolicy
 from cutline.protocol.job import (
     CommitCheckpoint,
     Done,
+    DoneCause,
     JobController,
     JobShape,
     SavepointFailed,
@@ -81,7 +82,8 @@ def test_a_failed_commit_is_no_checkpoint():
     c.tick(1.0)
     ack_all(c, 5, 1.1)
     cmds = c.commit_failed(5, "disk full", 1.2)
-    assert Done("Exceeded checkpoint tolerable failure threshold (0): 1 consecutive "
+    assert Done(DoneCause.CHECKPOINTS_FAILED,
+                "Exceeded checkpoint tolerable failure threshold (0): 1 consecutive "
                 "checkpoint failures; last: checkpoint 5 storage failure: disk full") in cmds
     assert c.checkpoints == [] and c.done
 
@@ -98,7 +100,7 @@ def test_a_bounded_job_ends_with_a_final_checkpoint_at_every_task():
     cmds = []
     for t in TASKS:
         cmds += c.on_message(f"a0s{SHAPE.slot_of[t]}", m.Finished(t, 0.1), 1.3)
-    assert cmds == [Done(None)]
+    assert cmds == [Done(DoneCause.FINISHED)]
 
 
 def test_a_restart_stops_the_old_attempt_and_resumes_from_this_runs_checkpoint():
@@ -173,7 +175,7 @@ def test_a_fatal_task_failure_fails_the_job_once():
     c = controller()
     register(c, 0)
     cmds = c.on_message("a0s1", m.Failed("sink.1", True, "bad record at file x line 3"), 1.0)
-    assert cmds == [Done("task sink.1: bad record at file x line 3")]
+    assert cmds == [Done(DoneCause.TASK_FAILED, "task sink.1: bad record at file x line 3")]
     assert c.on_message("a0s0", m.Failed("src.0", True, "again"), 1.1) == []
     assert c.on_stage_ended(1.2) == []
 

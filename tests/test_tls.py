@@ -148,7 +148,7 @@ def test_a_stranger_is_refused_and_logged_on_every_port(tmp_path, caplog, tls):
         # the job's own peers get through, on every port
         ok = connect(control.address, secret, timeout=T)
         ok.send(m.Register(0, 1, {}))
-        assert events.get(timeout=T)[1] == m.Register(0, 1, {})
+        assert events.get(timeout=T).msg == m.Register(0, 1, {})
         assert events.empty()  # nothing a stranger sent arrived
         out = OutputChannel("a", gate.address, secret)
         out.send_records([1, 2, 3])

@@ -1,20 +1,19 @@
-"""The dataflow job's driver: a thin shell around :class:`~cutline.protocol.job.JobController`.
+"""The dataflow job's driver: the one driver shell (:class:`~cutline.driver.shell.Driver`)
+around a :class:`~cutline.protocol.job.JobController`.
 
 Tasks connect (per-job secret) and talk typed messages (:mod:`cutline.protocol.messages`).
-One thread takes what arrives, hands it to the controller, and carries out the commands it
-returns: send a message, write a checkpoint's ``_metadata`` (the commit point) and apply
-retention, resolve a savepoint's waiter, end the job.  Every decision (attempts, triggers,
-the final checkpoint, iteration probes, savepoints) is the controller's, tested as data.
+The shell's thread takes what arrives, hands it to the controller, and carries out the
+commands it returns; this class adds the dataflow's own: write a checkpoint's
+``_metadata`` (the commit point) and apply retention, resolve a savepoint's waiter,
+resubmit the stage.  Every decision (attempts, triggers, the final checkpoint, iteration
+probes, savepoints) is the controller's, tested as data.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 from collections.abc import Callable
@@ -27,29 +26,22 @@ from ..protocol.job import (
     Attempt,
     CheckpointRecord,
     CommitCheckpoint,
-    Done,
     JobController,
     JobShape,
     Resubmit,
     SavepointFailed,
     SavepointReady,
-    Send,
 )
 from ..protocol.liveness import HEARTBEAT_TIMEOUT
-from ..runtime.control import CLOSED, ControlService
-from ..runtime.heartbeats import Heartbeats
 from ..runtime.restore import check_compatible, plan_summary, read_states
-from ..runtime.tls import JobSecret
 from ..storage.checkpoints import CheckpointStorage
 from .late import LateWarnings, late_totals, lateness_of
+from .shell import Driver
 
 log = logging.getLogger("cutline.driver")
 
 __all__ = ["CheckpointRecord", "FinishedJobError", "JobDriver", "JobFailed", "SavepointError",
-           "STAGE_ENDED", "refuse_finished"]
-
-STAGE_ENDED = object()
-"""Put on a driver's queue as ``(None, STAGE_ENDED)`` when Spark's stage call returned."""
+           "refuse_finished"]
 
 ROUTE: Callable[[str, tuple[str, int]], tuple[str, int] | None] | None = None
 """Test-only: where tasks connect.  Called with what a connection is for (``"control"``,
@@ -96,13 +88,7 @@ class SavepointError(RuntimeError):
     """A savepoint could not be taken (job not running, finishing, restarted, or aborted)."""
 
 
-@dataclass(frozen=True)
-class _SavepointWanted:
-    future: Future
-    stop: bool
-
-
-class JobDriver:
+class JobDriver(Driver):
     def __init__(self, plan: PhysicalPlan, config: CheckpointConfig, job: str,
                  restore_from: str | None = None, host: str = "127.0.0.1",
                  restart_timeout: float | None = None,
@@ -110,8 +96,19 @@ class JobDriver:
                  heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> None:
         self.plan, self.config, self.job = plan, config, job
         self.storage = CheckpointStorage(config.storage, job, config.storage_options)
-        # the handshake key (and TLS certificate) of this run: shipped to the tasks only
-        self.secret = JobSecret.new(tls)
+        # the shell (listener, heartbeats, TLS, loop); its controller comes in _setup
+        super().__init__(None, host=host, tls=tls, heartbeat_timeout=heartbeat_timeout,
+                         name="cutline-driver")
+        self.dashboard_url: str | None = None  # the live dashboard's, with its token
+        try:
+            self._setup(plan, config, job, restore_from, restart_timeout, start_timeout)
+        except BaseException:
+            self._control.close()  # the run does not start: leave no listener behind
+            raise
+
+    def _setup(self, plan: PhysicalPlan, config: CheckpointConfig, job: str,
+               restore_from: str | None, restart_timeout: float | None,
+               start_timeout: float | None) -> None:
         first_id = 1
         if restore_from is not None:
             handle = self.storage.open(restore_from)
@@ -138,16 +135,7 @@ class JobDriver:
         self.on_resubmit: Any = None
         self._restore_checked = restore_from is not None
         self._restore_from = restore_from
-        self.events: queue.Queue = queue.Queue()
-        self.done = threading.Event()
-        self.error: str | None = None
         self.cancel_requested: str | None = None  # RunningJob.cancel(): why
-        self.dashboard_url: str | None = None  # the live dashboard's, with its token
-        # the tasks' control connections: a task silent for heartbeat_timeout is lost
-        self.heartbeats = Heartbeats(heartbeat_timeout, "cutline-driver-heartbeats")
-        self._control = ControlService(host, self.secret, self.events, "cutline-driver",
-                                       heartbeats=self.heartbeats)
-        self.address = self._control.address
         self._routes_of: tuple[int, dict] = (-1, {})  # an attempt's Start addresses, routed
         self.late = LateWarnings(lateness_of(plan))  # the console's word on late records
         self._late_tick = 0.0
@@ -226,50 +214,51 @@ class JobDriver:
             self.controller.restore = latest.path if latest is not None else None
         self.admin = AdminServer(self, self.address[0])  # cutline savepoint from outside
         self.admin.start()
-        self.heartbeats.start()
-        self._control.start()
-        self._perform(self.controller.on_submitted(time.monotonic()))
-        self._thread = threading.Thread(target=self._main_loop, name="cutline-driver",
-                                        daemon=True)
-        self._thread.start()
+        super().start()
 
     def savepoint(self, stop: bool = False) -> Future:
         """Trigger a savepoint; the future's result is its path.  With ``stop``, the job stops
         once the savepoint is complete and its sink transactions are committed (Flink's
         stop-with-savepoint): a run restored from it continues exactly once."""
         future: Future = Future()
-        self.events.put((None, _SavepointWanted(future, stop)))
+        self.call(lambda now: self.controller.request_savepoint(future, stop, now))
         return future
 
-    def _main_loop(self) -> None:
-        c = self.controller
-        try:
-            while not self.done.is_set():
-                try:
-                    conn, msg = self.events.get(timeout=0.02)
-                except queue.Empty:
-                    pass
-                else:
-                    now = time.monotonic()
-                    if msg is CLOSED:
-                        self._perform(c.on_closed(conn, now, conn.silence))
-                    elif msg is STAGE_ENDED:
-                        self._perform(c.on_stage_ended(now))
-                    elif type(msg) is _SavepointWanted:
-                        self._perform(c.request_savepoint(msg.future, msg.stop, now))
-                    else:
-                        self._perform(c.on_message(conn, msg, now))
-                        if type(msg) is m.Metrics and msg.first_late:
-                            self._say(self.late.on_metrics(msg, self.late_records(), now))
-                now = time.monotonic()
-                if self.late.reported and now >= self._late_tick:  # once a second
-                    self._late_tick = now + 1.0
-                    self._say(self.late.tick(self.late_records(), now))
-                self._perform(c.tick(now))
-        except Exception as exc:  # pragma: no cover - reported to the caller
-            log.exception("driver failed")
-            self.error = f"driver failed: {exc}"
-            self.done.set()
+    # ------------------------------------------------------------------ the shell's hooks
+
+    def observe(self, conn: Any, msg: Any, now: float) -> None:
+        if type(msg) is m.Metrics and msg.first_late:
+            self._say(self.late.on_metrics(msg, self.late_records(), now))
+
+    def idle(self, now: float) -> float | None:
+        if not self.late.reported:
+            return None
+        if now >= self._late_tick:  # once a second
+            self._late_tick = now + 1.0
+            self._say(self.late.tick(self.late_records(), now))
+        return self._late_tick
+
+    def outgoing(self, msg: Any) -> Any:
+        if ROUTE is not None and type(msg) is m.Start:
+            return self._routed(msg)
+        return msg
+
+    def effect(self, cmd: Any) -> list[Any]:
+        t = type(cmd)
+        if t is CommitCheckpoint:
+            return self._commit(cmd)
+        if t is SavepointReady:
+            if not cmd.token.done():
+                cmd.token.set_result(cmd.path)
+        elif t is SavepointFailed:
+            if not cmd.token.done():
+                cmd.token.set_exception(SavepointError(cmd.reason))
+        elif t is Resubmit:
+            if self.on_resubmit is not None:
+                self.on_resubmit()
+        else:
+            return super().effect(cmd)
+        return []
 
     @staticmethod
     def _say(lines: list[str]) -> None:
@@ -279,32 +268,6 @@ class JobDriver:
     def say_late_summary(self) -> None:
         """At the end of the run: the late records not reported on the console yet."""
         self._say(self.late.summary(self.late_records()))
-
-    def _perform(self, commands: list) -> None:
-        for cmd in commands:
-            t = type(cmd)
-            if t is Send:
-                msg = cmd.msg
-                if ROUTE is not None and type(msg) is m.Start:
-                    msg = self._routed(msg)
-                try:
-                    cmd.conn.send(msg)
-                except OSError:
-                    pass
-            elif t is CommitCheckpoint:
-                self._perform(self._commit(cmd))
-            elif t is SavepointReady:
-                if not cmd.token.done():
-                    cmd.token.set_result(cmd.path)
-            elif t is SavepointFailed:
-                if not cmd.token.done():
-                    cmd.token.set_exception(SavepointError(cmd.reason))
-            elif t is Done:
-                self.error = cmd.error
-                self.done.set()
-            elif t is Resubmit:
-                if self.on_resubmit is not None:
-                    self.on_resubmit()
 
     def route(self, what: str, address: tuple[str, int]) -> tuple[str, int]:
         """Where tasks connect for ``what`` (:data:`ROUTE`, tests only)."""
@@ -378,16 +341,11 @@ class JobDriver:
             self._control.close()  # the run does not start: leave no listener behind
             raise
 
-    def stop(self) -> None:
+    def stop(self, why: str = "the job stopped") -> None:
         self.done.set()
         if getattr(self, "admin", None) is not None:
             self.admin.stop()
-        thread = getattr(self, "_thread", None)
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=2)
-        self._perform(self.controller.shutdown("the job stopped"))
-        self._control.close()  # and every task connection, of this attempt or older ones
-        self.heartbeats.stop()
+        super().stop(why)  # and every task connection, of this attempt or older ones
 
 
 

@@ -12,22 +12,22 @@ restore.  Then the :class:`GraphDriver`:
   ``duration``): ``stop`` to every host, which answers with its final states;
 * when a host goes away, stops triggering and waits for Spark to resubmit the stage; the
   hosts of the new attempt register, and it starts them from the snapshot this run
-  completed last.
+  completed last; a host that goes silent (a frozen process: its heartbeats stop) fails
+  the run, naming it.
 
-It imports nothing from pyspark: :mod:`cutline.spark.graph` launches the hosts.
+The connections, heartbeats, TLS, clock and event loop are the one driver shell's
+(:class:`~cutline.driver.shell.Driver`).  It imports nothing from pyspark:
+:mod:`cutline.spark.graph` launches the hosts.
 """
 
 from __future__ import annotations
 
 import logging
 import pickle
-import queue
 import random
-import secrets
-import threading
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from ..graph.predicates import Predicate, terminated
 from ..graph.result import Attempt, RunResult
@@ -35,17 +35,13 @@ from ..graph.snapshot import KIND, decode, open_snapshot, write_snapshot
 from ..analysis.trace import TraceEvent
 from ..protocol import messages as m
 from ..protocol.graphjob import GraphCommand, GraphController, RestorePoint, StoreSnapshot
-from ..protocol.job import Send
-from ..runtime.control import CLOSED, ControlService, FrameConnection
+from ..protocol.liveness import HEARTBEAT_TIMEOUT, check_timeout
 from ..storage.checkpoints import CheckpointStorage
-from .dataflow import STAGE_ENDED
+from .shell import Driver
 
 log = logging.getLogger("cutline.graph.driver")
 
 __all__ = ["GraphDriver", "RunOptions"]
-
-CANCEL = object()
-"""Put on the driver's queue as ``(None, CANCEL)``: stop the run (the caller gave up)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +60,9 @@ class RunOptions:
     timeout: float | None = None
     trace: bool = False
     seed: int | None = None
+    # hosts and driver silent this long are failed (cutline.protocol.liveness)
+    heartbeat_timeout: float = HEARTBEAT_TIMEOUT
+    tls: bool | None = None  # None: on when the engine's own traffic is encrypted
 
     def validate(self, names: list[str]) -> None:
         if self.engine not in ("spark", "threads"):
@@ -88,22 +87,26 @@ class RunOptions:
         for what, v in (("duration", self.duration), ("timeout", self.timeout)):
             if v is not None and not v > 0:
                 raise ValueError(f"{what} must be > 0 seconds, got {v!r}")
+        check_timeout(self.heartbeat_timeout)
+        if self.tls not in (None, True, False):
+            raise ValueError(f"tls must be True, False or None (on when Spark encrypts its "
+                             f"own traffic), got {self.tls!r}")
 
 
-class GraphDriver:
-    """The snapshot service of one run, in the driver process: the I/O shell of a
-    :class:`~cutline.protocol.graphjob.GraphController` (sockets, clock, storage,
-    predicates, callbacks)."""
+class GraphDriver(Driver):
+    """The snapshot service of one run, in the driver process: the
+    :class:`~cutline.driver.shell.Driver` of a
+    :class:`~cutline.protocol.graphjob.GraphController`, plus storage, predicates and
+    callbacks."""
 
     def __init__(self, graph: Any, opts: RunOptions, placement: dict[str, int], hosts: int,
                  storage_url: str, host: str = "127.0.0.1",
-                 on_snapshot: Any = None) -> None:
+                 on_snapshot: Any = None, tls: bool = False) -> None:
         self.graph, self.opts = graph, opts
         self.names = list(graph.processes)
         self.edges = [tuple(e) for e in graph.edges]
         self.placement, self.hosts = placement, hosts
         self.storage = CheckpointStorage(storage_url, graph.name)
-        self.secret = secrets.token_bytes(32)
         self.predicates: list[Predicate] = list(graph.predicates)
         if opts.stop_on_termination and not any(
                 p.kind == "stable" and p.name == "terminated" for p in self.predicates):
@@ -115,22 +118,23 @@ class GraphDriver:
             restore = self._check_restore(opts.restore_from)
             self.restore_path = restore.path
             first_id = max(first_id, (restore.snapshot_id or 0) + 1)
-        self.controller = GraphController(
+        # the driver's clock is monotonic; the hosts and the result see wall-clock times
+        self.clock_offset = time.time() - self.clock()
+        controller = GraphController(
             self.names, self.edges, placement, hosts, interval=opts.snapshot_interval,
             initiators=opts.initiators, max_concurrent=opts.max_concurrent,
             duration=opts.duration, first_id=first_id, restore=restore,
-            rng=random.Random(opts.seed))
+            rng=random.Random(opts.seed), clock_offset=self.clock_offset)
+        super().__init__(controller, host=host, tls=tls,
+                         heartbeat_timeout=opts.heartbeat_timeout, name="cutline-graph",
+                         peer="the host")
+        self.controller: GraphController = controller
         self.snapshots: list = []  # GraphSnapshot, completion order
         self.checkpoints = self.snapshots  # spark.faults.Kill counts these
-        self.events: queue.Queue = queue.Queue()
-        self.done = threading.Event()
-        self.error: str | None = None
         self.stopped_by: Any = None  # the GraphSnapshot that ended the run
         self.trace: list = []  # the current attempt's trace events
         self.metrics: dict[int, m.HostMetrics] = {}  # slot -> latest, current attempt
         self._data_attempt = -1
-        self._control = ControlService(host, self.secret, self.events, "cutline-graph")
-        self.address: tuple[str, int] = self._control.address
 
     # ------------------------------------------------------------------ set-up
 
@@ -160,8 +164,11 @@ class GraphDriver:
 
     @property
     def attempts(self) -> list[Attempt]:
-        return [Attempt(a.number, a.started, a.restored_from, restored_id=a.restored_id,
-                        redelivered=a.redelivered, lost_at=a.lost_at)
+        """The run's attempts, their times on the wall clock."""
+        off = self.clock_offset
+        return [Attempt(a.number, a.started + off, a.restored_from, restored_id=a.restored_id,
+                        redelivered=a.redelivered,
+                        lost_at=a.lost_at + off if a.lost_at is not None else None)
                 for a in self.controller.attempts]
 
     @property
@@ -170,72 +177,35 @@ class GraphDriver:
 
     @property
     def t_run(self) -> float:
-        return self.controller.t_run if self.controller.t_run is not None else time.time()
+        """When the run's processes started (the wall clock)."""
+        t = self.controller.t_run
+        return t + self.clock_offset if t is not None else time.time()
 
     @property
     def task_pids(self) -> dict[int, int]:
         return dict(self.controller.attempt.pids)
 
-    # ------------------------------------------------------------------ main loop
+    # ------------------------------------------------------------------ the shell's hooks
 
-    def start(self) -> None:
-        self._control.start()
-        self._threads = [
-            threading.Thread(target=self._main_loop, name="cutline-graph-driver", daemon=True)]
-        for t in self._threads:
-            t.start()
-
-    def _main_loop(self) -> None:
-        try:
-            while not self.done.is_set():
-                try:
-                    conn, msg = self.events.get(timeout=0.01)
-                    self._perform(self._handle(conn, msg))
-                except queue.Empty:
-                    pass
-                if not self.done.is_set():
-                    self._perform(self.controller.tick(time.time()))
-        except Exception as exc:  # pragma: no cover - reported to the caller
-            log.exception("graph driver failed")
-            self.error = f"driver failed: {type(exc).__name__}: {exc}"
-            self.done.set()
-
-    def _handle(self, conn: FrameConnection | None, msg: Any) -> list[GraphCommand]:
-        now, c = time.time(), self.controller
-        t = type(msg)
-        if t is m.Register and conn is not None:
-            return c.on_register(conn, msg, now)
-        if msg is CANCEL:
-            return c.cancel(now)
-        if msg is STAGE_ENDED:
-            return c.on_stage_ended(now)
-        if msg is CLOSED:
-            return c.on_closed(conn, now)
+    def observe(self, conn: Any, msg: Any, now: float) -> None:
+        """Keep the current attempt's metrics and trace events."""
+        c = self.controller
         slot = c.slot_of(conn)
         if slot is None:
-            return []  # from an earlier attempt
+            return  # from an earlier attempt
         if self._data_attempt != c.attempt.number:
             self._data_attempt = c.attempt.number
             self.trace, self.metrics = [], {}
+        t = type(msg)
         if t is m.HostMetrics:
             self.metrics[slot] = msg
         elif t is m.TraceEvents:
             self.trace.extend(msg.events)
-        return c.on_message(conn, msg, now)
 
-    def _perform(self, cmds: list[GraphCommand]) -> None:
-        for cmd in cmds:
-            if isinstance(cmd, Send):
-                try:
-                    cast(FrameConnection, cmd.conn).send(cmd.msg)
-                except OSError:
-                    pass  # a lost host: the attempt is over
-            elif isinstance(cmd, StoreSnapshot):
-                self._perform(self._store(cmd))
-            else:
-                if cmd.error is not None:
-                    self.error = self.error or cmd.error
-                self.done.set()
+    def effect(self, cmd: GraphCommand) -> list[GraphCommand]:
+        if type(cmd) is StoreSnapshot:
+            return self._store(cmd)
+        return super().effect(cmd)
 
     # ------------------------------------------------------------------ snapshots
 
@@ -245,9 +215,10 @@ class GraphDriver:
         snap.initiators = list(cmd.initiators)
         snap.by_driver = cmd.by_driver
         snap.attempt = cmd.attempt
-        base = c.attempts[-1].started - self.t_run if c.attempts else 0.0
+        t_run = c.t_run if c.t_run is not None else self.clock()
+        base = c.attempts[-1].started - t_run if c.attempts else 0.0
         snap.started = round(base + min(snap.taken_at.values(), default=0.0), 6)
-        snap.completed = round(time.time() - self.t_run, 6)
+        snap.completed = round(self.clock() - t_run, 6)
         snap.checks = [p.evaluate(snap) for p in self.predicates]
         files: dict[str, dict] = {}
         for name, part in cmd.parts.items():
@@ -286,14 +257,10 @@ class GraphDriver:
             if stop is not None:
                 self.stopped_by = snap
         return c.stored(n, path=snap.path, in_transit=snap.in_transit, kept=kept, stop=stop,
-                        now=time.time())
+                        now=self.clock())
 
     def close(self) -> None:
-        self.done.set()
-        self._control.close()  # and every task connection
-        for t in getattr(self, "_threads", ()):
-            if t is not threading.current_thread():
-                t.join(timeout=2)
+        self.stop("the run ended")
 
     # ------------------------------------------------------------------ the result
 

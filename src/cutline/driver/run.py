@@ -1,30 +1,34 @@
 """Run a pipeline's tasks on an engine (a Spark barrier stage, or threads) to the end.
 
-One run loop for both engines: start the :class:`~cutline.driver.dataflow.JobDriver`,
-submit the tasks, wait (showing progress), and turn what happened into a
-:class:`JobResult` or a :class:`JobFailed` with the cause first.
+One run loop for both engines and both kinds of run (:func:`drive`: a dataflow job here,
+a process graph in :func:`cutline.spark.graph.run_graph`): start the driver, submit the
+tasks, wait (showing progress), and turn what happened into a result or a
+:class:`JobFailed` with the cause first, chosen by the run's
+:class:`~cutline.protocol.controller.DoneCause`.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..plan import PhysicalPlan
+from ..protocol.controller import DoneCause
 from ..protocol.job import CheckpointRecord
 from ..protocol.liveness import HEARTBEAT_TIMEOUT
 from ..runtime.failures import SetupError, report_setup_failure
 from ..runtime.task import JobSpec, Slot
-from .dataflow import STAGE_ENDED, JobDriver, JobFailed
+from .dataflow import JobDriver, JobFailed
+from .engine import Engine
 from .logs import append, new_log_file
+from .shell import Driver
 
 log = logging.getLogger("cutline.run")
 
-__all__ = ["JobCancelled", "JobFailed", "JobResult", "run_job"]
+__all__ = ["JobCancelled", "JobFailed", "JobResult", "drive", "run_job"]
 
 
 class JobCancelled(JobFailed):
@@ -50,8 +54,6 @@ class JobResult:
     # late records dropped per window operator (uid), every subtask: counted exactly once
     # (in the checkpoints, so a restored count goes on); every window that drops them
     late_records: dict[str, int] = field(default_factory=dict)
-    # the run's static report (the dashboard's page after the job), in its job directory
-    report: str | None = None
 
     @property
     def latest_checkpoint(self) -> CheckpointRecord | None:
@@ -96,7 +98,7 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
                        start_timeout=start_timeout if engine.restarts else None,
                        tls=bool(engine.tls if tls is None else tls),
                        heartbeat_timeout=heartbeat_timeout)
-    driver.on_resubmit = getattr(engine, "resubmit", None)
+    driver.on_resubmit = engine.resubmit if engine.restarts else None
     driver.check_restore(allow_non_restored_state)
     spec = JobSpec(plan=plan, job=pipeline.name, secret=driver.secret,
                    coordinator=driver.route("control", driver.address),
@@ -105,26 +107,17 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
                    storage_options=cfg.storage_options, host=engine.task_host,
                    faults=tuple(faults), heartbeat_timeout=heartbeat_timeout)
     board = _start_dashboard(driver, dashboard, engine)
-    from .history import start_recording
-
-    record = start_recording(driver, engine.name)  # history.jsonl; report.html at the end
-    driver.start()
-    t0 = time.monotonic()
-    engine.submit(_slot_main, spec, f"cutline job {pipeline.name}",
-                  lambda: driver.events.put((None, STAGE_ENDED)))
-    if on_start is not None:
-        on_start(driver)
     from ..report import Progress, progress_by_default
 
     if progress is None:
         progress = progress_by_default()
     display = (Progress(progress if not isinstance(progress, bool) else None)
                if progress else None)
+    t0 = time.monotonic()
     try:
         with display or nullcontext():
-            _wait(driver, engine, pipeline.name, t0, timeout, display)
-        if driver.error:
-            raise _failed(pipeline.name, driver, engine)
+            t0 = drive(driver, engine, _slot_main, spec, f"job {pipeline.name!r}",
+                       timeout=timeout, on_start=on_start, display=display)
         # Every task finished and the final checkpoint committed: the job is done.  Spark's
         # bookkeeping of the stage (its shuffle and result stage, 0.3-2 s) may end after
         # the run returns; a next job's barrier stage simply waits for its slots.
@@ -142,15 +135,12 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
         driver.stop()
         if board is not None:
             board.stop()
-        if record is not None:
-            record.finish(sys.exc_info()[1])
     return JobResult(pipeline.name, driver.checkpoints, driver.attempts,
                      time.monotonic() - t0, driver.restored_from, plan.describe(),
                      task_pids=driver.task_pids, cpu_seconds=driver.cpu_seconds,
                      savepoint=driver.stopped_with_savepoint,
                      checkpoints_completed=driver.controller.checkpoints_completed,
-                     late_records=driver.late_records(),
-                     report=record.report if record is not None else None)
+                     late_records=driver.late_records())
 
 
 def _start_dashboard(driver: JobDriver, option: Any, engine: Any) -> Any:
@@ -173,8 +163,19 @@ def _start_dashboard(driver: JobDriver, option: Any, engine: Any) -> Any:
     return board
 
 
-def _wait(driver: JobDriver, engine: Any, name: str, t0: float,
-          timeout: float | None, display: Any) -> None:
+def drive(driver: Driver, engine: Engine, task_main: Any, spec: Any, what: str, *,
+          timeout: float | None, on_start: Any = None, display: Any = None) -> float:
+    """Start ``driver``, submit ``task_main(spec, k)`` on ``engine`` and wait for the end
+    of the run ``what`` ("job 'name'", "graph 'name'"); returns when the tasks started
+    (``time.monotonic()``).  Raises :class:`JobFailed` with the cause first (and the long
+    story in a log file), or :class:`JobCancelled` after ``timeout`` seconds or when the
+    driver's ``cancel_requested`` says why.  Leaves stopping the driver and the engine to
+    the caller."""
+    driver.start()
+    t0 = time.monotonic()
+    engine.submit(task_main, spec, f"cutline {what}", driver.stage_ended)
+    if on_start is not None:
+        on_start(driver)
     while not driver.done.wait(0.05):
         if display is not None:
             display.update(driver)
@@ -182,30 +183,36 @@ def _wait(driver: JobDriver, engine: Any, name: str, t0: float,
             # the engine gave up; a task's own report of why may still be on its way
             if not driver.controller.failure_reported:
                 driver.done.wait(1.0)
-            raise _failed(name, driver, engine)
+            raise _failed(what, driver, engine)
         if timeout is not None and time.monotonic() - t0 > timeout:
-            raise JobCancelled(f"job {name!r} cancelled: not finished within {timeout}s")
-        if driver.cancel_requested:
-            raise JobCancelled(f"job {name!r} cancelled: {driver.cancel_requested}")
+            raise JobCancelled(f"{what} cancelled: not finished within {timeout}s")
+        cancel = getattr(driver, "cancel_requested", None)
+        if cancel:
+            raise JobCancelled(f"{what} cancelled: {cancel}")
     if display is not None:
         display.update(driver)
+    if driver.error or (driver.cause is not None and driver.cause.failed):
+        raise _failed(what, driver, engine)
+    return t0
 
 
-def _failed(name: str, driver: JobDriver, engine: Any) -> JobFailed:
-    """The job failed: one message with cutline's cause, and the long story (the task's
+def _failed(what: str, driver: Driver, engine: Engine) -> JobFailed:
+    """The run failed: one message with cutline's cause, and the long story (the task's
     Python traceback, Spark's error with its Java frames) in a log file it names."""
     c = driver.controller
     engine_says = engine.failure()
-    stage_ended = (driver.error or "").startswith("the Spark stage ended")
-    if driver.error and not stage_ended:
-        cause = driver.error  # a task's fatal failure, or the coordinator's: cutline's cause
+    if driver.error and driver.cause is not DoneCause.STAGE_ENDED:
+        # a task's fatal failure, a silent task, the coordinator's or the watchdog's
+        # verdict: cutline's cause
+        cause = driver.error
     elif c.last_failure is not None:
+        # the engine's stage ended (or it gave up): the first task failure it followed
         cause = c.last_failure
         if engine_says and engine_says.split(": ", 1)[-1] not in cause:
             cause += f" ({engine_says})"
     else:
         cause = engine_says or driver.error or "unknown"
-    message = f"job {name!r} failed: {cause}"
+    message = f"{what} failed: {cause}"
     path = engine.log_path or new_log_file("job")
     append(path, f"cutline: {message}",
            "\n\n".join(t for t in (c.trace, engine.details()) if t))

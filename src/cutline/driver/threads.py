@@ -10,7 +10,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .dataflow import JobFailed
 
 log = logging.getLogger("cutline.threads")
 
@@ -48,6 +51,9 @@ class ThreadsEngine:
         for t in self._threads:
             t.start()
 
+    def resubmit(self) -> None:
+        raise RuntimeError("the threads engine does not restart its tasks")
+
     log_path = None  # no log file of its own: a failure's traceback goes to a new one
 
     def failure(self) -> str | None:
@@ -60,7 +66,7 @@ class ThreadsEngine:
 
         return "".join(traceback.format_exception(self.error)) if self.error else ""
 
-    def failed(self, message: str) -> Exception:
+    def failed(self, message: str) -> JobFailed:
         from .dataflow import JobFailed
 
         return JobFailed(message)  # the slot's traceback is in the log file

@@ -31,6 +31,8 @@ import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from ..protocol.liveness import HEARTBEAT_TIMEOUT
+
 if TYPE_CHECKING:
     from .predicates import Predicate
     from .result import RunResult
@@ -211,6 +213,8 @@ class ProcessGraph:
         timeout: float | None = None,
         trace: bool = False,
         seed: int | None = None,
+        heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
+        tls: bool | None = None,
         on_start: Callable | None = None,
         on_snapshot: Callable | None = None,
     ) -> RunResult:
@@ -227,6 +231,10 @@ class ProcessGraph:
         ``restore_from``: a snapshot path to start from (in-transit messages re-delivered).
         ``trace``: record every message, marker and local snapshot (for
         :meth:`RunResult.diagram` and the consistent-cut checker).
+        ``heartbeat_timeout``: a host (or the driver) that sends nothing for this many
+        seconds, heartbeats included, is failed: a frozen host fails the run, naming it.
+        ``tls``: the driver's and the hosts' connections speak TLS 1.3 (None: when Spark
+        encrypts its own traffic).
         """
         from ..spark.graph import RunOptions, run_graph
 
@@ -236,5 +244,5 @@ class ProcessGraph:
             max_concurrent=max_concurrent, storage=storage, retained=retained,
             restore_from=restore_from, stop_on_termination=stop_on_termination,
             stop_on_violation=stop_on_violation, duration=duration, timeout=timeout,
-            trace=trace, seed=seed)
+            trace=trace, seed=seed, heartbeat_timeout=heartbeat_timeout, tls=tls)
         return run_graph(self, opts, spark=spark, on_start=on_start, on_snapshot=on_snapshot)

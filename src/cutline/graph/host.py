@@ -44,8 +44,11 @@ from ..protocol import (
     TakeSnapshot,
 )
 from ..protocol import messages as m
+from ..protocol.liveness import HEARTBEAT_TIMEOUT
 from ..runtime.channels import ChannelError
 from ..runtime.control import FrameConnection, connect
+from ..runtime.heartbeats import Heartbeats
+from ..runtime.tls import JobSecret
 from .api import Context, Process
 from .snapshot import dumps, load_parts
 from .transport import Transport
@@ -69,12 +72,13 @@ class GraphSpec:
     edges: list[tuple[str, str]]
     placement: dict[str, int]  # process -> host
     hosts: int
-    secret: bytes = field(repr=False)  # never in a repr or a log line
+    secret: JobSecret | bytes = field(repr=False)  # never in a repr or a log line
     coordinator: tuple[str, int]
     trace: bool = False
     seed: int | None = None
     host_addr: str = "127.0.0.1"
     batch_size: int = 256
+    heartbeat_timeout: float = HEARTBEAT_TIMEOUT  # a silent driver ends the host
 
 
 class ProcessFailed(RuntimeError):
@@ -185,6 +189,7 @@ class Host:
         self._closed = False
         self.lost = False
         self.deferred: list = []  # (process, snapshot id) initiated inside a handler
+        self.heartbeats = Heartbeats(spec.heartbeat_timeout, f"cutline-host-{slot}-heartbeats")
 
     # ------------------------------------------------------------------ wiring
 
@@ -203,7 +208,11 @@ class Host:
     def run(self) -> dict:
         """Register, wait for ``start``, run the processes until ``stop``."""
         try:
-            self.conn = connect(self.spec.coordinator, self.spec.secret)
+            self.conn = connect(self.spec.coordinator, self.spec.secret,
+                                timeout=min(30.0, self.spec.heartbeat_timeout))
+            # heartbeats both ways: the driver fails a frozen host; a silent driver ends it
+            self.heartbeats.start()
+            self.heartbeats.watch(self.conn.conn, "the driver")
             self._tell(m.Register(self.slot, os.getpid(),
                                   {str(self.slot): list(self.address) if self.address
                                    else None}))
@@ -498,7 +507,9 @@ class Host:
                 self.ids.extend(msg.ids)
                 self.ids_asked = False
             elif t is m.Stop:
-                self.lost = msg.lost
+                # lost: the driver is gone; abandoned: it gave this attempt up (a host of
+                # it went silent): either way nobody waits for final states
+                self.lost = msg.lost or bool(msg.abandoned)
                 return True
             else:
                 log.error("host %d: unexpected control message %r dropped", self.slot, msg)
@@ -582,6 +593,7 @@ class Host:
         if self._closed:
             return
         self._closed = True
+        self.heartbeats.stop()
         self.transport.close()
         if self.conn is not None:
             self.conn.close()

@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Iterator
 
 from ..runtime.channels import ChannelError, InputGate, OutputChannel
+from ..runtime.tls import JobSecret
 
 __all__ = ["Transport"]
 
@@ -28,8 +29,8 @@ BATCH = 1000  # items per record batch on the wire
 
 
 class Transport:
-    def __init__(self, slot: int, senders: list[int], peers: list[int], secret: bytes,
-                 host: str) -> None:
+    def __init__(self, slot: int, senders: list[int], peers: list[int],
+                 secret: JobSecret | bytes, host: str) -> None:
         self.slot, self.senders, self.peers, self.secret = slot, senders, peers, secret
         self.gate = (InputGate(f"host-{slot}", [f"h{j}->h{slot}" for j in senders], secret,
                                host=host, credits=16) if senders else None)

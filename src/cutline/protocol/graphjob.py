@@ -17,8 +17,9 @@ keeping metrics and traces.
 
 Unlike a dataflow's checkpoints, Chandy-Lamport snapshots never time out or subsume each
 other, and only the snapshots the driver starts count against ``max_concurrent``: a process
-may start its own at any time.  ``now`` is the driver's wall clock (seconds): the hosts
-time their traces from the run's start on the same clock.
+may start its own at any time.  ``now`` is the driver's monotonic clock (seconds);
+``clock_offset`` turns it into the wall clock, which :class:`~cutline.protocol.messages.Start`
+carries: the hosts time their traces from the run's start on it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from typing import Any, TypeAlias
 
 from . import messages as m
 from .coordinator import AckResult, CheckpointPolicy, PendingCheckpoints, TriggerPolicy
-from .job import Attempt, AttemptTracker, Conn, Done, Send, remember
+from .controller import Conn, Done, DoneCause, Send
+from .job import Attempt, AttemptTracker, remember
 
 log = logging.getLogger("cutline.graph.driver")
 
@@ -72,7 +74,7 @@ class RestorePoint:
 @dataclass
 class AttemptRecord:
     number: int
-    started: float  # the driver's wall clock
+    started: float  # the driver's clock
     restored_from: str | None
     restored_id: int | None = None
     redelivered: int = 0  # messages in transit in the restored snapshot
@@ -96,7 +98,8 @@ class GraphController:
                  placement: dict[str, int], hosts: int, *, interval: float | None,
                  initiators: int | Sequence[str] = 1, max_concurrent: int = 4,
                  duration: float | None = None, first_id: int = 1,
-                 restore: RestorePoint | None = None, rng: random.Random | None = None) -> None:
+                 restore: RestorePoint | None = None, rng: random.Random | None = None,
+                 clock_offset: float = 0.0) -> None:
         self.names = list(names)
         self.placement, self.hosts = placement, hosts
         self.initiators = initiators
@@ -122,6 +125,13 @@ class GraphController:
         self.stopping: str | None = None
         self.stop_deadline = 0.0
         self.done = False
+        self.cause: DoneCause | None = None
+        self.error: str | None = None
+        self.clock_offset = clock_offset  # the wall clock minus ``now``
+        # the current attempt's first host failure (the cause of what followed), and the
+        # Python traceback of a fatal one
+        self.last_failure: str | None = None
+        self.trace = ""
         self._adj: dict[str, list[str]] = {n: [] for n in self.names}
         for a, b in edges:
             self._adj[a].append(b)
@@ -156,9 +166,13 @@ class GraphController:
             self._start_attempt(now, cmds)
         return cmds
 
+    def on_submitted(self, now: float) -> list[GraphCommand]:
+        return []
+
     def on_message(self, conn: Conn, msg: Any, now: float) -> list[GraphCommand]:
-        """A message from a host (a :class:`~cutline.protocol.messages.Register` goes to
-        :meth:`on_register`).  Messages of earlier attempts are dropped."""
+        """A message from a host.  Messages of earlier attempts are dropped."""
+        if type(msg) is m.Register:
+            return self.on_register(conn, msg, now)
         slot = self.slot_of(conn)
         if slot is None or self.done:
             return []
@@ -175,20 +189,34 @@ class GraphController:
         elif t is m.FinalStates:
             self.finals[slot] = msg
             if self.stopping is not None and len(self.finals) == self.hosts:
-                self._finish(None, cmds)
+                self._finish(None, cmds, DoneCause.FINISHED)
         elif t is m.Failed:
             if msg.fatal:
-                self._finish(msg.error or "a process failed", cmds)
+                self.trace = msg.trace
+                self._finish(msg.error or "a process failed", cmds, DoneCause.TASK_FAILED)
             else:
                 log.warning("host %s failed: %s", slot, msg.error)
+                self._note_failure(f"host {slot}: {msg.error}")
         return cmds
 
-    def on_closed(self, conn: Conn, now: float) -> list[GraphCommand]:
+    def on_closed(self, conn: Conn, now: float, cause: str | None = None) -> list[GraphCommand]:
         """A host's connection went away: unless it had sent its final states, the attempt
-        is lost; no more snapshots start until Spark restarts the stage."""
+        is lost; no more snapshots start until Spark restarts the stage.  With ``cause``
+        (the driver closed it: the host went silent, a frozen process the engine will not
+        restart) the run fails naming the host, and the other hosts are told to stop."""
         slot = self.slot_of(conn)
         if slot is None or slot in self.finals or self.done:
             return []
+        if cause is not None:
+            why = f"host {slot}: {cause}"
+            self._note_failure(why)
+            cmds: list[GraphCommand] = [Send(c, m.Stop(abandoned=why))
+                                        for s, c in sorted(self.tracker.attempt.conns.items())
+                                        if s != slot]
+            self._finish(f"attempt {self.tracker.number} lost {why}", cmds,
+                         DoneCause.TASK_SILENT)
+            return cmds
+        self._note_failure(f"host {slot}: its connection closed")
         self.lost = True
         if self.attempts and self.attempts[-1].lost_at is None:
             self.attempts[-1].lost_at = now
@@ -200,8 +228,32 @@ class GraphController:
         cmds: list[GraphCommand] = []
         if not self.done:
             self._finish("the Spark stage ended before the run did "
-                         f"(final states from hosts {sorted(self.finals)})", cmds)
+                         f"(final states from hosts {sorted(self.finals)})", cmds,
+                         DoneCause.STAGE_ENDED)
         return cmds
+
+    def next_due(self, now: float) -> float | None:
+        """When :meth:`tick` has something to do next (>= ``now``); None: nothing until
+        the next event."""
+        if not self.started or self.done:
+            return None
+        if self.stopping is not None:
+            return max(self.stop_deadline, now)
+        if self.lost:
+            return None
+        times: list[float] = []
+        if self.duration is not None and self.t_run is not None:
+            times.append(self.t_run + self.duration)
+        if self.trigger is not None:
+            due = self.trigger.next_due(
+                now, pending=sum(s.by_driver for s in self.snaps.values()))
+            if due is not None:
+                times.append(due)
+        return max(min(times), now) if times else None
+
+    def shutdown(self, why: str) -> list[GraphCommand]:
+        self.done = True
+        return []
 
     def cancel(self, now: float) -> list[GraphCommand]:
         cmds: list[GraphCommand] = []
@@ -217,7 +269,7 @@ class GraphController:
             if now > self.stop_deadline:
                 missing = sorted(set(self.tracker.attempt.conns) - set(self.finals))
                 log.warning("run stopped, but hosts %s sent no final state", missing)
-                self._finish(None, cmds)
+                self._finish(None, cmds, DoneCause.FINISHED)
             return cmds
         if self.lost:
             return cmds
@@ -318,6 +370,7 @@ class GraphController:
         return extra
 
     def _new_attempt(self) -> None:
+        self.last_failure, self.trace = None, ""
         self.pending = PendingCheckpoints(math.inf)
         self.snaps.clear()
         self.finals.clear()
@@ -348,7 +401,8 @@ class GraphController:
             self.trigger = TriggerPolicy(self.policy, now)
         for conn in a.conns.values():
             cmds.append(Send(conn, m.Start(a.number, dict(a.addresses),
-                                           point.path if point else None, now)))
+                                           point.path if point else None,
+                                           now + self.clock_offset)))
         log.info("attempt %d started%s", a.number, f" from {point.path}" if point else "")
 
     def _stop(self, reason: str, now: float, cmds: list[GraphCommand]) -> None:
@@ -356,7 +410,12 @@ class GraphController:
         self.stop_deadline = now + STOP_GRACE
         cmds.extend(Send(c, m.Stop()) for c in self.tracker.attempt.conns.values())
 
-    def _finish(self, error: str | None, cmds: list[GraphCommand]) -> None:
+    def _note_failure(self, failure: str) -> None:
+        if self.last_failure is None:
+            self.last_failure = failure
+
+    def _finish(self, error: str | None, cmds: list[GraphCommand], cause: DoneCause) -> None:
         if not self.done:
             self.done = True
-            cmds.append(Done(error))
+            self.cause, self.error = cause, error
+            cmds.append(Done(cause, error))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from . import messages as m
+from .controller import Conn, Done, DoneCause, Send
 from .watermarks import SubtaskAlignment, decode_ts, encode_ts
 from .coordinator import (
     Abort,
@@ -36,21 +37,11 @@ log = logging.getLogger("cutline.driver")
 
 __all__ = [
     "Attempt", "AttemptStarted", "AttemptTracker", "CheckpointRecord", "CommitCheckpoint",
-    "Conn", "Done", "FailedCheckpoint", "JobCommand", "JobController", "JobShape",
+    "Conn", "Done", "DoneCause", "FailedCheckpoint", "JobCommand", "JobController", "JobShape",
     "Resubmit", "SavepointFailed", "SavepointReady", "Send",
 ]
 
-Conn: TypeAlias = Hashable
-
-
 # ---------------------------------------------------------------- commands
-
-
-@dataclass(frozen=True, slots=True)
-class Send:
-    """Send ``msg`` on ``conn`` (a lost connection is no error: the attempt is over)."""
-    conn: Conn
-    msg: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +65,6 @@ class SavepointReady:
 class SavepointFailed:
     token: Hashable
     reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Done:
-    """The job is over: finished (``error`` None), stopped with a savepoint, or failed."""
-    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +176,6 @@ class FailedCheckpoint:
     started: float
     failed: float
     reason: str
-    acked: int = 0  # tasks that had acknowledged it when it was aborted
 
 
 HISTORY = 1000
@@ -280,6 +264,7 @@ class JobController:
         self.started_attempts = 0
         self.done = False
         self.error: str | None = None
+        self.cause: DoneCause | None = None  # why it is done
         # the last attempt's first task failure (its cause: later ones are often peers
         # losing their channels to it), and the Python traceback of that or of the fatal
         # one (for the log file, not the terminal)
@@ -350,7 +335,7 @@ class JobController:
             # it will fail again on a retry: whichever attempt it comes from (or none: a
             # slot that could not even be set up), the job fails with it
             self.trace = msg.trace
-            self._finish(f"task {msg.who}: {msg.error}", cmds)
+            self._finish(f"task {msg.who}: {msg.error}", cmds, DoneCause.TASK_FAILED)
             return cmds
         if self.done or not self.attempts.current(conn) or self.coordinator is None:
             return cmds  # stale: a previous attempt's, or the job is over
@@ -384,7 +369,7 @@ class JobController:
             self._note_cpu(conn, msg.cpu)
             self.finished.add(msg.task)
             if self.finished >= set(self.shape.tasks):
-                self._finish(None, cmds)
+                self._finish(None, cmds, DoneCause.FINISHED)
         elif t is m.Failed:
             log.warning("task %s failed: %s", msg.who, msg.error)
             self._note_failure(f"task {msg.who}: {msg.error}", msg.trace)
@@ -436,7 +421,7 @@ class JobController:
             self._resubmit(now, f"the Spark stage ended after {self.waiting_for}", cmds)
         else:
             self._finish("the Spark stage ended before every task finished "
-                         f"(finished: {sorted(self.finished)})", cmds)
+                         f"(finished: {sorted(self.finished)})", cmds, DoneCause.STAGE_ENDED)
         return cmds
 
     def request_savepoint(self, token: Hashable, stop: bool, now: float) -> list[JobCommand]:
@@ -469,6 +454,29 @@ class JobController:
             self._maybe_probe(now, cmds)
         self._watch(now, cmds)
         return cmds
+
+    def next_due(self, now: float) -> float | None:
+        """When :meth:`tick` has something to do next (>= ``now``): the coordinator's next
+        trigger or expiry, an iteration probe, the watchdog's deadline; None: nothing until
+        the next event."""
+        if self.done:
+            return None
+        times: list[float] = []
+        a = self.attempt
+        if self.coordinator is not None and a.started and not a.lost:
+            due = self.coordinator.next_due(now)
+            if due is not None:
+                times.append(due)
+            if self.probe_at is not None and not self.loop_closed:
+                times.append(self.probe_at)
+        if self.waiting_limit is not None and self.waiting_since is not None:
+            times.append(self.waiting_since + self.waiting_limit)
+        return max(min(times), now) if times else None
+
+    def cancel(self, now: float) -> list[JobCommand]:
+        """The caller gave up: nothing to say to the tasks (the driver closes their
+        connections, and they end)."""
+        return []
 
     def committed(self, checkpoint_id: int, path: str, now: float) -> list[JobCommand]:
         """The driver wrote ``_metadata`` of ``checkpoint_id`` at ``path``."""
@@ -503,7 +511,7 @@ class JobController:
             if stop:  # after Complete on the same connections: sinks commit, then stop
                 self.stopped_with_savepoint = path
                 self._broadcast(m.Stop(), cmds)
-                self._finish(None, cmds)
+                self._finish(None, cmds, DoneCause.SAVEPOINT)
             cmds.append(SavepointReady(token, path))
         return cmds
 
@@ -573,7 +581,7 @@ class JobController:
                      f"{'s' if self.resubmits != 1 else ''}" if self.resubmits else "")
             self._finish(f"{waited}{tries} (the stage needs {self.shape.slots} free task "
                          "slots at once: is capacity missing, or a task Spark cannot end "
-                         "holding one?)", cmds)
+                         "holding one?)", cmds, DoneCause.NO_ATTEMPT)
             return
         self._resubmit(now, waited, cmds)
 
@@ -683,11 +691,10 @@ class JobController:
                                                      stats), stats, cmd.savepoint))
             elif isinstance(cmd, Abort):
                 n = cmd.checkpoint_id
-                acked = len(self._acked.pop(n, {}))
+                self._acked.pop(n, None)
                 self.checkpoints_failed += 1
                 remember(self.failed_checkpoints, FailedCheckpoint(
-                    n, self.attempt.number, self.triggered.pop(n, now), now, cmd.reason,
-                    acked))
+                    n, self.attempt.number, self.triggered.pop(n, now), now, cmd.reason))
                 self._broadcast(m.Abort(cmd.checkpoint_id), cmds)
                 self._fail_savepoints(cmd.reason, cmds, only=cmd.checkpoint_id)
                 heads = self.shape.loop_heads
@@ -697,7 +704,7 @@ class JobController:
                     self.final = None
                     self._maybe_final(now, cmds)
             elif isinstance(cmd, FailJob):
-                self._finish(cmd.reason, cmds)
+                self._finish(cmd.reason, cmds, DoneCause.CHECKPOINTS_FAILED)
 
     def _fail_savepoints(self, why: str, cmds: list[JobCommand],
                          only: int | None = None) -> None:
@@ -706,10 +713,11 @@ class JobController:
             cmds.append(SavepointFailed(token, f"savepoint {n} of job {self.job!r} "
                                                f"failed: {why}"))
 
-    def _finish(self, error: str | None, cmds: list[JobCommand]) -> None:
+    def _finish(self, error: str | None, cmds: list[JobCommand], cause: DoneCause) -> None:
         if self.done:
             return
         self.done = True
         self.error = error
-        cmds.append(Done(error))
+        self.cause = cause
+        cmds.append(Done(cause, error))
 

@@ -8,14 +8,15 @@ is logged and dropped; the connection stays up.
 
 With a heartbeat monitor (:mod:`.heartbeats`) on both ends, an idle control connection
 carries heartbeats both ways: the driver fails a task it hears nothing from for the
-heartbeat timeout (``(conn, CLOSED)`` with :attr:`FrameConnection.silence` saying so), and
-a task fails when its driver goes silent, instead of waiting for it forever.
+heartbeat timeout (:class:`Closed` with the monitor's reason), and a task fails when its
+driver goes silent, instead of waiting for it forever.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+from dataclasses import dataclass
 from typing import Any
 
 from ..protocol import messages
@@ -25,11 +26,8 @@ from .net import HandshakeError
 
 _log = logging.getLogger("cutline.control")
 
-__all__ = ["CLOSED", "CONTROL", "ControlService", "FrameConnection", "HandshakeError",
-           "ProtocolError", "connect"]
-
-CLOSED = object()
-"""Put on a :class:`ControlService`'s queue as ``(conn, CLOSED)`` when ``conn`` closes."""
+__all__ = ["CONTROL", "Closed", "ControlService", "FrameConnection", "HandshakeError",
+           "ProtocolError", "Received", "connect"]
 
 CONTROL = "control"  # the purpose of a task's (or host's) connection to its driver
 MESSAGE = net.FIRST_KIND  # the frame kind of one message
@@ -92,6 +90,21 @@ class FrameConnection:
         self.conn.close()
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class Received:
+    """A :class:`ControlService` event: ``msg`` came on ``conn``."""
+    conn: FrameConnection
+    msg: messages.Message
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Closed:
+    """A :class:`ControlService` event: ``conn`` closed; ``cause``: why, when this end
+    closed it (the heartbeat monitor: its peer went silent), else None."""
+    conn: FrameConnection
+    cause: str | None = None
+
+
 def connect(address: tuple[str, int], secret: net.JobSecret | bytes,
             timeout: float = 30.0) -> FrameConnection:
     """A task's (or host's) connection to its driver; HandshakeError when refused."""
@@ -105,12 +118,14 @@ def connect(address: tuple[str, int], secret: net.JobSecret | bytes,
 class ControlService:
     """A driver's listening socket: connections must pass the handshake with ``secret``
     (strangers are refused and logged, never read); every message then arrives on ``events``
-    as ``(conn, msg)``, and a closed connection as ``(conn, CLOSED)``.
+    as :class:`Received`, and a closed connection as :class:`Closed`.
     :meth:`close` closes every connection still open, of any attempt."""
 
     def __init__(self, host: str, secret: net.JobSecret | bytes, events: Any,
-                 name: str = "cutline", heartbeats: Heartbeats | None = None) -> None:
+                 name: str = "cutline", heartbeats: Heartbeats | None = None,
+                 peer: str = "the task") -> None:
         self.secret, self.events, self.name = secret, events, name
+        self.peer = peer  # what a peer is called when it goes silent
         self._heartbeats = heartbeats
         self._listener = net.Listener(host, secret, admit=net.only(CONTROL), serve=self._serve,
                                       name=f"{name}-accept", log=_log,
@@ -127,7 +142,7 @@ class ControlService:
         conn = FrameConnection(raw)
         hb = self._heartbeats
         if hb is not None:
-            hb.watch(raw, "the task")
+            hb.watch(raw, self.peer)
         try:
             while True:
                 try:
@@ -136,13 +151,13 @@ class ControlService:
                     _log.error("%s: dropped a control message from %s: %s", self.name,
                                raw.peer, exc)
                     continue
-                self.events.put((conn, msg))
+                self.events.put(Received(conn, msg))
         except ProtocolError as exc:
             _log.warning("%s: dropped the control connection from %s: %s", self.name,
                          raw.peer, exc)
-            self.events.put((conn, CLOSED))
+            self.events.put(Closed(conn, conn.silence))
         except (ConnectionError, OSError):
-            self.events.put((conn, CLOSED))
+            self.events.put(Closed(conn, conn.silence))
         finally:
             if hb is not None:
                 hb.forget(raw)

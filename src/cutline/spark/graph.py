@@ -15,9 +15,9 @@ import tempfile
 import time
 from typing import Any
 
-from ..driver.dataflow import STAGE_ENDED, JobFailed
-from ..driver.graph import CANCEL, GraphDriver, RunOptions
-from ..driver.run import JobCancelled
+from ..driver.dataflow import JobFailed
+from ..driver.graph import GraphDriver, RunOptions
+from ..driver.run import drive
 from ..driver.threads import ThreadsEngine
 from ..graph.host import GraphSpec, Host
 from ..graph.result import RunResult
@@ -68,37 +68,21 @@ def run_graph(graph: Any, opts: RunOptions, *, spark: Any = None, on_start: Any 
     else:
         engine = ThreadsEngine(hosts)
         processes = copy.deepcopy(graph.processes)
+    tls = bool(engine.tls if opts.tls is None else opts.tls)
     driver = GraphDriver(graph, opts, placement, hosts, storage, host=engine.driver_host,
-                         on_snapshot=on_snapshot)
+                         on_snapshot=on_snapshot, tls=tls)
     spec = GraphSpec(job=graph.name, names=names, processes=processes, edges=list(graph.edges),
                      placement=placement, hosts=hosts, secret=driver.secret,
                      coordinator=driver.address, trace=opts.trace, seed=opts.seed,
-                     host_addr=engine.task_host)
-    driver.start()
+                     host_addr=engine.task_host, heartbeat_timeout=opts.heartbeat_timeout)
     t0 = time.monotonic()
-
-    def stage_ended() -> None:
-        failure = engine.failure()
-        if failure and driver.error is None and not driver.done.is_set():
-            driver.error = failure
-        driver.events.put((None, STAGE_ENDED))
-
     try:
-        engine.submit(_host_main, spec, f"cutline process graph {graph.name}", stage_ended)
-        if on_start is not None:
-            on_start(driver)
-        while not driver.done.wait(0.05):
-            if isinstance(engine, ThreadsEngine) and engine.error is not None:
-                raise engine.failed(f"graph {graph.name!r} failed: {engine.failure()}")
-            if opts.timeout is not None and time.monotonic() - t0 > opts.timeout:
-                raise JobCancelled(f"graph {graph.name!r} cancelled: not finished within "
-                                   f"{opts.timeout}s")
-        if driver.error:
-            raise JobFailed(f"graph {graph.name!r} failed: {driver.error}")
+        t0 = drive(driver, engine, _host_main, spec, f"graph {graph.name!r}",
+                   timeout=opts.timeout, on_start=on_start)
         engine.join(30)
     finally:
         if not driver.done.is_set():  # cancelled: let the hosts end cleanly if they can
-            driver.events.put((None, CANCEL))
+            driver.cancel()
             driver.done.wait(5.0)
         if not driver.done.is_set() or driver.error:
             engine.cancel()

@@ -18,7 +18,10 @@ import threading
 import types
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..driver.dataflow import JobFailed
 
 from .probe import TASK_NEEDS, guarded, unfit_row
 
@@ -173,7 +176,7 @@ class SparkStage:
         """Spark's whole error (Java frames and all), for the log file."""
         return "" if self.error is None else str(self.error)
 
-    def failed(self, message: str) -> Exception:
+    def failed(self, message: str) -> JobFailed:
         from ..driver.dataflow import JobFailed
 
         return JobFailed(message)  # not chained: Py4J's exception carries Java frames
