@@ -418,3 +418,53 @@ def test_report_of_a_job_stopped_with_a_savepoint_and_of_a_cancelled_one(tmp_pat
     snap = embedded((tmp_path / "chk" / "stopped" / "report.html").read_text())
     assert snap["status"] == "cancelled" and snap["restored_from"] == savepoint
     assert [r["status"] for r in snap["report"]["runs"]] == ["cancelled", "stopped"]
+
+
+KILLED_JOB = """
+import sys
+from cutline import CheckpointConfig, Pipeline
+from cutline.connectors.collect import CollectSink
+from cutline.connectors.generator import GeneratorSource
+
+p = Pipeline("killed", parallelism=2, checkpoint=CheckpointConfig(
+    storage="file://" + sys.argv[1] + "/chk", interval=0.1))
+(p.source(GeneratorSource(count=None, rate=2000), uid="numbers")
+ .key_by(lambda i: i % 5).count(uid="counts")
+ .sink(CollectSink(sys.argv[1] + "/out"), uid="out"))
+p.run(engine="threads")
+"""
+
+
+def test_post_mortem_of_a_driver_killed_with_sigkill(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_JOB, str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    job_dir = tmp_path / "chk" / "killed"
+    history = job_dir / HISTORY_FILE
+    try:
+        deadline = time.monotonic() + 120
+        while not history.exists() or history.read_text().count('"event":"checkpoint"') < 5:
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "no 5 checkpoints in the history in 120 s"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        proc.kill()
+        proc.stderr.close()
+    assert not (job_dir / "report.html").exists()  # the driver died before its end
+    recorded = [json.loads(x)["id"] for x in history.read_text().splitlines()
+                if '"event":"checkpoint"' in x]
+    kept = sorted(int(p.name[4:]) for p in job_dir.glob("chk-*")
+                  if (p / "_metadata").exists())
+    assert main(["report", str(job_dir)]) == 0
+    snap = embedded((job_dir / "report.html").read_text())
+    assert snap["status"] == "unknown" and "killed" in snap["error"]
+    ids = [h["id"] for h in snap["checkpoints"]["history"]]
+    assert ids == sorted(set(recorded) | set(kept), reverse=True)
+    assert {h["id"] for h in snap["checkpoints"]["history"] if h["kept"]} == set(kept)
+    assert snap["checkpoints"]["summary"]["count"] == len(ids)
+    assert [r["status"] for r in snap["report"]["runs"]] == ["unknown"]
