@@ -477,10 +477,16 @@ def test_live_pages_hold_still_in_headless_chromium(tmp_path):
             b.wait('document.querySelectorAll("#checkpoint-detail tbody tr").length === 4')
             b.eval('document.getElementById("newer").click()')
             b.wait(f"{rows}[0] > {top}")  # page 1 is live again
+            job.cancel()
+            with pytest.raises(Exception, match="cancelled"):
+                job.result(60)
+            # the server is gone with the job: the page says where its report is
+            banner = b.wait('document.getElementById("ended").textContent')
+            assert banner.startswith("The job is over: no answer from the driver")
+            assert f"file://{tmp_path}/chk/paging/report.html" in banner
+            assert (tmp_path / "chk" / "paging" / "report.html").is_file()
     finally:
         job.cancel()
-    with pytest.raises(Exception, match="cancelled"):
-        job.result(60)
 
 
 def test_a_failed_checkpoint_shows_how_many_subtasks_had_acknowledged_it():
