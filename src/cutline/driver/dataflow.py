@@ -35,6 +35,7 @@ from ..protocol.job import (
 from ..protocol.liveness import HEARTBEAT_TIMEOUT
 from ..runtime.restore import check_compatible, plan_summary, read_states
 from ..storage.checkpoints import CheckpointStorage
+from ..storage.lease import JobLease
 from .late import LateWarnings, late_totals, lateness_of
 from .shell import Driver
 
@@ -99,12 +100,25 @@ class JobDriver(Driver):
         # the shell (listener, heartbeats, TLS, loop); its controller comes in _setup
         super().__init__(None, host=host, tls=tls, heartbeat_timeout=heartbeat_timeout,
                          name="cutline-driver")
+        # one job per storage: held from here to stop(); refused when another driver runs it
         self.dashboard_url: str | None = None  # the live dashboard's, with its token
         try:
-            self._setup(plan, config, job, restore_from, restart_timeout, start_timeout)
+            self.lease = JobLease(self.storage, dashboard=lambda: self.dashboard_url,
+                                  on_lost=self._lease_lost)
+            self.lease.acquire()
         except BaseException:
             self._control.close()  # the run does not start: leave no listener behind
             raise
+        try:
+            self._setup(plan, config, job, restore_from, restart_timeout, start_timeout)
+        except BaseException:
+            self.lease.release()
+            self._control.close()
+            raise
+
+    def _lease_lost(self, reason: str) -> None:
+        self.error = reason
+        self.done.set()
 
     def _setup(self, plan: PhysicalPlan, config: CheckpointConfig, job: str,
                restore_from: str | None, restart_timeout: float | None,
@@ -339,6 +353,7 @@ class JobDriver(Driver):
             return handle.path
         except BaseException:
             self._control.close()  # the run does not start: leave no listener behind
+            self.lease.release()
             raise
 
     def stop(self, why: str = "the job stopped") -> None:
@@ -346,6 +361,7 @@ class JobDriver(Driver):
         if getattr(self, "admin", None) is not None:
             self.admin.stop()
         super().stop(why)  # and every task connection, of this attempt or older ones
+        self.lease.release()
 
 
 
