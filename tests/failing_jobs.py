@@ -27,8 +27,25 @@ CASES = {
     "keyby_pickle": "cannot pickle record (1, <unlocked _thread.lock object",
     "config": "aligned_timeout applies to mode 'aligned' only",
     "unhashable": "key_by returned the unhashable key [",
+    # a sink whose path lies under a regular file: found when it opens
+    "sink_not_a_dir": "NotADirectoryError: [Errno 20] Not a directory",
+    # a sink refused by its storage while it writes (S3's AccessDenied, a read-only mount)
+    "sink_denied": "PermissionError: [Errno 13] Permission denied: 's3://bucket/out'",
     "interrupt": "",
 }
+
+
+class DeniedSink(CollectSink):
+    """A sink whose storage refuses every write (what S3's AccessDenied is in fsspec)."""
+
+    def create_writer(self):
+        writer = super().create_writer()
+
+        def write(batch):
+            raise PermissionError(13, "Permission denied", "s3://bucket/out")
+
+        writer.write = write
+        return writer
 
 
 def build(case: str, d: str) -> Pipeline:
@@ -53,6 +70,13 @@ def build(case: str, d: str) -> Pipeline:
         object.__setattr__(cfg, "unaligned", True)
         object.__setattr__(cfg, "aligned_timeout", 0.1)
         s.sink(sink, uid="out")
+    elif case == "sink_not_a_dir":
+        from cutline.connectors.parquet_sink import ParquetSink
+
+        open(f"{d}/a-file", "w").close()
+        s.map(lambda i: {"i": i}, uid="row").sink(ParquetSink(f"{d}/a-file/out"), uid="out")
+    elif case == "sink_denied":
+        s.map(lambda i: i * 2, uid="double").sink(DeniedSink(f"{d}/out"), uid="out")
     elif case == "unhashable":
         s.map(lambda i: [i % 5], uid="listify").key_by(lambda r: r).count(uid="count") \
          .sink(sink, uid="out")

@@ -49,7 +49,7 @@ def check_output(proc, cause: str) -> list[str]:
 
 
 @pytest.mark.parametrize("case", ["user", "sink_pickle", "keyby_pickle", "config",
-                                  "unhashable"])
+                                  "unhashable", "sink_not_a_dir", "sink_denied"])
 def test_a_failing_job_on_threads_says_why_in_a_few_lines(tmp_path, case):
     proc, took = run_script(case, "threads", tmp_path, timeout=120)
     check_output(proc, CASES[case])
@@ -57,7 +57,8 @@ def test_a_failing_job_on_threads_says_why_in_a_few_lines(tmp_path, case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["sink_pickle", "keyby_pickle", "config"])
+@pytest.mark.parametrize("case", ["sink_pickle", "keyby_pickle", "config", "sink_not_a_dir",
+                                  "sink_denied"])
 def test_a_repeating_failure_on_spark_fails_at_once_in_a_few_lines(tmp_path, case):
     proc, _ = run_script(case, "spark", tmp_path)
     lines = check_output(proc, CASES[case])

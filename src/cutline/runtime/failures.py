@@ -31,7 +31,7 @@ from .tls import JobSecret
 
 log = logging.getLogger("cutline.task")
 
-__all__ = ["SetupError", "repeats", "report_setup_failure"]
+__all__ = ["REPEATING_OS_ERRORS", "SetupError", "describe", "repeats", "report_setup_failure"]
 
 
 class SetupError(RuntimeError):
@@ -39,17 +39,36 @@ class SetupError(RuntimeError):
     a retry (not an I/O error): its pipeline, configuration or checkpoint is at fault."""
 
 
+# What a retry meets again, by its type: a path that cannot be a directory (a file sits where
+# one is needed), a directory where a file is needed, or no permission to use it (S3's
+# AccessDenied reaches fsspec users as PermissionError too).  Other OSErrors (a connection
+# reset, a timeout, an I/O error, a full disk) may pass: Spark restarts the stage.
+REPEATING_OS_ERRORS = (NotADirectoryError, IsADirectoryError, PermissionError)
+
+
 def repeats(exc: BaseException) -> bool:
     """Will ``exc`` happen again when the stage is retried?"""
     return isinstance(exc, (UserFunctionError, RecordError, CommitError,
                             UnpicklableRecordError, SetupError, SchemaMismatchError,
-                            UnsupportedRecordError, UnavailableError))
+                            UnsupportedRecordError, UnavailableError, *REPEATING_OS_ERRORS))
+
+
+def describe(exc: BaseException) -> str:
+    """How a task's failure reads to the user: cutline's own errors say what they mean; any
+    other (an OSError's ``[Errno 20] Not a directory: ...``) gets its type in front."""
+    if repeats(exc) and not isinstance(exc, OSError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
 
 
 def setup_error(what: str, exc: BaseException) -> BaseException:
     """``exc``, raised while a task was being set up, as it should be reported: a
     :class:`SetupError` unless it is an I/O error or a broken channel (a peer died while
     the stage restarts: worth a retry), or already fatal."""
+    if isinstance(exc, REPEATING_OS_ERRORS):  # say what was being opened, and the type
+        err = SetupError(f"{what}: {type(exc).__name__}: {exc}")
+        err.__cause__ = exc
+        return err
     if repeats(exc) or isinstance(exc, (OSError, ChannelError)):
         return exc
     err = SetupError(f"{what}: {type(exc).__name__}: {exc}")

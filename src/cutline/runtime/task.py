@@ -57,7 +57,7 @@ from .chain import EventTime, OperatorChain
 from .channels import InputGate, OutputChannel
 from .control import FrameConnection, connect
 from .deadletter import DeadLetters
-from .failures import repeats, setup_error
+from .failures import describe, repeats, setup_error
 from .faults import FaultPlan
 from .heartbeats import Heartbeats
 from .operators import AssignTimestamps, Filter, FlatMap, Map, UserFunctionError, build_operator
@@ -490,8 +490,7 @@ class Subtask:
             if not fatal:
                 log.warning("task %s failed: %s", self.task_id, exc)
             try:
-                self.slot.send(m.Failed(self.task_id, fatal,
-                                        str(exc) if fatal else f"{type(exc).__name__}: {exc}",
+                self.slot.send(m.Failed(self.task_id, fatal, describe(exc),
                                         traceback.format_exc()[-4000:]))
             except OSError:
                 pass
