@@ -22,7 +22,9 @@ mode).  Both at parallelism 2 / 2 slots (``local[2]``).
 
 **Cases**: ``cutline`` (per record: ``FileSource``, ``json.loads`` per line), ``cutline
 columnar`` (``FileSource.batches`` with the columns the query reads), checkpoints every 1 s,
-run as a user runs it (``Pipeline.run()``, its embedded session), into a sink that keeps the
+the keyed count's update stream sized by time (a row per key per checkpoint, as Spark's
+update mode writes one per key per micro-batch; ``--updates record``: a row per record), run
+as a user runs it (``Pipeline.run()``, its embedded session), into a sink that keeps the
 latest value per key (per checkpoint, the keys changed since the last one are written);
 ``spark sql`` with ``trigger(availableNow=True)`` at its best settings: a search over
 ``maxFilesPerTrigger`` and ``spark.sql.shuffle.partitions`` (one run each after one warm-up
@@ -132,7 +134,8 @@ def ensure_input(data: Path, records: int, lines_per_file: int, console: Any) ->
     files = max(1, -(-records // lines_per_file))
     console.print(f"writing {records:,} events in {files} files under {root} ...", style="dim")
     t0 = time.monotonic()
-    out = vs.write_backlog(root / "backlog", records, files, window=WINDOW)
+    out = vs.write_backlog(root / "backlog", records, files, window=WINDOW, stateless=False,
+                           processes=cores())
     vs.windowed_backlog(root / "backlog", root / "windowed")
     want = {"records": records, "files": files, "user_counts": out["user_counts"],
             "window_counts": out["window_counts"]}
@@ -242,12 +245,23 @@ def cutline_pipeline(spec: dict) -> Any:
         if spec["break_output"]:
             s = s.filter(not_broken, uid="broken")
         if query == KEYED:
-            s = s.key_by(vs.user_of).count(uid="counts")
+            s = s.key_by(vs.user_of).count(uid="counts", **updates_arg(spec["updates"]))
         else:
             s = (s.assign_timestamps(vs.event_time, max_delay=MAX_DELAY, uid="stamps")
                  .key_by(vs.user_of).window(cutline.tumbling(WINDOW)).count(uid="counts"))
     s.sink(sink, uid="out")
     return p
+
+
+def updates_arg(updates: str) -> dict:
+    """``count(updates=...)`` where this cutline has it (``{}`` where it does not: one row
+    per record, the only way then)."""
+    import inspect
+
+    from cutline.api import KeyedStream
+
+    return {"updates": updates} if "updates" in inspect.signature(
+        KeyedStream.count).parameters else {}
 
 
 def run_cutline(spec: dict) -> dict:
@@ -481,7 +495,7 @@ class Bench:
                 "checkpoint": str(d / "ck"), "result": str(d / "result.json"),
                 "break_output": self.args.break_output and system in (CUTLINE, COLUMNAR),
                 "max_files": spark.get("max_files"), "partitions": spark.get("partitions"),
-                "heap": spark.get("heap")}
+                "heap": spark.get("heap"), "updates": self.args.updates}
         (d / "spec.json").write_text(json.dumps(spec))
         label = f"{data['records']:,} {query:<6} {system:<17}" + (
             f" [{spark_label(spark)}]" if spark else "")
@@ -682,6 +696,49 @@ def print_table(console: Any, rows: list[dict], result: dict) -> None:
                           f"({f['smallest']:,}-{f['largest']:,})", style="dim")
 
 
+def markdown(rows: list[dict], result: dict) -> str:
+    """The table and its conditions as Markdown, for docs/benchmarks.md (``scale.md`` next to
+    the results file): the figures the docs quote, from this run."""
+    c = result["conditions"]
+    v = c["versions"]
+    git = v.get("git", {})
+    during = [r["load_max"] for r in rows if r["load_max"] is not None]
+    lines = [f"`{' '.join(['python bench/scale.py', *result['settings']['argv']])}` "
+             f"({c['when']}, git `{(git.get('commit') or '?')[:7]}`"
+             f"{', uncommitted src' if git.get('src_uncommitted') else ''}; {c['cores']} "
+             f"cores; load before {c['load_before'][0]:.1f}, highest during a run "
+             f"{max(during, default=0):.1f}; Python {v.get('python')}, Spark "
+             f"{v.get('pyspark')}, pyarrow {v.get('pyarrow')}, {v.get('java')}):", "",
+             "| records | query | system | end to end, s [95% CI] | records/s | processing, s "
+             "| records/s, processing | records/CPU-s | × Spark SQL [95% CI] | × pyarrow × cores "
+             "| growth | runs (loaded, failed) |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        ci, vci = r["end_to_end_ci"], r.get("vs_spark_ci")
+        lines.append(
+            f"| {r['records']:,} | {r['query']} | {r['system']} | "
+            f"{fmt(r['end_to_end'], '.2f')}{f' [{ci[0]:.2f}–{ci[1]:.2f}]' if ci else ''} | "
+            f"{fmt(r['rate_end_to_end'], ',.0f')} | {fmt(r['processing'], '.2f')} | "
+            f"{fmt(r['rate_processing'], ',.0f')} | {fmt(r['records_per_cpu_second'], ',.0f')} | "
+            f"{fmt(r.get('vs_spark'), '.2f', '×')}"
+            f"{f' [{vci[0]:.2f}–{vci[1]:.2f}]' if vci else ''} | "
+            f"{fmt(r.get('vs_pyarrow_cores'), '.2f', '×')} | "
+            f"{fmt(r.get('cost_growth'), '.1f', '×')} | {r['runs']} ({r['loaded']}, "
+            f"{r['failed']}) |")
+    lines.append("")
+    for size in result["sizes"]:
+        for query, q in size["queries"].items():
+            if q["spark_best"]:
+                lines.append(f"- Spark SQL's best settings, {query} at {size['records']:,}: "
+                             f"{spark_label(q['spark_best'])} (searched: " + "; ".join(
+                                 f"{spark_label(t)} {fmt(t['end_to_end'], '.1f')} s"
+                                 for t in q["spark_search"]) + ")")
+        for f in size["input"].values():
+            lines.append(f"- input `{Path(f['directory']).name}` at {size['records']:,}: "
+                         f"{f['files']} files, {f['bytes']:,} bytes")
+    return "\n".join(lines) + "\n"
+
+
 def plot(rows: list[dict], path: Path) -> str | None:
     plt = pyplot()
     queries = sorted({r["query"] for r in rows}, key=QUERIES.index)
@@ -746,6 +803,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--data", default=str(DEFAULT_DATA), help="where the input is kept")
     ap.add_argument("--work", default=None, help="run directories (default: under --data)")
     ap.add_argument("--timeout", type=positive_float, default=RUN_TIMEOUT)
+    ap.add_argument("--updates", choices=["checkpoint", "record"], default="checkpoint",
+                    help="cutline's per-record keyed count emits a row per key per checkpoint "
+                         "(as Spark's update mode per micro-batch; the default) or per record")
     ap.add_argument("--break-output", action="store_true",
                     help="cutline's queries drop one input record: the check must fail")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -788,6 +848,7 @@ def main(argv: list[str] | None = None) -> int:
                            "max_delay": MAX_DELAY, "rounds": args.rounds,
                            "max_warmup": args.max_warmup, "settle": args.settle,
                            "spark_grid": args.spark_grid, "break_output": args.break_output,
+                           "per_record_count_updates": args.updates,
                            "argv": argv},
               "seconds": time.monotonic() - t0, "summary": rows, "sizes": sizes,
               "failures": bench.failures}
@@ -795,6 +856,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_plot and rows:
         result["plot"] = plot(rows, args.out.with_suffix(".png"))
     write_results(args.out, result, console)
+    try:
+        args.out.with_suffix(".md").write_text(markdown(rows, result))
+    except OSError as exc:
+        console.print(f"could not write {args.out.with_suffix('.md')}: {exc}", style="yellow")
     if bench.failures:
         console.print(f"[red]{len(bench.failures)} run(s) FAILED[/] (wrong output, a wrong "
                       "read schema, or no clean exit): the benchmark fails", style="bold")

@@ -547,37 +547,77 @@ def backlog_ts(i: int) -> float:
     return round(BASE_TS + i / EVENT_RATE - disorder(i), 3)
 
 
-def write_backlog(directory: Path, records: int, files: int, window: float = WINDOW) -> dict:
+def write_backlog(directory: Path, records: int, files: int, window: float = WINDOW, *,
+                  stateless: bool = True, processes: int = 1) -> dict:
     """``records`` events in ``files`` JSON-lines files; what a correct run outputs
     (``window_counts``: the count per (user, start of its ``window``-second tumbling
-    window), ``user_counts``: the count per user; neither written to JSON).  Files are
-    numbered and dated in event-time order (Spark reads the oldest first)."""
+    window), ``user_counts``: the count per user; neither written to JSON; with
+    ``stateless``, workload 1's kept rows and their digest).  Files are numbered and dated
+    in event-time order (Spark reads the oldest first).  ``processes`` > 1 writes files in
+    that many processes, compact JSON (orjson where installed): for large inputs."""
     directory.mkdir(parents=True, exist_ok=True)
-    kept = digest = 0
-    windows: collections.Counter = collections.Counter()
-    users: collections.Counter = collections.Counter()
     bounds = [records * k // files for k in range(files + 1)]
     now = time.time()
-    for k in range(files):
-        events = [make_event(i, backlog_ts(i)) for i in range(bounds[k], bounds[k + 1])]
-        passed = [enrich(e) for e in events if keep(e)]
-        kept += len(passed)
-        digest += rows_digest(passed)
-        windows.update((e["user"], window_start(e["ts"], window)) for e in events)
-        users.update(e["user"] for e in events)
-        path = directory / f"ev-{k:06d}.jsonl"
-        path.write_text("".join(json.dumps(e) + "\n" for e in events))
-        os.utime(path, (now - files + k, now - files + k))
-    return {"records": records, "files": files, "kept": kept, "windows": len(windows),
+    jobs = [(directory, k, bounds[k], bounds[k + 1], now - files + k, window, stateless,
+             processes > 1) for k in range(files)]
+    if processes > 1:
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(processes) as pool:
+            parts = pool.imap_unordered(_backlog_file, jobs, chunksize=1)
+            totals = _add_up(parts)
+    else:
+        totals = _add_up(map(_backlog_file, jobs))
+    kept, digest, windows, users = totals
+    return {"records": records, "files": files, "kept": kept if stateless else None,
+            "windows": len(windows),
             "bytes": sum(f.stat().st_size for f in directory.iterdir()),
-            "stateless_digest": digest % (1 << 64),
+            "stateless_digest": digest % (1 << 64) if stateless else None,
             "window_counts": dict(windows), "user_counts": dict(users)}
 
 
+def _backlog_file(job: tuple) -> tuple[int, int, collections.Counter, collections.Counter]:
+    """One backlog file (``write_backlog``): its kept rows, their digest, its counts."""
+    directory, k, lo, hi, mtime, window, stateless, compact = job
+    events = [make_event(i, backlog_ts(i)) for i in range(lo, hi)]
+    kept = digest = 0
+    if stateless:
+        passed = [enrich(e) for e in events if keep(e)]
+        kept, digest = len(passed), rows_digest(passed)
+    windows = collections.Counter((e["user"], window_start(e["ts"], window)) for e in events)
+    users = collections.Counter(e["user"] for e in events)
+    path = directory / f"ev-{k:06d}.jsonl"
+    if compact:
+        try:
+            import orjson
+
+            path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
+        except ImportError:
+            path.write_text("".join(json.dumps(e, separators=(",", ":")) + "\n"
+                                    for e in events))
+    else:
+        path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    os.utime(path, (mtime, mtime))
+    return kept, digest, windows, users
+
+
+def _add_up(parts: Any) -> tuple[int, int, collections.Counter, collections.Counter]:
+    kept = digest = 0
+    windows: collections.Counter = collections.Counter()
+    users: collections.Counter = collections.Counter()
+    for k, d, w, u in parts:
+        kept, digest = kept + k, digest + d
+        windows.update(w)
+        users.update(u)
+    return kept, digest, windows, users
+
+
 def rows_digest(rows: list[dict]) -> int:
-    """An order-free digest of workload 1's output rows (the sum of their hashes; equal
-    multisets of rows, equal digests, within one process)."""
-    return sum(hash(tuple(r[c] for c in STATELESS_COLUMNS)) for r in rows)
+    """An order-free digest of workload 1's output rows: the sum of a stable 64-bit hash of
+    each row (equal multisets of rows, equal digests, in any process)."""
+    blake = hashlib.blake2b
+    return sum(int.from_bytes(blake(repr(tuple(r[c] for c in STATELESS_COLUMNS)).encode(),
+                                    digest_size=8).digest(), "little") for r in rows)
 
 
 def windowed_backlog(backlog: Path, directory: Path) -> Path:
