@@ -468,3 +468,37 @@ def test_post_mortem_of_a_driver_killed_with_sigkill(tmp_path):
     assert {h["id"] for h in snap["checkpoints"]["history"] if h["kept"]} == set(kept)
     assert snap["checkpoints"]["summary"]["count"] == len(ids)
     assert [r["status"] for r in snap["report"]["runs"]] == ["unknown"]
+
+
+def test_the_recorder_records_each_checkpoint_once_in_any_order(tmp_path):
+    """With concurrent checkpoints one may complete after a newer one did: recorded all the
+    same, once; what the driver forgets is not recorded again."""
+    from types import SimpleNamespace as NS
+
+    from cutline.driver.history import Recorder
+    from cutline.storage.checkpoints import CheckpointStorage
+
+    c = NS(attempt_log=[], checkpoints=[], failed_checkpoints=[])
+    driver = NS(storage=CheckpointStorage(str(tmp_path), "j"), job="j", controller=c,
+                restored_from=None, stopped_with_savepoint=None)
+    view = NS(driver=driver, engine="test", config={}, graph={},
+              checkpoint_entry=lambda r, now, wall: {"id": r.id},
+              failed_entry=lambda f, now, wall: {"id": f.id, "why": f.reason})
+    rec = Recorder(view, every=3600)
+    rec.start()
+    try:
+        c.attempt_log.append(NS(number=0, at=0.0, restored_from=None, after_failure=None))
+        c.checkpoints.append(NS(id=8))
+        rec.flush()
+        c.checkpoints.append(NS(id=7))
+        c.failed_checkpoints.append(NS(id=6, reason="declined"))
+        rec.flush()
+        del c.checkpoints[0]  # the driver forgot 8
+        c.checkpoints.append(NS(id=9))
+        rec.flush()
+    finally:
+        rec._stop.set()
+    got = [(e["event"], e.get("id", e.get("number"))) for e in
+           HistoryFile(driver.storage.fs, driver.storage.dir).read()]
+    assert got == [("run", None), ("attempt", 0), ("checkpoint", 8), ("failed", 6),
+                   ("checkpoint", 7), ("checkpoint", 9)]

@@ -189,7 +189,8 @@ class Recorder:
         self.every = every if every is not None else (
             LOCAL_EVERY if self.file.local else REMOTE_EVERY)
         self.run = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
-        self._completed = self._failed = 0  # the newest ids recorded
+        self._completed: set[int] = set()  # ids recorded, of those the driver remembers
+        self._failed: set[int] = set()
         self._attempts = -1
         self._pending: list[dict[str, Any]] = []
         self._warned = False
@@ -224,21 +225,20 @@ class Recorder:
                 out.append({"event": "attempt", "run": self.run,
                             **_dash.attempt_entry(a, now, wall)})
                 self._attempts = a.number
+        # by id, not by the newest id: with concurrent checkpoints one may complete (or
+        # fail) after a newer one did
         new: list[tuple[int, dict[str, Any]]] = []
-        for r in list(c.checkpoints):
-            if r.id > self._completed:
-                new.append((r.id, {"event": "checkpoint", "run": self.run,
-                                   **self.view.checkpoint_entry(r, now, wall)}))
-        for f in list(c.failed_checkpoints):
-            if f.id > self._failed:
-                new.append((f.id, {"event": "failed", "run": self.run,
-                                   **self.view.failed_entry(f, now, wall)}))
-        for n, entry in sorted(new, key=lambda x: x[0]):
-            out.append(entry)
-            if entry["event"] == "checkpoint":
-                self._completed = max(self._completed, n)
-            else:
-                self._failed = max(self._failed, n)
+        done = {r.id: r for r in list(c.checkpoints)}
+        for n in sorted(set(done) - self._completed):
+            new.append((n, {"event": "checkpoint", "run": self.run,
+                            **self.view.checkpoint_entry(done[n], now, wall)}))
+        failed = {f.id: f for f in list(c.failed_checkpoints)}
+        for n in sorted(set(failed) - self._failed):
+            new.append((n, {"event": "failed", "run": self.run,
+                            **self.view.failed_entry(failed[n], now, wall)}))
+        out += [entry for _, entry in sorted(new, key=lambda x: x[0])]
+        # what the driver still remembers (it forgets the oldest): a set that stays small
+        self._completed, self._failed = set(done), set(failed)
         return out
 
     def flush(self, extra: list[dict[str, Any]] | None = None) -> None:
