@@ -23,7 +23,7 @@ from ..runtime.failures import SetupError, report_setup_failure
 from ..runtime.task import JobSpec, Slot
 from .dataflow import JobDriver, JobFailed
 from .engine import Engine
-from .logs import append, new_log_file
+from .logs import RunLog, append, log_dir, new_log_file
 from .shell import Driver
 
 log = logging.getLogger("cutline.run")
@@ -99,7 +99,16 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
                        tls=bool(engine.tls if tls is None else tls),
                        heartbeat_timeout=heartbeat_timeout)
     driver.on_resubmit = engine.resubmit if engine.restarts else None
-    driver.check_restore(allow_non_restored_state)
+    try:  # this run's log file, in the job's folder (driver.logs)
+        driver.run_log = RunLog(driver.storage, driver.lease.run, engine.log_path)
+    except OSError as exc:
+        log.warning("cutline: job %r: no run log (%s); failures go to %s", pipeline.name, exc,
+                    log_dir())
+    try:
+        driver.check_restore(allow_non_restored_state)
+    except BaseException:
+        _close_run_log(driver)
+        raise
     spec = JobSpec(plan=plan, job=pipeline.name, secret=driver.secret,
                    coordinator=driver.route("control", driver.address),
                    mode=cfg.protocol_mode.value,
@@ -135,6 +144,7 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
         driver.stop()
         if board is not None:
             board.stop()
+        _close_run_log(driver)
     return JobResult(pipeline.name, driver.checkpoints, driver.attempts,
                      time.monotonic() - t0, driver.restored_from, plan.describe(),
                      task_pids=driver.task_pids, cpu_seconds=driver.cpu_seconds,
@@ -213,15 +223,27 @@ def _failed(what: str, driver: Driver, engine: Engine) -> JobFailed:
     else:
         cause = engine_says or driver.error or "unknown"
     message = f"{what} failed: {cause}"
-    path = engine.log_path or new_log_file("job")
-    append(path, f"cutline: {message}",
-           "\n\n".join(t for t in (c.trace, engine.details()) if t))
+    story = "\n\n".join(t for t in (c.trace, engine.details()) if t)
+    run_log: RunLog | None = getattr(driver, "run_log", None)
+    if run_log is not None:  # the run's own log: the story, then Spark's part of the run
+        run_log.failure(f"cutline: {message}", story)
+        path = run_log.path
+    else:
+        path = engine.log_path or new_log_file("job")
+        append(path, f"cutline: {message}", story)
     log.error("cutline: %s", message)
     log.error("cutline: the task's traceback%s: %s",
               " and Spark's logs" if engine.log_path else "", path)
     exc = engine.failed(message)
     exc.log_path = str(path)  # where the long story is
     return exc
+
+
+def _close_run_log(driver: Any) -> None:
+    run_log = getattr(driver, "run_log", None)
+    if run_log is not None:
+        driver.run_log = None
+        run_log.close()
 
 
 def _interrupted(pipeline: Any, driver: JobDriver) -> KeyboardInterrupt:

@@ -83,6 +83,7 @@ class Driver:
                                        heartbeats=self.heartbeats, peer=peer)
         self.address: tuple[str, int] = self._control.address
         self._thread: threading.Thread | None = None
+        self.run_log: Any = None  # the run's log file (driver.logs.RunLog), once it has one
 
     # ------------------------------------------------------------------ what subclasses add
 
