@@ -155,6 +155,120 @@ def test_the_check_reads_the_latest_checkpoint_when_none_is_given(tmp_path):
         {"kind": "count", "chain": "count", "parallelism": 2})
 
 
+# ------------------------------------------- operators without uids: positions checked
+
+
+def _reading(i):
+    return (f"k{i % 5}", (i * 7919) % 1000)
+
+
+def _key(r):
+    return r[0]
+
+
+def total(a, b):
+    return (a[0], a[1] + b[1])
+
+
+def longest(a, b):
+    return (a[0], max(a[1], b[1]))
+
+
+def _branches(tmp_path, *, swapped=False, uids=None, n=2_000, rate=None):
+    """Two stateful reduces without uids on two branches of one source (positions
+    reduce-1 and reduce-3; ``swapped``: declared the other way round, so at each other's
+    position), each into its own sink.  ``uids``: function name -> the uid to give it."""
+    uids = uids or {}
+    cfg = CheckpointConfig(interval=0.2, storage=f"file://{tmp_path}/checkpoints")
+    p = Pipeline("branches", parallelism=1, checkpoint=cfg)
+    s = p.source(GeneratorSource(count=n, fn=_reading, rate=rate), uid="readings")
+    sinks = {"total": CollectSink(str(tmp_path / "sums")),
+             "longest": CollectSink(str(tmp_path / "maxes"))}
+    for fn in (longest, total) if swapped else (total, longest):
+        (s.key_by(_key).reduce(fn, uid=uids.get(fn.__name__))
+           .sink(sinks[fn.__name__], uid=f"{fn.__name__}-out"))
+    return p, sinks
+
+
+def _cancel_after_checkpoints(p, count=2):
+    """Start ``p`` on threads, cancel it once ``count`` checkpoints completed (whatever the
+    machine's load: no fixed delay)."""
+    import time
+
+    job = p.start(engine="threads", timeout=120)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (
+            job.driver is not None and len(job.driver.checkpoints) >= count):
+        time.sleep(0.02)
+    job.cancel("the test resumes it")
+    with pytest.raises(JobCancelled):
+        job.result(60)
+    assert CheckpointStorage(p.checkpoint.storage, p.name).completed()
+
+
+def _oracle(fn, n):
+    """The running reduce per key of a failure-free run, as a multiset."""
+    cur, out = {}, collections.Counter()
+    for i in range(n):
+        r = _reading(i)
+        cur[r[0]] = r if r[0] not in cur else fn(cur[r[0]], r)
+        out[cur[r[0]]] += 1
+    return out
+
+
+def test_swapped_operators_without_uids_are_refused_naming_them(tmp_path):
+    p, _ = _branches(tmp_path)
+    p.run(engine="threads", timeout=60)
+    meta = CheckpointStorage(p.checkpoint.storage, p.name).latest().metadata
+    ops = meta["plan"]["operators"]
+    assert ops["reduce-1"]["fingerprint"] == "reduce total keyed by _key <- source readings"
+    assert "fingerprint" not in ops["readings"]  # an explicit uid: matched by it alone
+    p, _ = _branches(tmp_path, swapped=True)
+    with pytest.raises(IncompatibleCheckpointError) as err:
+        p.run(engine="threads", timeout=60, allow_non_restored_state=True)
+    msg = str(err.value)
+    assert "'reduce-1' holds the state of [reduce total keyed by _key <- source readings] and " \
+           "is [reduce longest keyed by _key <- source readings] now (its state is under " \
+           "'reduce-3': uid='reduce-3' restores it)" in msg, msg
+    assert "'reduce-3' holds the state of [reduce longest" in msg, msg
+    assert "Give each stateful operator a uid" in msg
+
+
+def test_a_lambda_fingerprint_is_its_reads_and_the_same_in_every_process():
+    from cutline.runtime.restore import _const, _name
+
+    assert _name(lambda a, b: a + b).endswith(".<locals>.<lambda>[a,b]")
+    assert _name(lambda a, b: a + b) != _name(lambda a, b: max(a, b))
+    assert _name(lambda r: r[0]) != _name(lambda r: r[1])
+    assert _name(total) == "total" and _name(CollectSink("/tmp/x")) == "CollectSink"
+    # a set constant's order is its hashes' (PYTHONHASHSEED): sorted, the same everywhere
+    assert _name(lambda w: w in {"b", "a", "c"}).endswith("<lambda>[w,{'a','b','c'}]")
+    assert _const(("x", frozenset({3, 1, 2}))) == "('x',{1,2,3})"
+
+
+def test_an_unchanged_pipeline_without_uids_restores_exactly(tmp_path):
+    n = 20_000
+    p, _ = _branches(tmp_path, n=n, rate=4_000)
+    _cancel_after_checkpoints(p)
+    p, sinks = _branches(tmp_path, n=n)
+    result = p.run(engine="threads", timeout=120)
+    assert result.restored_from is not None
+    for name, fn in (("total", total), ("longest", longest)):
+        assert collections.Counter(sinks[name].results()) == _oracle(fn, n), name
+
+
+def test_swapped_operators_given_their_old_uids_restore_exactly(tmp_path):
+    n = 20_000
+    p, _ = _branches(tmp_path, n=n, rate=4_000)
+    _cancel_after_checkpoints(p)
+    p, sinks = _branches(tmp_path, n=n, swapped=True,
+                         uids={"total": "reduce-1", "longest": "reduce-3"})
+    result = p.run(engine="threads", timeout=120)
+    assert result.restored_from is not None
+    for name, fn in (("total", total), ("longest", longest)):
+        assert collections.Counter(sinks[name].results()) == _oracle(fn, n), name
+
+
 @pytest.mark.slow
 def test_rescale_2_to_1_to_2_on_spark_with_a_kill(spark, tmp_path):
     """On real Spark: parallelism 2, cancelled; resumed at 1, cancelled; resumed at 2 with a

@@ -210,6 +210,7 @@ class Pipeline:
             raise ValueError(f"parallelism {parallelism} exceeds max_parallelism "
                              f"{self.max_parallelism}")
         node_id = len(self.nodes)
+        auto_uid = uid is None
         if uid is None:
             uid = f"{kind}-{node_id}"
         elif not isinstance(uid, str) or not _UID.match(uid):
@@ -217,7 +218,8 @@ class Pipeline:
         if any(n.uid == uid for n in self.nodes):
             raise ValueError(f"duplicate operator uid {uid!r}: uids identify state in "
                              "checkpoints and must be unique")
-        node = Node(node_id, uid, kind, fn, parallelism, inputs, partitioning, key_fn)
+        node = Node(node_id, uid, kind, fn, parallelism, inputs, partitioning, key_fn,
+                    auto_uid=auto_uid)
         if kind == "assign_timestamps":
             node.timestamp_fn, node.timestamps_from = fn.ts_fn, uid
         elif inputs:

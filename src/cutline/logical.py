@@ -48,6 +48,9 @@ class Node:
     timestamps_from: str | None = None
     # a batch stream's operator: its output items are Arrow record batches
     columnar: bool = False
+    # ``uid`` is the default one, ``{kind}-{position}``: a restore checks that the operator
+    # at that position is the one whose state the checkpoint holds (runtime/restore.py)
+    auto_uid: bool = False
 
     @property
     def keyed(self) -> bool:

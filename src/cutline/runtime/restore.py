@@ -20,6 +20,11 @@ whose state the pipeline no longer has, an operator whose kind (or, for windows,
 windows or aggregate) changed, or a changed
 ``max_parallelism`` is an :class:`IncompatibleCheckpointError` naming them, unless the user
 allows dropping the unmatched state (``allow_non_restored_state=True``, as Flink's flag).
+An operator without an explicit uid has a default one, its position (``count-3``); the
+checkpoint records what stood there (:func:`fingerprint`: kind, function, key function,
+inputs), and a restore whose operator at a position with state is another one is refused
+naming them, whatever ``allow_non_restored_state`` says: two stateful operators swapped
+between runs would otherwise swap their state (Flink refuses what it cannot map, too).
 """
 
 from __future__ import annotations
@@ -34,8 +39,8 @@ from ..protocol.watermarks import NO_WATERMARK, Watermark, is_time_item, restore
 from ..state.keygroups import key_group, subtask_for_key_group
 from ..storage.schema import TaskState, read_task_states
 
-__all__ = ["IncompatibleCheckpointError", "RestoreView", "check_compatible", "plan_summary",
-           "read_states"]
+__all__ = ["IncompatibleCheckpointError", "RestoreView", "check_compatible", "fingerprint",
+           "plan_summary", "read_states"]
 
 # Every task state of a checkpoint, decoded (:mod:`cutline.storage.schema`).
 read_states = read_task_states
@@ -47,17 +52,62 @@ class IncompatibleCheckpointError(ValueError):
 
 def plan_summary(plan: PhysicalPlan) -> dict:
     """What a checkpoint records of the plan it was taken with (to check a restore)."""
+    nodes = {n.id: n for c in plan.chains for n in c.nodes}
     return {
         "max_parallelism": plan.max_parallelism,
-        "operators": {n.uid: _operator_summary(n, c) for c in plan.chains for n in c.nodes},
+        "operators": {n.uid: _operator_summary(n, c, nodes)
+                      for c in plan.chains for n in c.nodes},
     }
 
 
-def _operator_summary(node: Node, chain: Chain) -> dict:
+def _operator_summary(node: Node, chain: Chain, nodes: Mapping[int, Node]) -> dict:
     out: dict = {"kind": node.kind, "chain": chain.uid, "parallelism": chain.parallelism}
     signature = _state_signature(node)
     if signature is not None:
         out["state"] = signature
+    if node.auto_uid:  # its uid is its position: what sits there, to check a restore by
+        out["fingerprint"] = fingerprint(node, nodes)
+    return out
+
+
+def _name(fn: object) -> str:
+    """A user function's or object's name as a fingerprint shows it: a function's qualified
+    name (a lambda's with what it reads: its arguments, the names and constants it uses), an
+    object's type."""
+    if fn is None:
+        return ""
+    name = getattr(fn, "__qualname__", None)
+    if not isinstance(name, str):
+        return type(fn).__name__
+    code = getattr(fn, "__code__", None)
+    if name.endswith("<lambda>") and code is not None:
+        consts = [c for c in code.co_consts if not hasattr(c, "co_code") and c is not None]
+        uses = [*code.co_varnames[:code.co_argcount], *code.co_names, *map(_const, consts)]
+        return f"{name}[{','.join(uses)}]"
+    return name
+
+
+def _const(c: object) -> str:
+    """A constant as the same text in every process (a set's order is its hashes')."""
+    if isinstance(c, frozenset):
+        return "{" + ",".join(sorted(map(_const, c))) + "}"
+    if isinstance(c, tuple):
+        return "(" + ",".join(map(_const, c)) + ")"
+    return repr(c)
+
+
+def fingerprint(node: Node, nodes: Mapping[int, Node]) -> str:
+    """What an operator without an explicit uid is, by structure: its kind, its function
+    (or its definition's type), its key function, and the kind and uid of each input.
+    A checkpoint records it under the operator's default uid (its position); a restore whose
+    operator at that position has another fingerprint is refused (:func:`check_compatible`),
+    as two such operators swapped would otherwise swap their state."""
+    out = f"{node.kind} {_name(node.fn)}".rstrip()
+    if node.key_fn is not None:
+        out += f" keyed by {_name(node.key_fn)}"
+    inputs = [nodes[i] for i in [*node.inputs, *node.feedback] if i in nodes]
+    if inputs:
+        out += " <- " + ", ".join(f"{n.kind} {n.uid}" for n in inputs)
     return out
 
 
@@ -85,6 +135,36 @@ def _stateful_uids(states: Mapping[str, TaskState]) -> dict[str, str]:
     return out
 
 
+def _moved(old_ops: Mapping[str, dict], states: Mapping[str, TaskState],
+           plan: PhysicalPlan) -> list[str]:
+    """The operators of ``plan`` without an explicit uid whose default uid holds state in
+    the checkpoint that another operator's fingerprint was taken with: each described, with
+    the default uid its own state is under when the checkpoint has an operator like it."""
+    nodes = {n.id: n for c in plan.chains for n in c.nodes}
+    by_uid = {n.uid: n for n in nodes.values()}
+    stateful = {uid for uid, what in _stateful_uids(states).items()
+                if what != "in-flight records"}
+    old_of: dict[str, list[str]] = defaultdict(list)  # fingerprint -> old default uids
+    for uid, old in old_ops.items():
+        if uid in stateful and old.get("fingerprint"):
+            old_of[old["fingerprint"]].append(uid)
+    out = []
+    for uid in sorted(stateful):
+        node, old = by_uid.get(uid), old_ops.get(uid) or {}
+        if node is None or not node.auto_uid or not old.get("fingerprint") \
+                or old.get("kind") != node.kind:  # (a changed kind is reported as such)
+            continue
+        now = fingerprint(node, nodes)
+        if now == old["fingerprint"]:
+            continue
+        line = f"{uid!r} holds the state of [{old['fingerprint']}] and is [{now}] now"
+        was = [u for u in old_of.get(now, []) if u != uid]
+        if len(was) == 1:
+            line += f" (its state is under {was[0]!r}: uid={was[0]!r} restores it)"
+        out.append(line)
+    return out
+
+
 def check_compatible(metadata: dict, states: Mapping[str, TaskState], plan: PhysicalPlan,
                      label: str, allow_non_restored_state: bool = False) -> list[str]:
     """Raise :class:`IncompatibleCheckpointError` if ``plan`` cannot restore this checkpoint.
@@ -95,6 +175,13 @@ def check_compatible(metadata: dict, states: Mapping[str, TaskState], plan: Phys
     new_chains = {c.uid for c in plan.chains}
     old_ops: dict[str, dict] = (metadata.get("plan") or {}).get("operators") or {}
     problems, dropped = [], []
+    moved = _moved(old_ops, states, plan)
+    if moved:
+        problems.append(
+            "operators without an explicit uid are not at the positions their state was "
+            "taken at (a default uid is the operator's position): " + "; ".join(moved)
+            + ". Give each stateful operator a uid (uid=... on the method that adds it): "
+            "its old default uid to keep its state, or a new one")
     for uid, old in sorted(old_ops.items()):
         node = new_ops.get(uid)
         if node is not None and old.get("kind") and node.kind != old["kind"]:
