@@ -516,3 +516,16 @@ def test_a_failed_checkpoint_shows_how_many_subtasks_had_acknowledged_it():
     assert entry["triggered"] == pytest.approx(999.0)
     assert summarize([entry]) == {"count": 0, "duration": None, "bytes": None,
                                   "in_flight_bytes": None, "alignment": None}
+
+
+def test_a_uid_that_looks_made_up_but_was_given_is_the_name():
+    from cutline.driver.dashboard import _graph
+    from cutline.plan import plan
+
+    p = Pipeline("given", parallelism=1)
+    p.source(GeneratorSource(count=1), uid="source-0").map(_parse, uid="map-9").sink(
+        CollectSink("/nonexistent/c"))
+    ops = [(o["uid"], o["name"], o["named"])
+           for n in _graph(plan(p))["nodes"] for o in n["operators"]]
+    assert ops == [("source-0", "source-0", True), ("map-9", "map-9", True),
+                   ("sink-2", "Sink: CollectSink", False)]

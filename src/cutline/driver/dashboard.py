@@ -381,7 +381,7 @@ def _graph(plan: Any) -> dict[str, Any]:
     nodes = []
     for c in plan.chains:
         ops = [{"uid": n.uid, "kind": n.kind, "name": operator_name(n, by_id),
-                "named": not _auto_uid(n.uid, n.kind)} for n in c.nodes]
+                "named": not _is_auto(n)} for n in c.nodes]
         nodes.append({"uid": c.uid, "parallelism": c.parallelism, "depth": depth[c.id],
                       "name": " → ".join(o["name"] for o in ops), "operators": ops})
     return {
@@ -410,18 +410,24 @@ def _auto_uid(uid: str, kind: str) -> bool:
     return head == kind and tail.isdigit()
 
 
+def _is_auto(node: Any) -> bool:
+    """Whether cutline named the operator (``Node.auto_uid``; else by its uid's form)."""
+    flag = getattr(node, "auto_uid", None)
+    return flag if isinstance(flag, bool) else _auto_uid(node.uid, node.kind)
+
+
 def operator_name(node: Any, by_id: dict[int, Any] | None = None) -> str:
     """What the dashboard calls an operator: the user's uid when they gave one, else its
     kind and what it runs (``Map: parse``, ``Source: FileSource``, ``Window: tumbling 5 s,
     count``), as Flink names operators; a window's results take the window's name."""
-    if not _auto_uid(node.uid, node.kind):
+    if not _is_auto(node):
         return node.uid
     label, fn = kind_label(node.kind), node.fn
     if node.kind in ("source", "sink") and fn is not None:
         return f"{label}: {type(fn).__name__}"
     if node.kind == "window_results":
         window = (by_id or {}).get(node.inputs[0]) if node.inputs else None
-        if window is not None and not _auto_uid(window.uid, window.kind):
+        if window is not None and not _is_auto(window):
             return f"{window.uid}: results"
         return label
     if node.kind == "window" and fn is not None and hasattr(fn, "assigner"):
