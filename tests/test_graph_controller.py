@@ -234,3 +234,40 @@ def test_any_event_order_keeps_the_controller_s_promises(events, max_concurrent,
     run(c.on_stage_ended(now))
     assert dones <= 1 and (dones == 1) == c.done
     assert len(set(stored)) == len(stored)
+
+
+# ---------------------------------------------------------------- next_due: the shell sleeps
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["wait", "parts", "stop", "lost", "register"]),
+                          st.floats(0.0, 3.0)), max_size=30),
+       st.sampled_from([None, 0.5, 1.0]), st.sampled_from([None, 4.0]))
+def test_nothing_is_due_before_next_due(events, interval, duration):
+    """The driver shell sleeps until ``next_due`` (or an event): a tick any earlier must
+    have nothing to do (no trigger, no end of ``duration``, no stop deadline) late."""
+    import copy
+
+    c = controller(interval=interval, duration=duration)
+    now, attempt = 0.0, 0
+    register(c, attempt, now)
+    for kind, x in events:
+        if kind == "wait":
+            now += x
+        elif kind == "register":
+            attempt += 1
+            register(c, attempt, now)
+        elif kind == "lost":
+            c.on_closed(f"a{attempt}h1", now)
+        elif kind == "stop":
+            c.cancel(now)
+        elif kind == "parts":
+            for n in list(c.pending):
+                parts(c, n, now, attempt)
+        due = c.next_due(now)
+        assert due is None or due >= now
+        probe = copy.deepcopy(c)
+        before = now + (x if due is None else min(x, (due - now) * 0.99))
+        if due is None or before < due:
+            assert probe.tick(before) == [], (now, due, before)
+        c.tick(now)

@@ -320,3 +320,50 @@ def test_a_job_running_for_days_keeps_a_flat_driver(monkeypatch):
     assert c.attempt_log[-1].number == attempt == 50 and c.started_attempts == 51
     assert [bool(r.tasks) for r in c.checkpoints] == [False] * 15 + [True] * 5
     assert c.checkpoints[-1].path.endswith(f"-{c.next_id - 1}")  # the newest
+
+
+# ---------------------------------------------------------------- next_due: the shell sleeps
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["ack", "decline", "wait", "lost", "register",
+                                           "drained"]),
+                          st.floats(0.0, 3.0)), max_size=30),
+       st.floats(0.1, 2.0), st.sampled_from([None, 5.0]))
+def test_nothing_is_due_before_next_due(events, interval, restart_timeout):
+    """The driver shell sleeps until ``next_due`` (or an event): a tick any earlier must
+    have nothing to do, or a trigger, expiry, probe or watchdog would come late."""
+    import copy
+
+    c = JobController(SHAPE, CheckpointPolicy(interval=interval, timeout=4.0,
+                                              tolerable_failures=100),
+                      job="j", restore=None, first_id=1, restart_timeout=restart_timeout)
+    now, attempt = 0.0, 0
+    c.on_submitted(now)
+    register(c, attempt, now)
+    for kind, x in events:
+        if kind == "wait":
+            now += x
+        elif kind == "register":
+            attempt += 1
+            register(c, attempt, now)
+        elif kind == "lost":
+            c.on_closed(f"a{attempt}s0", now)
+        elif kind in ("ack", "decline") and c.coordinator is not None:
+            for n in list(c.coordinator.pending):
+                t = TASKS[int(x) % len(TASKS)]
+                conn = f"a{attempt}s{SHAPE.slot_of[t]}"
+                msg = (m.Ack(t, n, m.SnapshotStats(bytes=1)) if kind == "ack"
+                       else m.Decline(t, n, "no"))
+                for cmd in c.on_message(conn, msg, now):
+                    if type(cmd) is CommitCheckpoint:
+                        c.committed(cmd.checkpoint_id, f"/chk-{cmd.checkpoint_id}", now)
+        elif kind == "drained":
+            c.on_message(f"a{attempt}s0", m.Drained(TASKS[int(x) % len(TASKS)]), now)
+        due = c.next_due(now)
+        assert due is None or due >= now
+        probe = copy.deepcopy(c)
+        before = now + (x if due is None else min(x, (due - now) * 0.99))
+        if due is None or before < due:
+            assert probe.tick(before) == [], (now, due, before)
+        c.tick(now)
