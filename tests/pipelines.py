@@ -15,7 +15,7 @@ def sentence(i: int) -> str:
 
 
 def wordcount(tmp, records: int, mode: str = "aligned", *, rate=None, parallelism: int = 2,
-              interval: float = 0.5, aligned_timeout=None):
+              interval: float = 0.5, aligned_timeout=None, updates="record"):
     cfg = CheckpointConfig(
         interval=interval, storage=f"file://{tmp}/checkpoints",
         mode="at_least_once" if mode == "at_least_once" else "exactly_once",
@@ -25,7 +25,7 @@ def wordcount(tmp, records: int, mode: str = "aligned", *, rate=None, parallelis
     (p.source(GeneratorSource(count=records, fn=sentence, rate=rate), uid="sentences")
        .flat_map(str.split, uid="split")
        .key_by(lambda w: w)
-       .count(uid="count")
+       .count(uid="count", updates=updates)
        .sink(sink, uid="out"))
     return p, sink
 
@@ -34,6 +34,19 @@ def expected_rows(records: int) -> collections.Counter:
     """The exact output multiset of a failure-free run: (word, 1..n) for every word."""
     totals = collections.Counter(w for i in range(records) for w in sentence(i).split())
     return collections.Counter((w, k) for w, n in totals.items() for k in range(1, n + 1))
+
+
+def check_time_sized_counts(rows: list, records: int) -> None:
+    """The output of ``wordcount(updates="checkpoint")`` (a count sized by time): each
+    word's latest count is its total, and no row comes twice (a row of a replayed epoch
+    committed again) nor a word's counts out of order."""
+    totals = collections.Counter(w for i in range(records) for w in sentence(i).split())
+    per: dict[str, list[int]] = collections.defaultdict(list)
+    for w, n in rows:  # CollectSink.results(): by subtask, then checkpoint: a word's in order
+        per[w].append(n)
+    assert {w: ns[-1] for w, ns in per.items()} == dict(totals)
+    bad = {w: ns for w, ns in per.items() if ns != sorted(set(ns))}
+    assert not bad, f"counts repeated or out of order: {sorted(bad.items())[:3]}"
 
 
 def write_events(directory, files: int = 4, per_file: int = 3000) -> list[dict]:

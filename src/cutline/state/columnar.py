@@ -63,6 +63,8 @@ class ColumnarAggregates:
         self.index: dict[Any, int] = {}
         self.keys: list[Any] = []
         self.size = 0
+        # the key columns as Arrow, by row (chunks, concatenated when read)
+        self.key_chunks: list[list[pa.Array]] = [[] for _ in self.key_types]
         cap = 1024
         self.vals = [np.zeros(cap, dtype=d) for d in self.dtypes]
         self.valid = [np.zeros(cap, dtype=bool) for _ in self.fns]
@@ -82,9 +84,10 @@ class ColumnarAggregates:
         self.unsaved = _resized(self.unsaved, cap)
         self.changed = _resized(self.changed, cap)
 
-    def rows_of(self, keys: list) -> np.ndarray:
-        """The rows of ``keys`` (Python values; tuples for several key columns), new ones
-        added with what the backend holds for them."""
+    def rows_of(self, keys: list, key_cols: list | None = None) -> np.ndarray:
+        """The rows of ``keys`` (Python values; tuples for several key columns; ``key_cols``:
+        the same as Arrow columns), new ones added with what the backend holds for
+        them."""
         index = self.index
         rows = np.fromiter(map(index.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
         new = np.flatnonzero(rows < 0)
@@ -102,6 +105,18 @@ class ColumnarAggregates:
                 m[at] = False
             rows[new] = at
             self._load(fresh, at)
+            taken = pa.array(new)
+            for j, chunks in enumerate(self.key_chunks):
+                if key_cols is not None:
+                    col = key_cols[j]
+                    if isinstance(col, pa.ChunkedArray):
+                        col = col.combine_chunks()
+                    chunks.append(col.take(taken).cast(self.key_types[j]))
+                else:
+                    vals = fresh if len(self.key_chunks) == 1 else [k[j] for k in fresh]
+                    chunks.append(pa.array(vals, type=self.key_types[j]))
+                if len(chunks) > 64:
+                    chunks[:] = [pa.concat_arrays(chunks)]
         return rows
 
     def _load(self, keys: list, rows: np.ndarray) -> None:
@@ -124,7 +139,7 @@ class ColumnarAggregates:
         ``group_by``, keys unique) merged in; returns the keys' rows."""
         lists = [c.to_pylist() for c in key_cols]
         keys = lists[0] if len(lists) == 1 else list(zip(*lists))
-        rows = self.rows_of(keys)
+        rows = self.rows_of(keys, key_cols)
         for fn, v, m, arr in zip(self.fns, self.vals, self.valid, part_arrays):
             if isinstance(arr, pa.ChunkedArray):
                 arr = arr.combine_chunks()
@@ -160,12 +175,12 @@ class ColumnarAggregates:
     def rows(self, rows: np.ndarray) -> list[pa.Array]:
         """Rows ``rows`` as Arrow columns: the key columns, then each aggregate's value
         (mean: sum / count, a float; null where nothing was aggregated)."""
-        idx = rows.tolist()
-        keys = [self.keys[i] for i in idx]
-        if len(self.key_types) == 1:
-            out = [pa.array(keys, type=self.key_types[0])]
-        else:
-            out = [pa.array([k[j] for k in keys], type=t) for j, t in enumerate(self.key_types)]
+        taken = pa.array(rows, type=pa.int64())
+        out: list[pa.Array] = []
+        for chunks, t in zip(self.key_chunks, self.key_types):
+            if len(chunks) > 1:
+                chunks[:] = [pa.concat_arrays(chunks)]
+            out.append(chunks[0].take(taken) if chunks else pa.array([], type=t))
         for fn, parts in self.reads:
             if fn == "mean":
                 s, c = parts
