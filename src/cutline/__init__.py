@@ -1,5 +1,6 @@
 """cutline: stream processing with consistent distributed snapshots, on Apache Spark."""
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from .api import CheckpointConfig, IterativeStream, KeyedStream, Pipeline, Stream
@@ -9,6 +10,13 @@ if TYPE_CHECKING:
     from .connectors.discard import DiscardSink
 
 __version__ = "0.1.0"
+
+# PySpark 4 warns, once per process and as soon as a session starts (the user's own too),
+# that it "does not yet fully support pandas >= 3.0.0".  cutline's records never meet pandas
+# and it uses none of PySpark's pandas features: a warning on every run that says nothing
+# about the run.  Only this one message is filtered (issue 29).
+warnings.filterwarnings("ignore", message=r"PySpark does not yet fully support pandas",
+                        category=FutureWarning)
 
 __all__ = ["CheckpointConfig", "DiscardSink", "IterativeStream", "KeyedStream", "Pipeline",
            "Stream", "TimeWindow", "WindowResult", "__version__", "session", "sliding",

@@ -24,6 +24,7 @@ from ..protocol.liveness import HEARTBEAT_TIMEOUT, check_timeout
 from ..runtime.restore import IncompatibleCheckpointError
 from ..storage.checkpoints import CheckpointStorage
 from ..storage.lease import check_free
+from .quiet import progress_bar_muted, wait_for_stage
 from .stage import SparkStage, ship_user_code
 
 log = logging.getLogger("cutline.spark")
@@ -182,11 +183,16 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
                        needs=("rocksdict",) if pipeline.checkpoint.state_backend == "rocksdb"
                        else ())
     ship_user_code(n for node in pipeline.nodes for n in (node.fn, node.key_fn, node.on_timer))
-    return run_job(pipeline, plan, stage, restore_from=restore_from, timeout=timeout,
-                   on_start=on_start, progress=progress, faults=faults,
-                   allow_non_restored_state=allow_non_restored_state, dashboard=dashboard,
-                   restart_timeout=restart_timeout, start_timeout=start_timeout,
-                   heartbeat_timeout=heartbeat_timeout)
+    with progress_bar_muted(spark):  # the user's session draws one over the live line
+        try:
+            return run_job(pipeline, plan, stage, restore_from=restore_from, timeout=timeout,
+                           on_start=on_start, progress=progress, faults=faults,
+                           allow_non_restored_state=allow_non_restored_state,
+                           dashboard=dashboard, restart_timeout=restart_timeout,
+                           start_timeout=start_timeout, heartbeat_timeout=heartbeat_timeout)
+        finally:
+            if spark is not _SESSION:  # the user may stop the session next: Spark ends first
+                wait_for_stage(stage, pipeline.name)
 
 
 class RunningJob:

@@ -1,0 +1,68 @@
+"""Quiet on the user's own SparkSession (``Pipeline.run(spark=session)``).
+
+The embedded session writes its JVM's output to a log file and shows no progress bar.  A
+session the user built is started by PySpark as a shell (``pyspark-shell``), so Spark draws
+its console progress bar on stderr (``[Stage 0:>   (0 + 2) / 2]``) every 200 ms while a
+stage runs, over cutline's live line; ``spark.ui.showConsoleProgress`` is read once, when
+the context starts, and the bar checks no job property.  :func:`progress_bar_muted` points
+the bar's output stream at nothing while cutline's stage runs and gives it back after.
+
+:func:`wait_for_stage`: a job is done when every task finished and the final checkpoint
+committed, while Spark still writes the barrier stage's shuffle output and runs its result
+stage (seconds on a loaded machine, the first time).  If the program stops the session or
+exits meanwhile, Spark logs errors with Java frames: ``Failed to update accumulator``
+(each finishing Python task reports to the driver's accumulator server, which is gone),
+``Block broadcast_0 does not exist``.  On the user's session the run waits for the stage.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+log = logging.getLogger("cutline.spark")
+
+__all__ = ["STAGE_END_TIMEOUT", "progress_bar_muted", "wait_for_stage"]
+
+STAGE_END_TIMEOUT = 60.0
+"""Seconds a run on the user's session waits, after the job ended, for Spark's stage to end."""
+
+
+@contextmanager
+def progress_bar_muted(spark: Any) -> Iterator[bool]:
+    """Spark's console progress bar, if the session draws one, writes nowhere inside the
+    block (yields True then) and to its console again after it."""
+    bar = field = old = None
+    try:
+        sc = spark.sparkContext
+        shown = sc._jsc.sc().progressBar()  # Option[ConsoleProgressBar]
+        if shown.isDefined():
+            jvm = sc._jvm
+            bar = shown.get()
+            field = bar.getClass().getDeclaredField("console")  # its PrintStream (stderr)
+            field.setAccessible(True)
+            old = field.get(bar)
+            field.set(bar, jvm.java.io.PrintStream(jvm.java.io.OutputStream.nullOutputStream()))
+    except Exception as exc:  # noqa: BLE001 - another Spark: its bar shows, nothing worse
+        log.debug("cutline: cannot mute Spark's console progress bar: %s", exc)
+        bar = None
+    try:
+        yield bar is not None
+    finally:
+        if bar is not None:
+            with suppress(Exception):
+                field.set(bar, old)  # type: ignore[union-attr]
+
+
+def wait_for_stage(stage: Any, job: str, timeout: float = STAGE_END_TIMEOUT) -> bool:
+    """Wait until Spark's stage of ``job`` ended (True), at most ``timeout`` seconds; else
+    say that stopping the session now may log Spark errors (False)."""
+    stage.join(timeout)
+    thread = getattr(stage, "_thread", None)
+    if thread is not None and thread.is_alive():
+        log.warning("cutline: job %r ended, and Spark's stage of it still runs after %.0f s; "
+                    "stopping the Spark session now may log Spark errors", job, timeout)
+        return False
+    return True
