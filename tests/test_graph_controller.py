@@ -271,3 +271,22 @@ def test_nothing_is_due_before_next_due(events, interval, duration):
         if due is None or before < due:
             assert probe.tick(before) == [], (now, due, before)
         c.tick(now)
+
+
+def test_a_silent_host_fails_the_run_naming_it_and_stops_the_others():
+    c = controller()
+    register(c, 0)
+    assert not c.failure_reported
+    c.on_message("a0h0", m.Failed("host-0", False, "channel h1->h0 broke"), 1.0)
+    assert c.failure_reported and c.last_failure == "host 0: channel h1->h0 broke"
+    cmds = c.on_closed("a0h1", 2.0, "the host went silent: nothing heard for 3.1 s")
+    assert cmds == [Send("a0h0", m.Stop(abandoned="host 1: the host went silent: nothing "
+                                                  "heard for 3.1 s")),
+                    Done(DoneCause.TASK_SILENT, "attempt 0 lost host 1: the host went "
+                                                "silent: nothing heard for 3.1 s")]
+    assert c.next_due(2.0) is None and c.tick(100.0) == []
+    # a host that simply closes waits for Spark to restart the stage, as before
+    c = controller()
+    register(c, 0)
+    assert c.on_closed("a0h1", 2.0) == [] and c.lost and not c.done
+    assert c.last_failure == "host 1: its connection closed"

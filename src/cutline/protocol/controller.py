@@ -83,6 +83,11 @@ class Controller(Protocol):
     trace: str
     """The Python traceback of that failure, or of the fatal one, for the log file."""
 
+    @property
+    def failure_reported(self) -> bool:
+        """A task failure of the current attempt was reported (:attr:`last_failure`)."""
+        ...
+
     def on_submitted(self, now: float) -> list[Any]: ...
 
     def on_message(self, conn: Conn, msg: Any, now: float) -> list[Any]: ...

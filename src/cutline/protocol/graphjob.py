@@ -153,6 +153,11 @@ class GraphController:
     def in_flight(self) -> list[int]:
         return list(self.pending)
 
+    @property
+    def failure_reported(self) -> bool:
+        """A host failure of the current attempt was reported (:attr:`last_failure`)."""
+        return self.last_failure is not None
+
     # ------------------------------------------------------------------ events
 
     def on_register(self, conn: Conn, msg: m.Register, now: float) -> list[GraphCommand]:
