@@ -140,6 +140,8 @@ def test_report_at_the_end_of_a_run_and_rebuilt_from_storage(tmp_path, capsys):
     _check_report(snap, result, job_dir)
     assert snap["report"]["source"] == "history"
     (run,) = snap["report"]["runs"]
+    # the run's id is its lease's, which its log file is named by
+    assert Path(run["log"]).is_file() and run["run"] in Path(run["log"]).name
     assert (run["status"], run["checkpoints"], run["first"], run["last"]) == (
         "finished", len(result.checkpoints), result.checkpoints[0].id,
         result.checkpoints[-1].id)
@@ -157,8 +159,8 @@ def test_report_at_the_end_of_a_run_and_rebuilt_from_storage(tmp_path, capsys):
 
 
 def test_report_after_a_failed_run_and_the_run_that_resumed_it(tmp_path):
-    BOMB["at"] = 4000  # about 0.65 s into the run: several checkpoints before it
-    p = _pipeline("twice", f"file://{tmp_path}/chk", out=str(tmp_path / "out"))
+    BOMB["at"] = 4000  # about 1.3 s into the run: several checkpoints before it
+    p = _pipeline("twice", f"file://{tmp_path}/chk", rate=3000, out=str(tmp_path / "out"))
     with pytest.raises(JobFailed, match="boom at record 4000"):
         p.run(engine="threads", timeout=120)
     job_dir = tmp_path / "chk" / "twice"
@@ -320,7 +322,7 @@ def test_report_on_s3_written_at_the_end_and_rebuilt_by_the_cli(s3, tmp_path, mo
                                                "chromium): the page is not rendered")
 def test_report_in_headless_chromium_after_the_job(tmp_path):
     BOMB["at"] = None
-    p = _pipeline("paged", f"file://{tmp_path}/chk", interval=0.05, rate=3000,
+    p = _pipeline("paged", f"file://{tmp_path}/chk", interval=0.05, rate=2000,
                   out=str(tmp_path / "out"))
     result = p.run(engine="threads", timeout=120)
     ids = sorted((r.id for r in result.checkpoints), reverse=True)

@@ -188,7 +188,10 @@ class Recorder:
         self.file = HistoryFile(storage.fs, storage.dir)
         self.every = every if every is not None else (
             LOCAL_EVERY if self.file.local else REMOTE_EVERY)
-        self.run = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+        # the run's id: its lease's (the log file's name has it too), else one of its own
+        lease = getattr(self.driver, "lease", None)
+        self.run = str(getattr(lease, "run", None) or time.strftime(
+            "%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3))
         self._completed: set[int] = set()  # ids recorded, of those the driver remembers
         self._failed: set[int] = set()
         self._attempts = -1
@@ -206,7 +209,7 @@ class Recorder:
             "engine": self.view.engine, "config": self.view.config, "graph": self.view.graph,
             # what attempt 0 restores (chosen before the run: the latest, or restore_from)
             "restored_from": d.restored_from or getattr(d.controller, "restore", None),
-            "host": os.uname().nodename, "pid": os.getpid()})
+            "host": os.uname().nodename, "pid": os.getpid(), "log": _log_path(d)})
         self.flush()
         self._thread = threading.Thread(target=self._loop, name="cutline-history",
                                         daemon=True)
@@ -298,6 +301,13 @@ class Recorder:
         print(f"cutline: report of job {self.driver.job!r}: {self.report}", file=sys.stderr,
               flush=True)
         return self.report
+
+
+def _log_path(driver: Any) -> str | None:
+    """This run's log file (driver.logs.RunLog), when it has one."""
+    run_log = getattr(driver, "run_log", None)
+    path = getattr(run_log, "path", None)
+    return str(path) if path is not None else None
 
 
 def start_recording(driver: Any, engine: str) -> Recorder | None:
@@ -494,6 +504,7 @@ def _runs(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rid = str(e.get("run"))
         if e.get("event") == "run":
             out[rid] = {"run": rid, "started": e.get("time"), "engine": e.get("engine"),
+                        "log": e.get("log"),
                         "restored_from": e.get("restored_from"), "status": "unknown",
                         "ended": None, "error": None, "checkpoints": 0, "failed": 0,
                         "first": None, "last": None}
