@@ -106,3 +106,24 @@ def test_the_console_prints_what_it_did_and_the_file_takes_info_too(tmp_path):
     assert "WARNING cutline.driver [MainThread] cutline: something the user should see" in text
     assert "after the run" not in text
 
+
+
+def test_a_runs_log_is_in_its_job_folder_and_checkpoints_show_names_it(tmp_path, capsys,
+                                                                       monkeypatch):
+    import json
+
+    from cutline.cli import main
+    from pipelines import wordcount
+
+    monkeypatch.delenv("CUTLINE_LOG_DIR", raising=False)
+    p, _ = wordcount(tmp_path, 200)
+    p.run(engine="threads", progress=False)
+    folder = tmp_path / "checkpoints" / "wordcount" / "logs"
+    runs = list(folder.glob("*.log"))
+    assert len(runs) == 1
+    latest = CheckpointStorage(p.checkpoint.storage, p.name).latest().path
+    assert main(["checkpoints", "show", latest, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["logs"] == str(folder)
+    monkeypatch.setenv("COLUMNS", "300")
+    assert main(["checkpoints", "show", latest]) == 0
+    assert f"run logs: {folder}" in capsys.readouterr().out

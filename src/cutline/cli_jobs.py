@@ -80,13 +80,14 @@ def _size(n: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
+
+    from . import terminal
 
     from .state.reader import summary
     from .storage.checkpoints import CheckpointStorageError, open_checkpoint
 
-    console = Console()
+    console = terminal.console()  # piped: tables at their natural width, not cut at 80
     if args.command == "chaos":
         return _chaos(args, console)
     if args.command == "savepoint":
@@ -103,14 +104,17 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.checkpoints_command == "show":
         try:
-            info = summary(open_checkpoint(args.path))
+            handle = open_checkpoint(args.path)
+            info = summary(handle)
         except (CheckpointStorageError, OSError, ValueError) as exc:
             print(f"cutline: error: {exc}", file=sys.stderr)
             return 1
+        info["logs"] = str(_logs(handle, info["job"]))
         if args.format == "json":
             print(json.dumps(info, indent=2, default=str))
             return 0
-        kind = "savepoint" if info["savepoint"] else "checkpoint"
+        kind = ("savepoint" if info["savepoint"] else
+                "final checkpoint" if info.get("final") else "checkpoint")
         console.print(f"[bold]{kind} {info['id']}[/] of job {info['job']!r} at {info['path']}"
                       f"  mode {info['mode']}, {info['tasks']} task states, "
                       f"{_size(info['state_bytes'])}")
@@ -131,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
                       f"{op['timers']:,}" if op.get("timers") else "-", _watermark(op),
                       *([_late(op)] if late else []))
         console.print(t)
+        console.print(f"run logs: {info['logs']}", highlight=False, soft_wrap=True)
         return 0
     try:
         rows = _list_checkpoints(args.storage, args.job)
@@ -145,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
         for col in ("id", "kind", "tasks", "state", "path"):
             t.add_column(col)
         for r in rows:
-            t.add_row(str(r["id"]), r["kind"], str(r["tasks"]), _size(r["bytes"]), r["path"])
+            kind = "final checkpoint" if r.get("final") else r["kind"]
+            t.add_row(str(r["id"]), kind, str(r["tasks"]), _size(r["bytes"]), r["path"])
         console.print(t)
         if not rows:
             print(f"cutline: job {args.job!r} has no checkpoints in {args.storage} yet",
@@ -153,6 +159,13 @@ def run(args: argparse.Namespace) -> int:
     for r in corrupt:
         print(f"cutline: error: {r['error']}", file=sys.stderr)
     return 1 if corrupt else 0
+
+
+def _logs(handle: Any, job: str) -> Any:
+    """The folder of the job's run logs (driver.logs)."""
+    from .driver.logs import job_log_dir
+
+    return job_log_dir(handle._fs, handle._job_dir, job)
 
 
 def _list_checkpoints(storage_url: str, job: str) -> list[dict[str, Any]]:
@@ -172,7 +185,7 @@ def _list_checkpoints(storage_url: str, job: str) -> list[dict[str, Any]]:
             continue  # shared/, _job.json, ...
         row: dict[str, Any] = {"id": int(m.group(2)), "savepoint": m.group(1) != "chk",
                                "path": storage.fs.unstrip_protocol(path),
-                               "tasks": 0, "bytes": 0, "time": None}
+                               "tasks": 0, "bytes": 0, "time": None, "final": False}
         try:
             h = storage.open(name)
             h.verify(deep=False)
@@ -181,7 +194,9 @@ def _list_checkpoints(storage_url: str, job: str) -> list[dict[str, Any]]:
         except CheckpointStorageError as exc:
             row["kind"], row["error"] = "corrupt", f"{name} of job {job!r} is corrupt: {exc}"
         else:
+            # final: the last checkpoint of a bounded run (its input read to the end)
             row.update(kind="savepoint" if h.is_savepoint else "checkpoint", path=h.path,
+                       final=bool(h.metadata.get("final")),
                        bytes=sum(int(i.get("size") or 0) for i in h.states.values()),
                        tasks=len(h.states), time=h.metadata.get("time"))
         rows.append(row)

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KEEP", "RUNS_KEPT", "RunLog", "append", "log_dir", "new_log_file",
+__all__ = ["KEEP", "RUNS_KEPT", "RunLog", "append", "job_log_dir", "log_dir", "new_log_file",
            "redirect_output", "run_log_dir"]
 
 KEEP = 20
@@ -104,15 +104,20 @@ def redirect_output(path: Path) -> Iterator[None]:
 
 def run_log_dir(storage: Any) -> Path:
     """Where the run logs of ``storage``'s job go (see the module docstring)."""
+    return job_log_dir(storage.fs, storage.dir, storage.job)
+
+
+def job_log_dir(fs: Any, job_dir: str, job: str) -> Path:
+    """Where the run logs of job ``job``, whose checkpoints are in ``job_dir`` on ``fs``, go."""
     from ..storage.checkpoints import _is_local  # storage is below the driver
 
-    if not os.environ.get("CUTLINE_LOG_DIR") and _is_local(storage.fs):
-        return Path(storage.fs._strip_protocol(storage.dir)) / "logs"
     base = os.environ.get("CUTLINE_LOG_DIR")
+    if not base and _is_local(fs):
+        return Path(fs._strip_protocol(job_dir)) / "logs"
     if not base:
         state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
         base = str(Path(state) / "cutline" / "logs")
-    return Path(base) / storage.job
+    return Path(base) / job
 
 
 class _Console(logging.StreamHandler):
