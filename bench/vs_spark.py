@@ -139,8 +139,11 @@ workloads 2 and 3 per user (each user's last count is its count in the input), w
 per window.  The results record the cores, versions, the input files, the load before and
 during the benchmark and at each run's start and end; a run at a 1-minute load above 1.5
 per core is marked ``loaded`` and left out of the tables (``--keep-loaded`` keeps it, for
-smoke tests).  All systems run in this one process's Spark session here: end to end per
-process, warm-up until settled and confidence intervals are ``bench/scale.py``'s.
+smoke tests).  Throughput runs go after warm-up rounds at full size, not counted, until each
+case's last two processing times are within 10% (``--max-warmup``, default at most 4; quick
+none); each ratio has a 95% bootstrap interval of its per-round ratios (``paired_ci``).  All
+systems run in this one process's Spark session here: end to end per process is
+``bench/scale.py``'s.
 """
 
 from __future__ import annotations
@@ -166,7 +169,8 @@ from typing import Any
 
 from _common import (
     LOADED_PER_CORE, RESULTS, AttemptWatcher, LoadSampler, Runner, Workdir, bench_parser,
-    conditions, cores, cutline_in_spark_task, fmt, input_files, tree_cpu,
+    bootstrap_ci, conditions, cores, cutline_in_spark_task, fmt, input_files, settled,
+    tree_cpu,
     git_state, median, ms, noise_of, non_negative_float, parse_bench_args, percentile,
     positive_float, positive_int, pyplot, rotated, spark_batches, spark_session, stamp,
     stop_quietly, styled,
@@ -1426,6 +1430,7 @@ def summarise(runs: dict) -> list[dict]:
         rows.append({"case": case, "kind": kind, "workload": workload, "cutline": cut,
                      "spark": spark, "cutline_value": a, "spark_value": b, "ratio": ratio,
                      "per_round": pr, "paired": paired, "noise": noise,
+                     "paired_ci": bootstrap_ci(pr),
                      "target": target, "at_least": at_least, "target_label": label,
                      "verdict": v})
 
@@ -1690,6 +1695,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="run only workload 4 over the backlog cut into each of these "
                          "numbers of files per subtask (e.g. 1,16: issue 25's aligned "
                          "split watermarks), cutline per record and columnar, Spark SQL")
+    ap.add_argument("--max-warmup", type=int, default=None,
+                    help="throughput: warm-up rounds at full size, not counted, until each "
+                         "case's last two are within --settle (default at most 4; quick 0)")
+    ap.add_argument("--settle", type=positive_float, default=0.10,
+                    help="warm when a case's last two warm-up times are this close (0.10)")
     ap.add_argument("--break-output", action="store_true",
                     help="cutline's pipelines drop one input event: the output checks must "
                          "fail the runs and the benchmark (exit code 1)")
@@ -1704,6 +1714,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         argv.append("--quick")  # --smoke is --quick with fewer latency runs
     args = parse_bench_args(ap, argv)
     args.latency_rounds = args.latency_rounds or (1 if args.quick else 2)
+    if args.max_warmup is None:
+        args.max_warmup = 0 if args.quick else 4
+    if args.max_warmup < 0:
+        ap.error("--max-warmup must be >= 0")
     args.records = args.records or (100_000 if args.quick else 400_000)
     args.latency_seconds = args.latency_seconds or (3.0 if args.quick else 6.0)
     if args.window_latency_seconds is None:
@@ -1776,6 +1790,27 @@ def add_backlog(ctx: dict, directory: Path, records: int, files: int | None = No
         ctx["backlog_windowed"] = windowed_backlog(ctx["backlog"], directory / "windowed")
 
 
+def warm_rounds(runner: Runner, cases: list[tuple[str, Any]], most: int, tolerance: float,
+                console: Console) -> dict[str, list[float]]:
+    """Rounds at the benchmark's size, not counted, until each case's last two processing
+    times are within ``tolerance`` of each other (at most ``most`` rounds): only warm rounds
+    count (Spark's JIT speeds it up from round to round)."""
+    seen: dict[str, list[float]] = {name: [] for name, _ in cases}
+    for r in range(most):
+        todo = [(n, fn) for n, fn in cases if not settled(seen[n], tolerance)]
+        if not todo:
+            break
+        for name, fn in rotated(todo, r):
+            out = runner.run(f"warm-up {name}", fn)
+            if out is not None:
+                seen[name].append(out["processing"])
+    unsettled = [n for n, t in seen.items() if not settled(t, tolerance)]
+    if most and unsettled:
+        console.print(f"  not settled after {most} warm-up round(s): {', '.join(unsettled)}",
+                      style="yellow")
+    return seen
+
+
 def failed_runs(runs: dict, errors: list[dict], check: dict | None) -> list[dict]:
     """Every run that failed or whose output is wrong (each such run is set to ``None`` in
     ``runs``: it counts in no figure), and a cross-system window check that failed."""
@@ -1845,6 +1880,7 @@ def main(argv: list[str] | None = None) -> int:
                           style="dim")
         if "throughput" in args.parts:
             cases = only(picked(ctx, throughput_cases(ctx)))
+            warm_rounds(runner, cases, args.max_warmup, args.settle, console)
             for r in range(args.rounds):
                 for name, fn in rotated(cases, r):  # rotate: no case always first
                     runner.run(name, fn, r, args.rounds, describe)

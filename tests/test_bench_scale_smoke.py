@@ -16,7 +16,7 @@ TINY = ["--sizes", "3000", "--lines-per-file", "1000", "--rounds", "1", "--max-w
         "--spark-grid", "allx2", "--no-plot"]
 
 
-def scale(tmp_path, *args, timeout=600):
+def scale(tmp_path, *args, timeout=850):
     out = tmp_path / "scale.json"
     proc = subprocess.run([sys.executable, str(BENCH), *TINY, "--data", str(tmp_path / "data"),
                            "--out", str(out), *args],
@@ -25,6 +25,7 @@ def scale(tmp_path, *args, timeout=600):
     return proc, (json.loads(out.read_text()) if out.exists() else None)
 
 
+@pytest.mark.timeout(900)  # about 40 s on a quiet machine; 300+ s seen at load 45 on 2 cores
 def test_scale_columnar_spark_and_pyarrow_agree_with_the_input(tmp_path):
     proc, result = scale(tmp_path, "--queries", "keyed",
                          "--systems", "cutline columnar,spark sql,pyarrow 1 core,pyarrow pool")
@@ -43,6 +44,7 @@ def test_scale_columnar_spark_and_pyarrow_agree_with_the_input(tmp_path):
     assert result["conditions"]["versions"]["pyspark"] and result["conditions"]["cores"] >= 1
 
 
+@pytest.mark.timeout(900)
 def test_scale_fails_when_cutline_drops_a_record(tmp_path):
     proc, result = scale(tmp_path, "--queries", "window", "--systems", "cutline columnar",
                          "--break-output")
@@ -66,6 +68,7 @@ def test_scale_rejects_bad_arguments():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)
 def test_scale_every_case_and_both_queries(tmp_path):
     proc, result = scale(tmp_path, "--sizes", "3000,6000", timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -80,3 +83,41 @@ def test_scale_every_case_and_both_queries(tmp_path):
                 "RocksDBStateStoreProvider"
             assert q["runs"]["spark sql"][0]["read_schema"] == [
                 "struct<user:string>" if query == "keyed" else "struct<ts:double,user:string>"]
+
+
+def _bench_module(name):
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(BENCH.parent))
+
+
+def test_scale_checks_and_statistics(tmp_path):
+    """The parts that decide a run's fate, without Spark: the output check (later
+    checkpoints win; a missing or wrong key is named), the read-schema check, warm-up
+    settling, the bootstrap interval and the load mark."""
+    import pickle
+
+    scale = _bench_module("scale")
+    common = sys.modules["_common"]
+    want = {"user_counts": {"u1": 3, "u2": 5}, "window_counts": {("u1", 60.0): 3}}
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "0-00000001.pkl").write_bytes(pickle.dumps({"u1": 1, "u2": 5}))
+    (out / "1-00000002.pkl").write_bytes(pickle.dumps({"u1": 3}))
+    assert scale.check_output(scale.CUTLINE, "keyed", out, want) == {
+        "keys": 2, "records_counted": 8, "ok": True}
+    (out / "0-00000003.pkl").write_bytes(pickle.dumps({"u2": 4, "sentinel": 1}))
+    with pytest.raises(common.RunFailed, match=r"at 1 of 2 keys, e.g. u2: 4 != 5"):
+        scale.check_output(scale.CUTLINE, "keyed", out, want)
+    scale.check_read_schema({"read_schema": ["struct<ts:double,user:string>"]}, "window")
+    with pytest.raises(common.RunFailed, match="column pruning differs"):
+        scale.check_read_schema({"read_schema": ["struct<ts:double,user:string>"]}, "keyed")
+    assert not common.settled([10.0], 0.1) and common.settled([20.0, 10.5, 10.0], 0.1)
+    assert not common.settled([10.0, 11.5], 0.1)
+    lo, hi = common.bootstrap_ci([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert 1.0 <= lo <= 3.0 <= hi <= 100.0 and common.bootstrap_ci([1.0, 2.0]) is None
+    assert common.is_loaded({"max": 3.1}, 2) and not common.is_loaded({"max": 2.9}, 2)
+    assert scale.parse_grid("all,4,100x2", 20) == [
+        (4, 2), (20, 2), (None, 2)]

@@ -61,11 +61,12 @@ def test_vs_spark_bench_fails_on_a_wrong_output(tmp_path):
     out = tmp_path / "vs_spark.json"
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--quick", "--workloads", "3", "--only", "throughput",
-         "--records", "4000", "--rounds", "1", "--cutline-only", "--keep-loaded",
-         "--break-output", "--out", str(out)],
+         "--records", "4000", "--rounds", "1", "--max-warmup", "1", "--cutline-only",
+         "--keep-loaded", "--break-output", "--out", str(out)],
         capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "FAILED" in proc.stdout
+    assert "warm-up tp | keyed | cutline" in proc.stdout  # a warm-up round, not counted
     result = json.loads(out.read_text())
     assert result["break_output"] is True
     (wrong,) = result["failures"]  # --cutline-only: the per-record pipeline's run
