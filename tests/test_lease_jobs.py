@@ -41,3 +41,29 @@ def test_a_run_after_the_holder_ended_starts(tmp_path):
     p.run(engine="threads", progress=False)
     assert not [f for f in os.listdir(tmp_path / "checkpoints" / "wordcount")
                 if f.startswith("_lease")]
+
+
+def test_a_process_graph_on_the_storage_of_a_running_one_is_refused(tmp_path):
+    import threading
+
+    from graph_programs import ledger_graph
+
+    storage = f"file://{tmp_path}/graphs"
+    results: list = []
+    first = threading.Thread(target=lambda: results.append(
+        ledger_graph(4, 400, 0.01).run(engine="threads", tasks=2, snapshot_interval=0.1,
+                                        storage=storage, timeout=120)))
+    first.start()
+    lease_dir = tmp_path / "graphs" / "ledger"
+    deadline = time.monotonic() + 60
+    while not list(lease_dir.glob("_lease-*")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        with pytest.raises(JobAlreadyRunningError, match="job 'ledger' is already running"):
+            ledger_graph(4, 10).run(engine="threads", tasks=2, storage=storage, timeout=60)
+    finally:
+        first.join(180)
+    assert results and results[0].stopped == "terminated"
+    assert not list(lease_dir.glob("_lease-*"))  # released when the run ended
+    again = ledger_graph(4, 10).run(engine="threads", tasks=2, storage=storage, timeout=60)
+    assert again.stopped == "terminated"

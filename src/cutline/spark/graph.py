@@ -21,6 +21,7 @@ from ..driver.run import drive
 from ..driver.threads import ThreadsEngine
 from ..graph.host import GraphSpec, Host
 from ..graph.result import RunResult
+from ..storage.lease import JobLease
 from .launcher import embedded_session
 from .stage import SparkStage, ship_user_code
 
@@ -71,6 +72,12 @@ def run_graph(graph: Any, opts: RunOptions, *, spark: Any = None, on_start: Any 
     tls = bool(engine.tls if opts.tls is None else opts.tls)
     driver = GraphDriver(graph, opts, placement, hosts, storage, host=engine.driver_host,
                          on_snapshot=on_snapshot, tls=tls)
+    try:  # one run per storage, as for pipelines (storage.lease)
+        lease = JobLease(driver.storage, on_lost=lambda why: _lease_lost(driver, why))
+        lease.acquire()
+    except BaseException:
+        driver.close()
+        raise
     spec = GraphSpec(job=graph.name, names=names, processes=processes, edges=list(graph.edges),
                      placement=placement, hosts=hosts, secret=driver.secret,
                      coordinator=driver.address, trace=opts.trace, seed=opts.seed,
@@ -87,6 +94,7 @@ def run_graph(graph: Any, opts: RunOptions, *, spark: Any = None, on_start: Any 
         if not driver.done.is_set() or driver.error:
             engine.cancel()
         driver.close()
+        lease.release()
         if temp is not None:
             engine.join(5)
             shutil.rmtree(temp, ignore_errors=True)
@@ -96,3 +104,9 @@ def run_graph(graph: Any, opts: RunOptions, *, spark: Any = None, on_start: Any 
         for snap in result.snapshots:
             snap.path = None
     return result
+
+
+def _lease_lost(driver: GraphDriver, why: str) -> None:
+    """Another driver took this graph's storage over while this one was silent: stop."""
+    driver.error = why
+    driver.done.set()
