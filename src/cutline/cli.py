@@ -8,16 +8,16 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
+from . import terminal
 from .analysis.explore_time import FAULTS as TIME_FAULTS
 from .analysis.explore_time import SCENARIOS as TIME_SCENARIOS
 from .sim.scenarios.watermarks import FAULTS as WM_FAULTS
 from .sim.scenarios.watermarks import MODES as WM_MODES
 
-# Piped output (CI logs, README captures) gets a fixed, readable width.
-console = Console() if sys.stdout.isatty() else Console(width=140)
+# Piped output (CI logs, README captures): tables at their natural width, not cut at 80
+console = terminal.console()
 
 
 class UsageError(Exception):
@@ -47,7 +47,7 @@ def _diagram_path(text: str) -> Path:
 
 
 # What is said beside the result: stderr when stdout carries JSON (it stays pure JSON).
-err_console = Console(stderr=True)
+err_console = terminal.console(stderr=True)
 
 
 def _say(args: argparse.Namespace, text: str) -> None:
@@ -391,12 +391,16 @@ def build_parser() -> argparse.ArgumentParser:
     cli_jobs.add_parser(sub)
 
     run = sub.add_parser(
-        "run", help="run a process-graph program (examples/bank.py ...) with snapshots",
-        description="Run a process-graph program: a Python file with a build() function "
-                    "returning a cutline.graph.ProcessGraph. Options after the file go to "
-                    "the program: `cutline run examples/bank.py --help` lists them "
-                    "(--engine, --snapshot-interval, --restore PATH, --kill, --diagram, "
-                    "--view, and the program's own).")
+        "run", help="run a pipeline or process-graph program (examples/bank.py ...)",
+        description="Run a Python file that (1) defines build() returning a Pipeline or a "
+                    "cutline.graph.ProcessGraph: its keyword parameters (with defaults) "
+                    "become options, and options after the file go to the run: `cutline run "
+                    "examples/bank.py --help` lists them (--engine, --snapshot-interval, "
+                    "--restore PATH, --kill, --diagram, --view, and the program's own); "
+                    "(2) runs its own pipeline (p.run(), at the top level or under `if "
+                    "__name__ == \"__main__\":`): it runs as `python FILE ...` would, "
+                    "options after the file are its own; or (3) defines one Pipeline or "
+                    "ProcessGraph at module level: it runs with the run options of (1).")
     run.add_argument("program", metavar="FILE.py")
     run.add_argument("args", nargs=argparse.REMAINDER, metavar="...",
                      help="options of the run and of the program")
@@ -463,10 +467,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return cli_jobs.run(args)
         if args.command == "run":
-            from .graph.cli import load_program, run_main
+            from .graph.cli import run_file
 
-            build = load_program(args.program)
-            return run_main(build, args.args, prog=f"cutline run {args.program}")
+            return run_file(args.program, args.args)
         if args.command == "nexmark":
             return _nexmark(args)
         if args.command == "report":

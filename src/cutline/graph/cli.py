@@ -1,12 +1,19 @@
-"""``cutline run FILE`` and ``python FILE``: run a process-graph program from the command
-line; ``cutline snapshots list|show``: read what its runs stored.
+"""``cutline run FILE`` and ``python FILE``: run a process-graph or pipeline program from
+the command line; ``cutline snapshots list|show``: read what its runs stored.
 
-A program is a Python file with a function ``build(...) -> ProcessGraph``; its keyword
-parameters become options (``def build(accounts: int = 8)`` gives ``--accounts``), and a
-line ``name: text`` in its docstring is the option's help.  The file ends with::
+A program is a Python file with a function ``build(...)`` returning a ``ProcessGraph`` or a
+``Pipeline``; its keyword parameters become options (``def build(accounts: int = 8)`` gives
+``--accounts``), and a line ``name: text`` in its docstring is the option's help.  The file
+ends with::
 
     if __name__ == "__main__":
         raise SystemExit(run_main(build))
+
+``cutline run FILE`` (:func:`run_file`) also runs a pipeline script: one that runs its own
+pipeline (``p.run()``, at the top level or under ``if __name__ == "__main__":``) runs as
+``python FILE`` would; one that only defines a ``Pipeline`` or ``ProcessGraph`` at module
+level has it run with the run options.  What kind of file it is, is read from its source
+before any of it runs.
 """
 
 from __future__ import annotations
@@ -21,12 +28,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
-__all__ = ["load_program", "run_main", "snapshots_main"]
+from .. import terminal
 
-console = Console() if sys.stdout.isatty() else Console(width=140)
+__all__ = ["load_program", "run_file", "run_main", "snapshots_main"]
+
+console = terminal.console()
 
 
 class _Usage(ValueError):
@@ -38,17 +46,128 @@ def load_program(path: str) -> Callable[..., Any]:
     file = Path(path)
     if not file.is_file():
         raise _Usage(f"no such program file: {path}")
+    build = getattr(_load_module(file), "build", None)
+    if not callable(build):
+        raise _Usage(f"{path} defines no build() function returning a ProcessGraph or a "
+                     "Pipeline")
+    return build
+
+
+WHAT_TO_DEFINE = (
+    "`cutline run FILE` runs (1) a function build() returning a Pipeline or a ProcessGraph, "
+    "its keyword parameters (with defaults) the program's options; (2) a script that runs "
+    "its own pipeline (p.run(), at the top level or under `if __name__ == \"__main__\":`), "
+    "as `python FILE` would; or (3) one Pipeline or ProcessGraph defined at module level")
+
+
+def _program_kind(path: str, source: str) -> str:
+    """``build`` (a build() whose parameters all have defaults), ``script`` (the file runs
+    something itself: a ``__main__`` block or a ``.run()`` / ``.start()`` /
+    ``run_main()`` call), ``object`` (it only defines things), read from the source."""
+    import ast
+
+    try:
+        tree = ast.parse(source, filename=path)
+    except SyntaxError as exc:
+        raise _Usage(f"{path} is not valid Python: {exc.msg} (line {exc.lineno})") from None
+    build = next((n for n in tree.body
+                  if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and n.name == "build"), None)
+    required: list[str] = []
+    if isinstance(build, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        a = build.args
+        positional = [*a.posonlyargs, *a.args]
+        required = [x.arg for x in positional[:len(positional) - len(a.defaults)]]
+        required += [x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is None]
+    main_block = any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)
+                     and "__name__" in ast.unparse(n.test) for n in tree.body)
+    runs = any(isinstance(n, ast.Call) and (
+        isinstance(n.func, ast.Attribute) and n.func.attr in ("run", "start", "run_main")
+        or isinstance(n.func, ast.Name) and n.func.id == "run_main") for n in ast.walk(tree))
+    if build is not None and not required:
+        return "build"
+    if main_block or runs:
+        return "script"
+    if build is not None:
+        raise _Usage(f"{path}: build() has parameters without defaults "
+                     f"({', '.join(required)}), which `cutline run` cannot give; give them "
+                     f"defaults (they become options), or run the program's own code under "
+                     f"`if __name__ == \"__main__\":`. {WHAT_TO_DEFINE}")
+    return "object"
+
+
+def _load_module(file: Path) -> Any:
     name = "cutline_program_" + re.sub(r"\W", "_", file.stem)
     spec = importlib.util.spec_from_file_location(name, file)
     if spec is None or spec.loader is None:
-        raise _Usage(f"cannot load {path} as a Python module")
+        raise _Usage(f"cannot load {file} as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # Spark pickles its classes by value (cutline.spark.graph)
     spec.loader.exec_module(module)
-    build = getattr(module, "build", None)
-    if not callable(build):
-        raise _Usage(f"{path} defines no build() function returning a ProcessGraph")
-    return build
+    return module
+
+
+def _run_module(file: Path) -> Any:
+    """The program's module, its code run; its own error is printed with its traceback,
+    as ``python FILE`` prints it, and ends the command (status 1)."""
+    try:
+        return _load_module(file)
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        raise SystemExit(1) from None
+
+
+def run_file(path: str, argv: Sequence[str], prog: str | None = None) -> int:
+    """``cutline run FILE ARGS...``: the program at ``path`` run the way its source says
+    (:func:`_program_kind`); the exit status."""
+    prog = prog or f"cutline run {path}"
+    file = Path(path)
+    if not file.is_file():
+        raise _Usage(f"no such program file: {path}")
+    kind = _program_kind(path, file.read_text(encoding="utf-8", errors="replace"))
+    if kind == "build":
+        return run_main(_run_module(file).build, argv, prog=prog)
+    if kind == "script":
+        import runpy
+
+        saved = sys.argv
+        sys.argv = [path, *argv]
+        try:
+            runpy.run_path(path, run_name="__main__")
+        except SystemExit as exc:
+            if exc.code is None or isinstance(exc.code, int):
+                return exc.code or 0
+            print(exc.code, file=sys.stderr)
+            return 1
+        except Exception:  # the script's own error: its traceback, as `python FILE` prints
+            import traceback
+
+            traceback.print_exc()
+            return 1
+        finally:
+            sys.argv = saved
+        return 0
+    from ..api import Pipeline
+    from .api import ProcessGraph
+
+    module = _run_module(file)
+    found = {id(v): (k, v) for k, v in vars(module).items()
+             if isinstance(v, (Pipeline, ProcessGraph))}
+    if len(found) != 1:
+        names = ", ".join(sorted(k for k, _ in found.values()))
+        raise _Usage(f"{path} defines no build() function, runs nothing itself and defines "
+                     + (f"{len(found)} Pipelines/ProcessGraphs at module level ({names}): "
+                        "which one to run? " if found else
+                        "no Pipeline or ProcessGraph at module level. ") + WHAT_TO_DEFINE)
+    (name, job), = found.values()
+
+    def build() -> Any:
+        return job
+
+    build.__module__ = f"{file.name}: {name}"
+    return run_main(build, argv, prog=prog)
 
 
 def _doc_help(fn: Callable) -> dict[str, str]:
@@ -163,11 +282,9 @@ def _run_pipeline(pipeline: Any, args: argparse.Namespace) -> int:
     """``cutline run`` of a program whose build() returns a Pipeline: run it (with a
     ``--kill`` of a worker after ``--kill-after`` checkpoints), print its checkpoints, and
     hand the result to the pipeline's ``after_run(result)`` if it has one (its exit code)."""
-    from rich.console import Console
-
     from ..report import checkpoint_table
 
-    console = Console() if sys.stdout.isatty() else Console(width=110)
+    console = terminal.console()
     kill = None
     if args.kill:
         from ..spark.faults import Kill

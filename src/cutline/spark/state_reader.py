@@ -2,8 +2,10 @@
 
 The state files are read and decoded in the driver process (sized for debugging and
 bootstrapping, not for state larger than the driver's memory).  Columns: ``key``, ``key_group``, then one per state
-name.  A column whose values are all of one scalar type gets that Spark type (long, double,
-string, boolean); lists / dicts of scalars become arrays / maps; anything else is JSON text.
+name; a window operator's: ``key``, ``start``, ``end``, ``accumulator``, ``fired``, one row
+per key and window.  A column whose values are all of one scalar type gets that Spark type
+(long, double, string, boolean); lists / dicts of scalars become arrays / maps; anything
+else is JSON text.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..state.reader import keyed_rows
+from ..state.reader import is_window_operator, keyed_rows, window_rows
 from ..storage.checkpoints import open_checkpoint
 from ..storage.schema import read_task_states
 
@@ -74,9 +76,13 @@ def _encode(value: Any, kind: str) -> Any:
 
 def read(spark: Any, path: str, operator_uid: str) -> Any:
     """The keyed state of operator ``operator_uid`` in the checkpoint or savepoint at ``path``,
-    one row per key: ``key``, ``key_group`` and a column per state name."""
+    one row per key: ``key``, ``key_group`` and a column per state name.  A window
+    operator's: one row per key and window, ``key``, ``start``, ``end``, ``accumulator``,
+    ``fired`` (:func:`cutline.state.reader.window_rows`)."""
     handle = open_checkpoint(path)
     states = read_task_states(handle)
+    if is_window_operator(handle, operator_uid):
+        return _windows(spark, list(window_rows(handle, operator_uid, states)))
     rows = list(keyed_rows(handle, operator_uid, states))  # raises naming the operators
     names = sorted({n for r in rows for n in r} - {"key", "key_group"})
     kinds = {c: _column_type([r.get(c) for r in rows]) for c in ["key", *names]}
@@ -86,3 +92,11 @@ def read(spark: Any, path: str, operator_uid: str) -> Any:
     data = [tuple([_encode(r["key"], kinds["key"]), r["key_group"]]
                   + [_encode(r.get(n), kinds[n]) for n in names]) for r in rows]
     return spark.createDataFrame(data, schema=ddl)
+
+
+def _windows(spark: Any, rows: list[dict]) -> Any:
+    cols = ("key", "start", "end", "accumulator")
+    kinds = {c: _column_type([r[c] for r in rows]) for c in cols}
+    ddl = ", ".join(f"`{c}` {'string' if kinds[c] == 'json' else kinds[c]}" for c in cols)
+    data = [tuple([_encode(r[c], kinds[c]) for c in cols] + [bool(r["fired"])]) for r in rows]
+    return spark.createDataFrame(data, schema=ddl + ", `fired` boolean")

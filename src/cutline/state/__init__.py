@@ -47,7 +47,9 @@ def create_backend(kind: str, key_groups: range, max_parallelism: int, *,
 
 def read(spark: Any, path: str, operator_uid: str) -> Any:
     """The keyed state of ``operator_uid`` in the checkpoint/savepoint at ``path`` as a Spark
-    DataFrame: one row per key (``key``, ``key_group``, a column per state name)."""
+    DataFrame: one row per key (``key``, ``key_group``, a column per state name); a window
+    operator's: one row per key and window (``key``, ``start``, ``end``, ``accumulator``,
+    ``fired``)."""
     from ..spark.state_reader import read as _read
 
     return _read(spark, path, operator_uid)

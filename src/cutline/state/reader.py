@@ -2,9 +2,11 @@
 
 ``keyed_rows(handle, uid)`` yields one ``{"key": k, <state name>: value, ...}`` per key of
 operator ``uid`` (a key's pending timers as ``timers.event`` / ``timers.processing``: their
-times, sorted; state with a TTL as its live values); :func:`summary` counts operators,
-bytes, keys and timers for ``cutline checkpoints show``.  ``cutline.state.read`` turns the
-rows into a Spark DataFrame (``cutline.spark``).
+times, sorted; state with a TTL as its live values); ``window_rows(handle, uid)`` one
+``{"key", "start", "end", "accumulator", "fired"}`` per key and window of a window
+operator; :func:`summary` counts operators, bytes, keys and timers for ``cutline
+checkpoints show``.  ``cutline.state.read`` turns the rows into a Spark DataFrame
+(``cutline.spark``).
 """
 
 from __future__ import annotations
@@ -21,13 +23,20 @@ from ..storage.schema import TaskState, read_task_states
 from .timers import TIMER_STATES
 from .ttl import Expiring
 
-__all__ = ["LATE_STATE", "keyed_rows", "keyed_entries", "operators_with_state", "summary"]
+__all__ = ["LATE_STATE", "WINDOW_KINDS", "is_window_operator", "keyed_rows", "keyed_entries",
+           "operators_with_state", "summary", "window_rows"]
 
 #: A window operator's late records dropped, per key group (:mod:`cutline.runtime.late`)
 LATE_STATE = "__late"
 #: States kept per key group under a stand-in key (the window operator's watermark of each
 #: key group, :data:`cutline.runtime.windows.MARKS`): not counted as keys
 PER_KEY_GROUP_STATES = frozenset({"window-watermark"})
+#: The window operator's tables (:mod:`cutline.runtime.windows`): key -> ``{(start, end):
+#: accumulator}``; per key group, the watermark it acted on; key -> windows the end of input
+#: fired above the last real watermark
+WINDOWS, WINDOW_MARKS, WINDOW_FIRED = "windows", "window-watermark", "window-fired"
+#: Plan kinds of window operators (per record, and on record batches)
+WINDOW_KINDS = ("window", "window_agg")
 
 
 def keyed_entries(blob: Any) -> Iterator[tuple[int, str, Any, Any]]:
@@ -90,6 +99,58 @@ def keyed_rows(handle: Any, uid: str, states: Mapping[str, TaskState] | None = N
             else:
                 row[_column(name)] = value
         yield from rows.values()
+
+
+def is_window_operator(handle: Any, uid: str) -> bool:
+    """Whether operator ``uid`` of the checkpoint is a window operator (its plan says so)."""
+    plan = (handle.metadata.get("plan") or {}).get("operators") or {}
+    return (plan.get(uid) or {}).get("kind") in WINDOW_KINDS
+
+
+def window_rows(handle: Any, uid: str, states: Mapping[str, TaskState] | None = None
+                ) -> Iterator[dict]:
+    """One row per key and window of window operator ``uid``: ``{"key", "start", "end",
+    "accumulator", "fired"}``, by key group, then key, then window.  ``fired``: the
+    watermark the operator acted on had reached the window's end (a window kept for its
+    ``allowed_lateness``), or the end of input fired it.  A sliding window on record
+    batches that keeps panes (one slide each, merged when a window fires) has a row per
+    pane."""
+    states = read_task_states(handle) if states is None else states
+    blobs = _blobs(states, uid)
+    if not blobs:
+        have = operators_with_state(states)
+        raise KeyError(f"checkpoint {handle.path} holds no keyed state of operator {uid!r}; "
+                       f"operators with keyed state: {have or 'none'}")
+    for _, blob in blobs:
+        marks: dict[int, float] = {}
+        fired: dict[Any, Any] = {}
+        windows: list[tuple[int, Any, Any]] = []
+        for group, name, key, value in keyed_entries(blob):
+            if name == WINDOWS:
+                windows.append((group, key, value))
+            elif name == WINDOW_MARKS:
+                marks[group] = value
+            elif name == WINDOW_FIRED and value:
+                fired[_hashable(key)] = value
+        for group, key, value in windows:
+            mark = marks.get(group, -math.inf)
+            done = fired.get(_hashable(key)) or ()
+            for (start, end), acc in sorted(value.items(), key=_by_window):
+                yield {"key": key, "start": start, "end": end, "accumulator": acc,
+                       "fired": end <= mark or (start, end) in done}
+
+
+def _by_window(item: tuple) -> tuple:
+    (start, end), _ = item
+    return (start, end)
+
+
+def _hashable(key: Any) -> Any:
+    try:
+        hash(key)
+    except TypeError:
+        return repr(key)
+    return key
 
 
 _EXPIRED: Any = object()
@@ -164,6 +225,7 @@ def summary(handle: Any) -> dict:
         operators.append({"uid": uid, "kind": plan.get(uid, {}).get("kind"),
                           "parallelism": plan.get(uid, {}).get("parallelism"), **info})
     return {"path": handle.path, "id": handle.id, "savepoint": handle.is_savepoint,
+            "final": bool(handle.metadata.get("final")),
             "job": handle.job, "mode": handle.metadata.get("mode"),
             "tasks": len(states),
             "state_bytes": sum(int(i.get("size") or 0) for i in handle.states.values()),
