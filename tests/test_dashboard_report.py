@@ -161,9 +161,10 @@ def test_report_at_the_end_of_a_run_and_rebuilt_from_storage(tmp_path, capsys):
 def test_report_after_a_failed_run_and_the_run_that_resumed_it(tmp_path):
     BOMB["at"] = 4000  # about 1.3 s into the run: several checkpoints before it
     p = _pipeline("twice", f"file://{tmp_path}/chk", rate=3000, out=str(tmp_path / "out"))
-    with pytest.raises(JobFailed, match="boom at record 4000"):
+    with pytest.raises(JobFailed, match="boom at record 4000") as failure:
         p.run(engine="threads", timeout=120)
     job_dir = tmp_path / "chk" / "twice"
+    assert failure.value.report == str(job_dir / "report.html")
     failed = embedded((job_dir / "report.html").read_text())
     assert failed["status"] == "failed" and "boom at record 4000" in failed["error"]
     first = [h["id"] for h in failed["checkpoints"]["history"]]

@@ -300,6 +300,11 @@ class Recorder:
             return None
         print(f"cutline: report of job {self.driver.job!r}: {self.report}", file=sys.stderr,
               flush=True)
+        if exc is not None:  # JobFailed.report, as JobResult.report
+            try:
+                exc.report = self.report  # type: ignore[attr-defined]
+            except AttributeError:
+                pass
         return self.report
 
 
