@@ -3,7 +3,7 @@ update streams sized by time), side by side in interleaved rounds.
 
 Run ``python bench/two_phase.py --before /tmp/before/src`` where ``/tmp/before`` is a
 ``git worktree add /tmp/before <rev>`` of the code before them (``--after`` defaults to
-this tree's ``src``).  Each run is a fresh process with ``PYTHONPATH`` set to one tree's
+this tree's ``src``).  Each tree's runs go to a process with ``PYTHONPATH`` set to its
 ``src`` (its Spark workers inherit it: every run's sink records which ``cutline`` its
 tasks imported, and a run whose tasks imported another tree fails the benchmark).
 
@@ -25,8 +25,10 @@ events per second of event time up to 0.9 s out of order.
   before and after the default (a row per record: the same code path); after with
   ``updates="checkpoint"`` (the combine; a row per changed key per checkpoint).
 
-**Timing**: the run's processing time (attempt 0 started -> final checkpoint completed,
-polled every 5 ms) and its ``Pipeline.run()`` wall time; rounds rotate the cases' order.
+**Timing**: each tree's runs go to one process of its own (``--serve``), which keeps the
+embedded Spark session between runs (a first round of every case warms up, not measured); the
+processing time (attempt 0 started -> final checkpoint completed, polled every 5 ms) is
+the figure, beside ``Pipeline.run()``'s wall time; rounds rotate the cases' order.
 Ratios are before / after of the same round's processing times, their median (and range)
 over the rounds.  **Checked**: every run's output (the latest count per key, per key and
 window) equals the input's counts computed in Python as it was written.
@@ -188,7 +190,7 @@ def child(spec: dict) -> dict:
         threading.Thread(target=poll, daemon=True).start()
 
     t0 = time.monotonic()
-    result = p.run(on_start=watch, timeout=1800)
+    result = p.run(on_start=watch, timeout=1800, progress=False)
     wall = time.monotonic() - t0
     finals = [c for c in result.checkpoints if c.final]
     end = finals[-1].completed if finals else time.monotonic()
@@ -276,7 +278,32 @@ def read_output(out: Path) -> tuple[dict, set]:
     return latest, packages
 
 
-def run_case(name: str, args: argparse.Namespace, data: Path, n: int) -> dict:
+class Server:
+    """A process running one tree's runs one after another (``--serve``): the embedded
+    Spark session starts once, with the first run (a warm-up, not measured)."""
+
+    def __init__(self, src: str) -> None:
+        self.src = src
+        self.proc = subprocess.Popen([sys.executable, str(HERE), "--serve"], text=True,
+                                     env=dict(os.environ, PYTHONPATH=str(src)),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def run(self, spec_path: Path) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{spec_path}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if line.strip() != "done":
+            raise SystemExit(f"the run of {spec_path} failed ({self.src}): {line!r}")
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=120)
+
+
+def run_case(name: str, args: argparse.Namespace, data: Path, n: int,
+             servers: dict[str, Server]) -> dict:
     tree, query, opts = CASES[name]
     src = args.before if tree == "before" else args.after
     work = Path(args.work) / f"{query}-{tree}-{n}-{abs(hash(name)) % 10**6}"
@@ -286,13 +313,9 @@ def run_case(name: str, args: argparse.Namespace, data: Path, n: int) -> dict:
             "out": str(work / "out"), "checkpoint": str(work / "ck"),
             "result": str(work / "result.json")}
     (work / "spec.json").write_text(json.dumps(spec))
-    env = dict(os.environ, PYTHONPATH=str(src))
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, str(HERE), "--child", str(work / "spec.json")],
-                          env=env, capture_output=True, text=True)
+    servers[tree].run(work / "spec.json")
     total = time.monotonic() - t0
-    if proc.returncode:
-        raise SystemExit(f"{name}: the run failed:\n{proc.stderr[-3000:]}")
     res = json.loads((work / "result.json").read_text())
     res["end_to_end"] = total
     latest, packages = read_output(work / "out")
@@ -312,7 +335,7 @@ def run_case(name: str, args: argparse.Namespace, data: Path, n: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--child")
+    ap.add_argument("--serve", action="store_true", help="(runs the specs named on stdin)")
     ap.add_argument("--before", help="the src directory of the code before")
     ap.add_argument("--after", default=str(AFTER))
     ap.add_argument("--records", type=int, default=2_000_000)
@@ -331,23 +354,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.per_batch:
         per_batch(args)
         return 0
-    if args.child:
-        spec = json.loads(Path(args.child).read_text())
-        Path(spec["result"]).write_text(json.dumps(child(spec)))
+    if args.serve:
+        proto = os.fdopen(os.dup(1), "w")  # the parent reads "done" here; the rest: stderr
+        os.dup2(2, 1)
+        for line in sys.stdin:
+            spec = json.loads(Path(line.strip()).read_text())
+            Path(spec["result"]).write_text(json.dumps(child(spec)))
+            print("done", file=proto, flush=True)
         return 0
     if not args.before:
         ap.error("--before: the src directory of the code before (a git worktree's)")
     data = ensure_input(Path(args.data), args.records, args.lines_per_file, args.users)
     cases = args.cases.split(";")
     runs: dict[str, list[dict]] = {c: [] for c in cases}
+    servers = {"before": Server(args.before), "after": Server(args.after)}
+    for c in cases:  # warm-up, one run of each case: the session starts, code loads
+        res = run_case(c, args, data, args.records, servers)
+        print(f"warm-up {c:42s} processing {res['processing']:6.2f} s", flush=True)
     for r in range(args.rounds):
         order = cases[r % len(cases):] + cases[:r % len(cases)]
         for c in order:
-            res = run_case(c, args, data, args.records)
+            res = run_case(c, args, data, args.records, servers)
             runs[c].append(res)
             print(f"round {r + 1} {c:42s} processing {res['processing']:6.2f} s, "
                   f"run {res['run']:6.2f} s, end to end {res['end_to_end']:6.2f} s"
                   f"{', combined' if res['combined'] else ''}", flush=True)
+    for server in servers.values():
+        server.close()
     summary = []
     for before, after in PAIRS:
         if before not in runs or after not in runs:

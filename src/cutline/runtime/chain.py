@@ -186,7 +186,7 @@ class EventTime:
                 if ts is not None:
                     advance(0, ts)
                 if t is InputIdle and self.last == 0 and tracker.all_idle:
-                    self.broadcast(IDLE)  # every input idle: so is this task's output
+                    self.go_idle()  # every input idle: so is this task's output
             if start == 0:
                 self._records(batch, channel)
             elif start < n:
@@ -276,7 +276,18 @@ class EventTime:
                     self.advance(self.segment_after[a], ts)
         for op in self.idle_assigners:
             if op.check_idle(now) and op is self.ops[self.assigners[-1]]:
-                self.broadcast(IDLE)
+                self.go_idle()
+
+    def go_idle(self) -> None:
+        """The task's output goes idle: what a combine holds (two-phase aggregation) goes
+        first, so no watermark of another input passes its partials downstream while the
+        output is idle (they would be late where their records were not)."""
+        for i, op in enumerate(self.ops):
+            if op.flushes and not op.keyed:
+                out = op.flush()
+                if out:
+                    self.emit(self.run(out, i + 1))
+        self.broadcast(IDLE)
 
     # ------------------------------------------------------------------ checkpoints
 
