@@ -13,6 +13,7 @@ import logging
 import shutil
 import tempfile
 import time
+from contextlib import nullcontext
 from typing import Any
 
 from ..driver.dataflow import JobFailed
@@ -23,6 +24,7 @@ from ..graph.host import GraphSpec, Host
 from ..graph.result import RunResult
 from ..storage.lease import JobLease
 from .launcher import embedded_session
+from .quiet import progress_bar_muted
 from .stage import SparkStage, ship_user_code
 
 log = logging.getLogger("cutline.graph")
@@ -82,11 +84,14 @@ def run_graph(graph: Any, opts: RunOptions, *, spark: Any = None, on_start: Any 
                      placement=placement, hosts=hosts, secret=driver.secret,
                      coordinator=driver.address, trace=opts.trace, seed=opts.seed,
                      host_addr=engine.task_host, heartbeat_timeout=opts.heartbeat_timeout)
+    # a user's session draws Spark's progress bar on the console: silent while the graph runs
+    quiet = progress_bar_muted(engine.sc) if isinstance(engine, SparkStage) else nullcontext()
     t0 = time.monotonic()
     try:
-        t0 = drive(driver, engine, _host_main, spec, f"graph {graph.name!r}",
-                   timeout=opts.timeout, on_start=on_start)
-        engine.join(30)
+        with quiet:
+            t0 = drive(driver, engine, _host_main, spec, f"graph {graph.name!r}",
+                       timeout=opts.timeout, on_start=on_start)
+            engine.join(30)
     finally:
         if not driver.done.is_set():  # cancelled: let the hosts end cleanly if they can
             driver.cancel()

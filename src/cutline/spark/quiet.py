@@ -32,11 +32,11 @@ STAGE_END_TIMEOUT = 60.0
 
 @contextmanager
 def progress_bar_muted(spark: Any) -> Iterator[bool]:
-    """Spark's console progress bar, if the session draws one, writes nowhere inside the
-    block (yields True then) and to its console again after it."""
+    """Spark's console progress bar, if the session (or SparkContext) ``spark`` draws one,
+    writes nowhere inside the block (yields True then) and to its console again after it."""
     bar = field = old = None
     try:
-        sc = spark.sparkContext
+        sc = getattr(spark, "sparkContext", spark)
         shown = sc._jsc.sc().progressBar()  # Option[ConsoleProgressBar]
         if shown.isDefined():
             jvm = sc._jvm
