@@ -1,6 +1,11 @@
 # Two commands do all set-up on a fresh machine (Python 3.11 + Java 17):
 #   make demo   - create .venv, install cutline, run the main demo
 #   make test   - create .venv if needed, run the test suite
+#   make test-fast - the tests that start no Spark (tests/conftest.py marks the others
+#                 `spark`) and are not marked slow, on two workers: protocol, runtime on
+#                 threads, state, storage, connectors (about 1,030 tests, 300 CPU-seconds:
+#                 meant to take under 3 minutes on two idle cores).  Every test has a time
+#                 limit (pytest-timeout: 300 s unless it says otherwise)
 #   make lint   - ruff, mypy and the import-layering contracts (lint-imports)
 #   make docs   - the docs site from docs/ into site/ (mkdocs build --strict)
 #   make soak   - one job for SOAK_MINUTES (60) on a loopback Spark cluster, a kill -9 every
@@ -13,7 +18,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint docs bench clean venv test-spark-versions soak
+.PHONY: demo test test-fast lint docs bench clean venv test-spark-versions soak
 
 venv: $(STAMP)
 
@@ -33,6 +38,13 @@ TEST_WORKERS ?= 2
 
 test: lint docs
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# No lint, no docs site, no Spark, nothing marked slow: a Spark session a test starts here
+# fails it (conftest.py).  Tests are dealt out one by one (--dist load): no Spark session to
+# share, and a file of long tests (Kafka's) would otherwise hold one worker to the end.
+test-fast: $(STAMP)
+	CUTLINE_TEST_NO_SPARK=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist load \
+		-m "not spark and not slow"
 
 # The docs site (mkdocs-material) from docs/ into site/; --strict fails on a broken link.
 docs: $(STAMP)

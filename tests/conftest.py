@@ -18,9 +18,54 @@ LONGEST_FIRST = (
 )
 
 
+# Files whose tests start Spark without taking the `spark` fixture: they run a pipeline on
+# the default engine (an embedded session of their own), or a script, a cluster or a
+# `cutline` command that does.  With the fixture's, they are marked `spark`: `make test-fast`
+# (-m "not spark", CUTLINE_TEST_NO_SPARK=1) runs the others, and there any SparkSession a test
+# starts in the pytest process fails it, saying it needs the mark (listed here).
+SPARK_FILES = (
+    "test_bench_ab_smoke.py", "test_bench_kafka_smoke.py", "test_bench_nexmark_smoke.py",
+    "test_bench_runtime_smoke.py", "test_bench_scale_smoke.py", "test_bench_smoke.py",
+    "test_bench_vs_spark_smoke.py", "test_cluster.py", "test_cluster_daemon.py",
+    "test_cluster_python.py", "test_cluster_soak.py", "test_cluster_watchdog.py",
+    "test_docs.py",  # the README's and docs' snippets run pipelines on embedded Spark
+)
+
+# Per-test time limits (pytest-timeout; the default, 300 s, is in pyproject.toml) of the tests
+# that take longer: the quick runs of the benchmarks (each several engines side by side; up
+# to 451 s seen on a loaded 2-core machine) and the Nexmark queries' module fixture (Spark
+# Structured Streaming's runs, 110 s seen).  A limit covers a test's fixtures' set-up.
+LONG_TIMEOUTS = {
+    "test_bench_vs_spark_smoke.py": 1200, "test_bench_nexmark_smoke.py": 900,
+    "test_bench_ab_smoke.py": 900, "test_bench_runtime_smoke.py": 900,
+    "test_bench_kafka_smoke.py": 900, "test_bench_smoke.py": 900,
+    "test_bench_state_smoke.py": 900, "test_nexmark_queries.py": 600,
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the marks added here
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order kept
+    for item in items:
+        if "spark" in item.fixturenames or item.path.name in SPARK_FILES:
+            item.add_marker(pytest.mark.spark)
+        limit = LONG_TIMEOUTS.get(item.path.name)
+        if limit is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(limit))
+
+
+def pytest_configure(config):
+    if os.environ.get("CUTLINE_TEST_NO_SPARK"):  # the fast lane: no Spark in this process
+        from pyspark.sql.session import SparkSession
+
+        def no_spark(builder):
+            test = os.environ.get("PYTEST_CURRENT_TEST", "this test").split(" ")[0]
+            raise RuntimeError(f"{test} starts Spark, which the fast lane (make test-fast) "
+                               "does not: take the spark fixture, or list its file in "
+                               "SPARK_FILES (tests/conftest.py)")
+
+        SparkSession.Builder.getOrCreate = no_spark
 
 
 
