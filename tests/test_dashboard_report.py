@@ -156,6 +156,13 @@ def test_report_at_the_end_of_a_run_and_rebuilt_from_storage(tmp_path, capsys):
     where, again = rebuild_report(f"file://{job_dir}")
     assert where == str(job_dir / "report.html")
     _same(again, snap)
+    # a copy of the job directory elsewhere (from s3 to a laptop, say) reports the same
+    copy = tmp_path / "elsewhere" / "rep"
+    shutil.copytree(job_dir, copy)
+    _, moved = rebuild_report(str(copy))
+    assert [h["kept"] for h in moved["checkpoints"]["history"]] == [
+        h["kept"] for h in snap["checkpoints"]["history"]]
+    assert moved["report"]["job_dir"] == f"file://{copy}"
 
 
 def test_report_after_a_failed_run_and_the_run_that_resumed_it(tmp_path):

@@ -402,6 +402,10 @@ def _graph_from_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
         n["uid"] for n in nodes if n["operators"] and n["operators"][0]["kind"] == "source"]}
 
 
+def _dirname(path: str | None) -> str | None:
+    return path.rstrip("/").rsplit("/", 1)[-1] if path else None
+
+
 def _strip(entry: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in entry.items() if k not in ("event", "run")}
 
@@ -419,11 +423,13 @@ def build_snapshot(entries: list[dict[str, Any]], handles: list[Any], job_dir: s
     latest = max(handles, key=lambda h: h.id) if handles else None
     if config is None and latest is not None:
         config = _metadata_config(latest.metadata)
-    kept = {h.path: h for h in handles}
+    # by directory name (chk-7, savepoint-8-ab12cd34): a job directory copied elsewhere
+    # (from s3 to a laptop) still knows which of its checkpoints it holds
+    kept = {_dirname(h.path) for h in handles}
     cks: dict[int, dict[str, Any]] = {}
     for e in mine:
         if e.get("event") in ("checkpoint", "failed"):
-            cks[e["id"]] = {**_strip(e), "kept": e.get("path") in kept}
+            cks[e["id"]] = {**_strip(e), "kept": _dirname(e.get("path")) in kept}
     for h in handles:  # checkpoints of this run the history file missed (a crash)
         started = run["time"] if run else None
         when = h.metadata.get("time")
