@@ -277,3 +277,32 @@ def test_columnar_state_merges_as_merge_partial_does(batches, restart):
         assert (r["n"], r["s"], r["lo"], r["hi"], r["m"]) == (*acc[:4], mean)
         stored = table.get(r["k"])
         assert list(stored) == [tuple(a) if isinstance(a, tuple) else a for a in acc]
+
+
+def test_two_key_columns_and_a_batch_of_another_type(tmp_path):
+    """Keys of two columns merge into columns as single keys do; a later batch whose
+    aggregate has another type converts when exact, else fails naming the types."""
+    from cutline.logical import AggSpec, ColumnKey, Node
+    from cutline.runtime.operators import UserFunctionError, build_operator
+
+    spec = AggSpec(("a", "b"), (("n", None, "count"), ("s", "v", "sum")))
+    node = Node(0, "agg", "aggregate", spec, key_fn=ColumnKey(("a", "b")), columnar=True)
+    op = build_operator(node, 0, 1, 128)
+    want: dict = collections.Counter()
+    sums: dict = collections.Counter()
+    for k in range(3):
+        a = [f"x{i % 3}" for i in range(50)]
+        b = [(i + k) % 2 for i in range(50)]
+        v = list(range(50))
+        values = pa.array(v, pa.int64()) if k < 2 else pa.array([float(x) for x in v])
+        assert op.process([pa.record_batch({"a": a, "b": b, "v": values})]) == []
+        for x, y, z in zip(a, b, v):
+            want[(x, y)] += 1
+            sums[(x, y)] += z
+    got = pa.Table.from_batches(op.flush()).to_pylist()
+    assert {(r["a"], r["b"]): (r["n"], r["s"]) for r in got} == \
+        {k: (want[k], sums[k]) for k in want}
+    assert op.flush() == []  # nothing changed since
+    bad = pa.record_batch({"a": ["x0"], "b": [0], "v": pa.array([0.5])})
+    with pytest.raises(UserFunctionError, match="does not convert"):
+        op.process([bad])

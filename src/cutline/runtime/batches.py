@@ -423,7 +423,13 @@ class BatchAggregate(Keyed):
                     [c.type for c in key_cols], self.reads,
                     self.state.table("aggregate"), track=not self.each)
         if self.columns is not None:
-            rows = self.columns.merge(key_cols, part_arrays)
+            try:
+                rows = self.columns.merge(key_cols, part_arrays)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+                raise UserFunctionError(self.uid, "aggregate", Described(batch[0]), TypeError(
+                    f"a column's aggregate is {[str(a.type) for a in part_arrays]} in this "
+                    f"batch, {[str(t) for t in self.columns.types]} before, and does not "
+                    f"convert: {exc}")) from exc
             return [self._batch(self.columns.rows(rows))] if self.each else []
         return self._merge_keys(key_cols, part_arrays)
 

@@ -140,9 +140,11 @@ class ColumnarAggregates:
         lists = [c.to_pylist() for c in key_cols]
         keys = lists[0] if len(lists) == 1 else list(zip(*lists))
         rows = self.rows_of(keys, key_cols)
-        for fn, v, m, arr in zip(self.fns, self.vals, self.valid, part_arrays):
+        for fn, v, m, arr, t in zip(self.fns, self.vals, self.valid, part_arrays, self.types):
             if isinstance(arr, pa.ChunkedArray):
                 arr = arr.combine_chunks()
+            if not arr.type.equals(t):  # (a batch of another type: as the first, if exact)
+                arr = arr.cast(t)
             ok = None
             if arr.null_count:
                 ok = arr.is_valid().to_numpy(zero_copy_only=False)
