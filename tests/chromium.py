@@ -30,15 +30,15 @@ class Browser:
             raise RuntimeError("no chromium here")
         to_chrome_r, self._w = os.pipe()
         self._r, from_chrome_w = os.pipe()
-
-        def fds() -> None:  # in the child: its fd 3 and 4 are the pipes' ends
-            os.dup2(to_chrome_r, 3)
-            os.dup2(from_chrome_w, 4)
-
+        # bash (it takes fds past 9) puts the pipes' ends on fd 3 and 4, then becomes
+        # chromium (no preexec_fn: this process runs threads)
+        shell = f'exec "$0" "$@" 3<&{to_chrome_r} 4>&{from_chrome_w} ' \
+                f'{to_chrome_r}<&- {from_chrome_w}>&-'
         self.proc = subprocess.Popen(
-            [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+            [shutil.which("bash") or "/bin/bash", "-c", shell,
+             exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
              "--remote-debugging-pipe", f"--window-size={width},{height}", "about:blank"],
-            pass_fds=(3, 4), preexec_fn=fds, stdin=subprocess.DEVNULL,
+            pass_fds=(to_chrome_r, from_chrome_w), stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         os.close(to_chrome_r)
         os.close(from_chrome_w)
