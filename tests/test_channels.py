@@ -4,6 +4,8 @@ Every test is bounded in time (a watchdog dumps stacks and exits after WATCHDOG 
 every wait has a timeout) and checks that it leaves no socket or channel thread behind.
 """
 
+import collections
+import enum
 import faulthandler
 import logging
 import os
@@ -18,9 +20,14 @@ import time
 import pytest
 
 from cutline.protocol import Barrier
+
+try:
+    import numpy as np
+except ImportError:  # pragma: no cover - numpy comes with pyarrow
+    np = None
 from cutline.runtime.channels import (
-    CREDIT, HELLO, RECORDS, REJECT, WELCOME, ChannelError, InputGate, OutputChannel, channel_mac,
-    channel_purpose,
+    CREDIT, HELLO, MARSHAL, RECORDS, REJECT, WELCOME, ChannelError, InputGate, OutputChannel,
+    channel_mac, channel_purpose, encode_records,
 )
 
 SECRET = b"s3cret-for-tests"
@@ -468,6 +475,77 @@ def test_unpicklable_batch_costs_no_credit():
             assert drain(gate) == [("a", "records", [{"ok": (1, 2.0, "x", None, b"y")}]),
                                    ("a", "eof", None)]
 
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+class _Point(collections.namedtuple("_Point", "x y")):
+    pass
+
+
+class _Level(enum.IntEnum):
+    LOW = 1
+
+
+class _Tagged(dict):
+    pass
+
+
+class _Obj:
+    def __init__(self, v):
+        self.v = v
+
+    def __eq__(self, other):
+        return type(other) is _Obj and other.v == self.v
+
+    def __repr__(self):
+        return f"_Obj({self.v!r})"
+
+
+def _typed(x):
+    """``x`` with the type of every value in it, recursively (``==`` alone says 1 == 1.0 ==
+    True and (1,) != [1] only sometimes)."""
+    if isinstance(x, dict):
+        return (type(x).__name__, [(_typed(k), _typed(v)) for k, v in x.items()])
+    if isinstance(x, (list, tuple, set, frozenset)):
+        items = sorted(map(repr, x)) if isinstance(x, (set, frozenset)) else map(_typed, x)
+        return (type(x).__name__, list(items))
+    if isinstance(x, float) and x != x:
+        return (type(x).__name__, "nan")
+    return (type(x).__name__, repr(x))
+
+
+PLAIN = [{"word": "w1", "n": 1}, {"word": "w1", "n": 2**70, "t": -0.0, "nan": float("nan")},
+         (1, 1.0, True, None, b"\x00", "\u00e9\udc80"), [1, [2, (3,)], {4: "int key", (5, 6): 7}],
+         {"set": {1, 2}, "frozen": frozenset({"a"})}, "just a string", 42, 3.5, False]
+NOT_PLAIN = [[_Point(1, 2)], [_Level.LOW], [_Tagged(a=1)], [_Obj(3)], [{"a": 1}, _Obj(4)],
+             [{"nested": [_Point(5, 6)]}], [np.float64(1.5)] if np is not None else [_Obj(5)]]
+
+
+def test_plain_records_travel_as_marshal_and_arrive_exactly():
+    kind, payload = encode_records(PLAIN)
+    assert kind == MARSHAL
+    with InputGate("t", ["a"], SECRET) as gate:
+        with OutputChannel("a", gate.address, SECRET) as a:
+            a.send_records(PLAIN, timeout=T)
+            a.send_eof()
+            got = drain(gate)
+    assert [(c, k) for c, k, _ in got] == [("a", "records"), ("a", "eof")]
+    assert _typed(got[0][2]) == _typed(PLAIN)
+
+
+@pytest.mark.parametrize("batch", NOT_PLAIN, ids=lambda b: type(b[-1]).__name__)
+def test_other_records_are_pickled_and_keep_their_types(batch):
+    assert encode_records(batch)[0] == RECORDS
+    with InputGate("t", ["a"], SECRET) as gate:
+        with OutputChannel("a", gate.address, SECRET) as a:
+            a.send_records(batch, timeout=T)
+            a.send_eof()
+            got = drain(gate)
+    assert got[0][2] == batch
+    assert [type(r) for r in got[0][2]] == [type(r) for r in batch]
+    assert _typed(got[0][2]) == _typed(batch)
 
 
 def test_retrying_a_timed_out_send_reuses_the_encoded_batch(monkeypatch):

@@ -17,11 +17,18 @@ from typing import Any
 
 from ..plan import HASH
 from ..state.keygroups import key_group, subtask_for_key_group
+from .keys import fast_key
 from .operators import UserFunctionError
 
 __all__ = ["Router"]
 
 _CACHE_LIMIT = 100_000  # distinct keys cached per edge; beyond, recompute
+
+
+def _index(batch: list, record: Any) -> int:
+    """Where ``record`` (the object) is in ``batch``: its first occurrence, the one that
+    failed (an equal record before it is another object, which may have passed)."""
+    return next(i for i, r in enumerate(batch) if r is record)
 
 
 class Router:
@@ -38,9 +45,11 @@ class Router:
         self.task_id, self.max_parallelism, self.writer, self.where = (
             task_id, max_parallelism, writer, where)
         self.batch_size, self.while_blocked = batch_size, while_blocked
-        self.edges: list[tuple[Any, list[str], int, str, dict]] = [
-            (edge, chans, dst_p, dst_uid, {}) for edge, chans, dst_p, dst_uid in outputs
-            if not edge.columnar]
+        # per record edge: (edge, channels, downstream parallelism and uid, key -> channel
+        # index cache, key function as fast_key gives it)
+        self.edges: list[tuple[Any, list[str], int, str, dict, Any]] = [
+            (edge, chans, dst_p, dst_uid, {}, fast_key(edge.key_fn) if edge.key_fn else None)
+            for edge, chans, dst_p, dst_uid in outputs if not edge.columnar]
         self.buffers: dict[str, list] = {ch: [] for _, chans, _, _ in outputs for ch in chans}
         # a batch stream's edges (Arrow record batches): routed by .batches, sized by bytes
         columnar = [o for o in outputs if o[0].columnar]
@@ -69,32 +78,9 @@ class Router:
         if self.columnar is not None:
             self.columnar.emit(batch)
         buffers = self.buffers
-        for edge, chans, dst_p, dst_uid, cache in self.edges:
+        for edge, chans, dst_p, dst_uid, cache, key_fn in self.edges:
             if edge.partitioning == HASH:
-                key_fn, maxp = edge.key_fn, self.max_parallelism
-                if len(cache) > _CACHE_LIMIT:
-                    cache.clear()  # bounded: many distinct keys just recompute
-                for r in batch:
-                    try:
-                        k = key_fn(r)
-                    except Exception as exc:  # a bad record: fails the job, named
-                        err = UserFunctionError(dst_uid, "key_by", r, exc,
-                                                index=batch.index(r), batch_size=len(batch))
-                        err.locate(self.where())
-                        raise err from exc
-                    try:
-                        ch = cache[k]
-                    except KeyError:
-                        ch = chans[subtask_for_key_group(key_group(k, maxp), dst_p, maxp)]
-                        cache[k] = ch
-                    except TypeError as exc:  # unhashable: keyed state could not hold it
-                        err = UserFunctionError(dst_uid, "key_by", r, TypeError(
-                            f"key_by returned the unhashable key {k!r} (a "
-                            f"{type(k).__name__}): a key must be hashable (str, int, "
-                            "tuple, ...)"), index=batch.index(r), batch_size=len(batch))
-                        err.locate(self.where())
-                        raise err from exc
-                    buffers[ch].append(r)
+                self._hash(batch, key_fn, chans, dst_p, dst_uid, cache)
             elif edge.partitioning == "broadcast":
                 for ch in chans:
                     buffers[ch].extend(batch)
@@ -102,6 +88,39 @@ class Router:
                 ch = chans[self.rr % len(chans)]
                 self.rr += 1
                 buffers[ch].extend(batch)
+
+    def _hash(self, batch: list, key_fn: Any, chans: list[str], dst_p: int, dst_uid: str,
+              cache: dict) -> None:
+        """Each record to the channel of its key's key group, in order.  The cache holds a
+        key's channel index (its key group computed once per key); a column key is an
+        ``itemgetter`` (:func:`~cutline.runtime.keys.fast_key`).  One Python loop: measured
+        in instructions (callgrind), it beats picking each channel's records out with
+        ``compress`` over a ``map`` of the keys (0.8x the instructions at 2 channels)."""
+        maxp, n = self.max_parallelism, len(batch)
+        if len(cache) > _CACHE_LIMIT:
+            cache.clear()  # bounded: many distinct keys just recompute
+        buffers = self.buffers
+        appends = [buffers[ch].append for ch in chans]
+        for r in batch:
+            try:
+                k = key_fn(r)
+            except Exception as exc:  # a bad record: fails the job, named
+                err = UserFunctionError(dst_uid, "key_by", r, exc, index=_index(batch, r),
+                                        batch_size=n)
+                err.locate(self.where())
+                raise err from exc
+            try:
+                c = cache[k]
+            except KeyError:
+                c = cache[k] = subtask_for_key_group(key_group(k, maxp), dst_p, maxp)
+            except TypeError as exc:  # unhashable: keyed state could not hold it
+                err = UserFunctionError(dst_uid, "key_by", r, TypeError(
+                    f"key_by returned the unhashable key {k!r} (a {type(k).__name__}): a "
+                    "key must be hashable (str, int, tuple, ...)"), index=_index(batch, r),
+                    batch_size=n)
+                err.locate(self.where())
+                raise err from exc
+            appends[c](r)
 
     def broadcast(self, item: Any) -> None:
         """A time item (a ``Watermark``, ``IDLE``) on every output channel, after the records
