@@ -512,3 +512,23 @@ def test_the_recorder_records_each_checkpoint_once_in_any_order(tmp_path):
            HistoryFile(driver.storage.fs, driver.storage.dir).read()]
     assert got == [("run", None), ("attempt", 0), ("checkpoint", 8), ("failed", 6),
                    ("checkpoint", 7), ("checkpoint", 9)]
+
+
+def test_a_report_that_cannot_be_made_never_hides_the_run_s_outcome(tmp_path, caplog,
+                                                                      monkeypatch):
+    import cutline.driver.dashboard as dash
+
+    BOMB["at"] = None
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the page is broken")
+
+    monkeypatch.setattr(dash, "page", broken)
+    p = _pipeline("nopage", f"file://{tmp_path}/chk", out=str(tmp_path / "out"))
+    result = p.run(engine="threads", timeout=120)  # the run itself is fine
+    assert result.report is None and result.checkpoints_completed >= 1
+    assert "cannot write its report" in caplog.text and "the page is broken" in caplog.text
+    assert sorted(CollectSink(str(tmp_path / "out")).results()) == [
+        (k, n) for k in range(KEYS) for n in range(1, N // KEYS + 1)]
+    monkeypatch.undo()
+    assert main(["report", str(tmp_path / "chk" / "nopage")]) == 0  # later, from storage

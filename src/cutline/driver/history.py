@@ -265,10 +265,19 @@ class Recorder:
 
     def finish(self, exc: BaseException | None = None) -> str | None:
         """The run is over (``exc``: why, None: it finished): the end line, then the
-        report; returns where the report is and prints it, or None (could not write)."""
+        report; returns where the report is and prints it, or None (could not write).
+        Never raises: it runs while the run's own exception, if any, is on its way."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
+        try:
+            return self._finish(exc)
+        except Exception as e:  # noqa: BLE001 - the report never fails (or hides) anything
+            log.warning("cutline: job %r: no report for this run (%s: %s)", self.driver.job,
+                        type(e).__name__, e)
+            return None
+
+    def _finish(self, exc: BaseException | None) -> str | None:
         status, error = outcome(exc, self.driver)
         snap = self.view.snapshot(limit=1)
         end = {"event": "end", "run": self.run, "time": time.time(), "status": status,
