@@ -24,9 +24,20 @@ from pipelines import expected_rows, wordcount, write_events
 N = 30_000
 
 
-def _cancel_midway(p, timeout=1.2, **kw):
+def _cancel_midway(p, timeout=1.2, checkpoints=1):
+    """Run ``p`` on threads for ``timeout`` seconds and until it completed ``checkpoints``
+    checkpoints (a loaded machine may take longer to start it), then cancel it."""
+    import time
+
+    job = p.start(engine="threads", timeout=120)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 60 and not (
+            time.monotonic() - t0 >= timeout and job.driver is not None
+            and len(job.driver.checkpoints) >= checkpoints):
+        time.sleep(0.02)
+    job.cancel("the test resumes it")
     with pytest.raises(JobCancelled):
-        p.run(engine="threads", timeout=timeout, **kw)
+        job.result(60)
     kept = CheckpointStorage(p.checkpoint.storage, p.name).completed()
     assert kept, "the cancelled run kept checkpoints to resume from"
     return kept
@@ -190,22 +201,6 @@ def _branches(tmp_path, *, swapped=False, uids=None, n=2_000, rate=None):
     return p, sinks
 
 
-def _cancel_after_checkpoints(p, count=2):
-    """Start ``p`` on threads, cancel it once ``count`` checkpoints completed (whatever the
-    machine's load: no fixed delay)."""
-    import time
-
-    job = p.start(engine="threads", timeout=120)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (
-            job.driver is not None and len(job.driver.checkpoints) >= count):
-        time.sleep(0.02)
-    job.cancel("the test resumes it")
-    with pytest.raises(JobCancelled):
-        job.result(60)
-    assert CheckpointStorage(p.checkpoint.storage, p.name).completed()
-
-
 def _oracle(fn, n):
     """The running reduce per key of a failure-free run, as a multiset."""
     cur, out = {}, collections.Counter()
@@ -249,7 +244,7 @@ def test_a_lambda_fingerprint_is_its_reads_and_the_same_in_every_process():
 def test_an_unchanged_pipeline_without_uids_restores_exactly(tmp_path):
     n = 20_000
     p, _ = _branches(tmp_path, n=n, rate=4_000)
-    _cancel_after_checkpoints(p)
+    _cancel_midway(p, timeout=0, checkpoints=2)
     p, sinks = _branches(tmp_path, n=n)
     result = p.run(engine="threads", timeout=120)
     assert result.restored_from is not None
@@ -260,7 +255,7 @@ def test_an_unchanged_pipeline_without_uids_restores_exactly(tmp_path):
 def test_swapped_operators_given_their_old_uids_restore_exactly(tmp_path):
     n = 20_000
     p, _ = _branches(tmp_path, n=n, rate=4_000)
-    _cancel_after_checkpoints(p)
+    _cancel_midway(p, timeout=0, checkpoints=2)
     p, sinks = _branches(tmp_path, n=n, swapped=True,
                          uids={"total": "reduce-1", "longest": "reduce-3"})
     result = p.run(engine="threads", timeout=120)
