@@ -10,6 +10,7 @@ tasks, wait (showing progress), and turn what happened into a result or a
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field
@@ -54,6 +55,8 @@ class JobResult:
     # late records dropped per window operator (uid), every subtask: counted exactly once
     # (in the checkpoints, so a restored count goes on); every window that drops them
     late_records: dict[str, int] = field(default_factory=dict)
+    # the run's static report (the dashboard's page after the job), in its job directory
+    report: str | None = None
 
     @property
     def latest_checkpoint(self) -> CheckpointRecord | None:
@@ -116,6 +119,9 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
                    storage_options=cfg.storage_options, host=engine.task_host,
                    faults=tuple(faults), heartbeat_timeout=heartbeat_timeout)
     board = _start_dashboard(driver, dashboard, engine)
+    from .history import start_recording
+
+    record = start_recording(driver, engine.name)  # history.jsonl; report.html at the end
     from ..report import Progress, progress_by_default
 
     if progress is None:
@@ -144,13 +150,16 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
         driver.stop()
         if board is not None:
             board.stop()
+        if record is not None:
+            record.finish(sys.exc_info()[1])
         _close_run_log(driver)
     return JobResult(pipeline.name, driver.checkpoints, driver.attempts,
                      time.monotonic() - t0, driver.restored_from, plan.describe(),
                      task_pids=driver.task_pids, cpu_seconds=driver.cpu_seconds,
                      savepoint=driver.stopped_with_savepoint,
                      checkpoints_completed=driver.controller.checkpoints_completed,
-                     late_records=driver.late_records())
+                     late_records=driver.late_records(),
+                     report=record.report if record is not None else None)
 
 
 def _start_dashboard(driver: JobDriver, option: Any, engine: Any) -> Any:

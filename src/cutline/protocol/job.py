@@ -176,6 +176,7 @@ class FailedCheckpoint:
     started: float
     failed: float
     reason: str
+    acked: int = 0  # tasks that had acknowledged it when it was aborted
 
 
 HISTORY = 1000
@@ -691,10 +692,11 @@ class JobController:
                                                      stats), stats, cmd.savepoint))
             elif isinstance(cmd, Abort):
                 n = cmd.checkpoint_id
-                self._acked.pop(n, None)
+                acked = len(self._acked.pop(n, {}))
                 self.checkpoints_failed += 1
                 remember(self.failed_checkpoints, FailedCheckpoint(
-                    n, self.attempt.number, self.triggered.pop(n, now), now, cmd.reason))
+                    n, self.attempt.number, self.triggered.pop(n, now), now, cmd.reason,
+                    acked))
                 self._broadcast(m.Abort(cmd.checkpoint_id), cmds)
                 self._fail_savepoints(cmd.reason, cmds, only=cmd.checkpoint_id)
                 heads = self.shape.loop_heads
