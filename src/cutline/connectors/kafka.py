@@ -40,11 +40,12 @@ cutline[kafka]``), imported when a reader opens, so cutline works without it.
   with the batches after one it has not stored yet: Tansu 0.6 advances a partition's high
   watermark before it stores the batch, so with two producers writing one partition a
   fetch at the end of the log can return the second producer's batch without the first's,
-  and the consumer's position moves past records that appear a moment later.  So a gap
-  within :data:`_GAP_NEAR_END` offsets of the partition's high watermark is fetched again
-  (``seek`` back) until its records arrive or ``gap_recheck`` seconds have passed, and only
-  then taken as offsets with no record.  ``gaps_refetched`` and ``offsets_skipped`` count
-  both outcomes.
+  and the consumer's position moves past records that appear a moment later.  So a reader
+  that was at a partition's end in the last :data:`_TAILING` seconds fetches a gap within
+  :data:`_GAP_NEAR_END` offsets of the high watermark again (``seek`` back) until its
+  records arrive or ``gap_recheck`` seconds have passed, and only then takes it as offsets
+  with no record (a backlog's gaps, read far from the end, cost nothing).
+  ``gaps_refetched`` and ``offsets_skipped`` count both outcomes.
 
 ``KafkaSource(...).batches(schema)``, the columnar reader, is in :mod:`.kafka_batches`.
 The reader here is one piece on purpose (partitions' offsets, buffers, fetch ends and the
@@ -82,6 +83,7 @@ FORMATS = ("bytes", "str", "json")
 _EARLIEST, _LATEST = -2, -1  # Kafka's logical offsets (in explicit offset dicts too)
 _BUFFER = 4096  # records buffered per partition before its fetching pauses
 _GAP_NEAR_END = 100_000  # a gap this close to the high watermark is fetched again
+_TAILING = 10.0  # ... by a reader that was at the partition's end this recently (seconds)
 
 
 class KafkaRecord(NamedTuple):
@@ -350,6 +352,7 @@ class KafkaReader:
         self._rx = -1
         self._committing = 0  # offset commits to the group not yet answered
         self._gaps: dict[str, tuple[int, float]] = {}  # split -> (expected offset, since)
+        self._at_end: dict[str, float] = {}  # split -> when a fetch last reached its end
         self.gaps_refetched = 0  # gaps whose records came when fetched again
         self.offsets_skipped = 0  # offsets of gaps taken as holding no record
         self._brokers = source.bootstrap
@@ -683,7 +686,8 @@ class KafkaReader:
         now = time.monotonic()
         if pending is None or pending[0] != nxt:
             wait = self._src.gap_recheck
-            if wait <= 0 or not self._near_end(k, nxt):
+            if wait <= 0 or now - self._at_end.get(k, -_TAILING) >= _TAILING or \
+                    not self._near_end(k, nxt):
                 self.offsets_skipped += off - nxt
                 return False
             self._gaps[k] = (nxt, now)
@@ -727,6 +731,7 @@ class KafkaReader:
             if k in self._buf:
                 self._eof[k] = True
                 self._eof_at[k] = msg.offset()
+                self._at_end[k] = time.monotonic()
                 self._hw[k] = max(self._hw.get(k, 0), msg.offset())
                 if not self._buf[k]:
                     self._past_markers(k)
