@@ -24,7 +24,7 @@ from ..protocol.liveness import HEARTBEAT_TIMEOUT, check_timeout
 from ..runtime.restore import IncompatibleCheckpointError
 from ..storage.checkpoints import CheckpointStorage
 from ..storage.lease import check_free
-from .quiet import progress_bar_muted, wait_for_stage
+from .quiet import FAILED_STAGE_END_TIMEOUT, progress_bar_muted, wait_for_stage
 from .stage import SparkStage, ship_user_code
 
 log = logging.getLogger("cutline.spark")
@@ -183,16 +183,21 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
                        needs=("rocksdict",) if pipeline.checkpoint.state_backend == "rocksdb"
                        else ())
     ship_user_code(n for node in pipeline.nodes for n in (node.fn, node.key_fn, node.on_timer))
+    users_session = spark is not _SESSION  # the user may stop it next: Spark ends first
     with progress_bar_muted(spark):  # the user's session draws one over the live line
         try:
-            return run_job(pipeline, plan, stage, restore_from=restore_from, timeout=timeout,
-                           on_start=on_start, progress=progress, faults=faults,
-                           allow_non_restored_state=allow_non_restored_state,
-                           dashboard=dashboard, restart_timeout=restart_timeout,
-                           start_timeout=start_timeout, heartbeat_timeout=heartbeat_timeout)
-        finally:
-            if spark is not _SESSION:  # the user may stop the session next: Spark ends first
-                wait_for_stage(stage, pipeline.name)
+            result = run_job(pipeline, plan, stage, restore_from=restore_from,
+                             timeout=timeout, on_start=on_start, progress=progress,
+                             faults=faults, allow_non_restored_state=allow_non_restored_state,
+                             dashboard=dashboard, restart_timeout=restart_timeout,
+                             start_timeout=start_timeout, heartbeat_timeout=heartbeat_timeout)
+        except BaseException:
+            if users_session:  # the stage was cancelled: its end, briefly (the error comes first)
+                wait_for_stage(stage, pipeline.name, FAILED_STAGE_END_TIMEOUT, failed=True)
+            raise
+        if users_session:
+            wait_for_stage(stage, pipeline.name)
+        return result
 
 
 class RunningJob:

@@ -24,10 +24,13 @@ from typing import Any
 
 log = logging.getLogger("cutline.spark")
 
-__all__ = ["STAGE_END_TIMEOUT", "progress_bar_muted", "wait_for_stage"]
+__all__ = ["FAILED_STAGE_END_TIMEOUT", "STAGE_END_TIMEOUT", "progress_bar_muted",
+           "wait_for_stage"]
 
 STAGE_END_TIMEOUT = 60.0
 """Seconds a run on the user's session waits, after the job ended, for Spark's stage to end."""
+FAILED_STAGE_END_TIMEOUT = 10.0
+"""The same after the job failed (its stage cancelled): the error is not held up long."""
 
 
 @contextmanager
@@ -56,13 +59,18 @@ def progress_bar_muted(spark: Any) -> Iterator[bool]:
                 field.set(bar, old)  # type: ignore[union-attr]
 
 
-def wait_for_stage(stage: Any, job: str, timeout: float = STAGE_END_TIMEOUT) -> bool:
-    """Wait until Spark's stage of ``job`` ended (True), at most ``timeout`` seconds; else
-    say that stopping the session now may log Spark errors (False)."""
+def wait_for_stage(stage: Any, job: str, timeout: float = STAGE_END_TIMEOUT, *,
+                   failed: bool = False) -> bool:
+    """Wait until Spark's call running the stage of ``job`` returned (True), at most
+    ``timeout`` seconds; else say that stopping the session now may log Spark errors
+    (False).  After a success every task of the stage has ended then.  After a failure
+    (the stage cancelled) the call returns at once, and Spark's status tracker counts no
+    running task either, while the cancelled tasks may run on until Spark kills them."""
     stage.join(timeout)
     thread = getattr(stage, "_thread", None)
     if thread is not None and thread.is_alive():
-        log.warning("cutline: job %r ended, and Spark's stage of it still runs after %.0f s; "
-                    "stopping the Spark session now may log Spark errors", job, timeout)
+        log.warning("cutline: job %r %s, and Spark's stage of it still runs after %.0f s; "
+                    "stopping the Spark session now may log Spark errors", job,
+                    "failed" if failed else "ended", timeout)
         return False
     return True
