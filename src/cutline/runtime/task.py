@@ -64,6 +64,15 @@ from .operators import AssignTimestamps, Filter, FlatMap, Map, UserFunctionError
 from .process import Process
 from .restore import RestoreView, read_states
 from .routing import Router
+from .slot_state import (
+    AbandonSubtasks,
+    Outcome,
+    SlotAction,
+    SlotState,
+    StopSubtasks,
+    StuckSubtasks,
+    TellDriver,
+)
 from .tls import JobSecret
 from .windows import WindowOperator
 from .snapshots import Snapshots
@@ -597,7 +606,13 @@ class Subtask:
 
 
 class Slot:
-    """The subtasks one Spark task hosts, and their connection to the coordinator."""
+    """The subtasks one Spark task hosts, and their connection to the coordinator.
+
+    Its lifecycle (a subtask failed, the driver stopped the job or gave the attempt up, the
+    driver is gone or silent, a subtask thread is stuck) is a
+    :class:`~cutline.runtime.slot_state.SlotState`: the threads that learn something
+    (subtasks, the control reader, the heartbeat monitor, the joining main thread) tell it
+    under one lock and carry out the actions it returns."""
 
     def __init__(self, spec: JobSpec, slot: int) -> None:
         from ..storage.checkpoints import CheckpointStorage
@@ -606,13 +621,11 @@ class Slot:
             spec = replace(spec, host=_address_towards(spec.coordinator))
         self.spec, self.slot = spec, slot
         self.storage = CheckpointStorage(spec.storage_url, spec.job, spec.storage_options)
-        self.stopping = False  # the coordinator stopped the job (stop-with-savepoint)
-        self.ending = threading.Event()  # a subtask failed or the job stops: end quietly
-        self.failing = False  # a subtask failed
-        self.fatal = False  # a subtask failed in a way a retry repeats
-        self.abandoned = ""  # the driver gave up this attempt: why
-        self._lost = threading.Event()  # the control connection closed
-        self.driver_silent: str | None = None  # the heartbeat monitor gave the driver up
+        # mirrors of the state for the subtask threads: end quietly (a subtask failed, the
+        # job stops, the driver is gone); the control connection closed
+        self.ending = threading.Event()
+        self._lost = threading.Event()
+        self._lock = threading.Lock()  # the state's: events come from several threads
         self.heartbeats = Heartbeats(spec.heartbeat_timeout, f"cutline-heartbeats-{slot}")
         self.subtasks: list[Subtask] = []
         try:
@@ -624,6 +637,7 @@ class Slot:
             raise setup_error(f"setting up slot {slot} of job {spec.job!r} failed", exc) \
                 from exc
         self.by_id = {s.task_id: s for s in self.subtasks}
+        self.state = SlotState(self.by_id)
         self.conn: FrameConnection | None = None
         self.attempt = -1
         self._cpu0 = time.process_time()  # Spark reuses worker processes: count from here
@@ -632,15 +646,36 @@ class Slot:
         """CPU seconds this process (every thread of it) spent since the slot began."""
         return time.process_time() - self._cpu0
 
+    @property
+    def failing(self) -> bool:
+        """A subtask failed."""
+        return self.state.failing
+
+    def _tell(self, event: Any, *args: Any) -> None:
+        """``event(*args, now)`` on the state, then its actions."""
+        with self._lock:
+            actions = event(*args, time.monotonic())
+            ending = self.state.ending
+        if ending:
+            self.ending.set()
+        self._act(actions)
+
+    def _act(self, actions: list[SlotAction]) -> None:
+        for a in actions:
+            if type(a) is AbandonSubtasks:
+                for task in a.tasks:
+                    self.by_id[task].control.put(_Abandon())
+            elif type(a) is StopSubtasks:
+                for task in a.tasks:
+                    self.by_id[task].control.put(m.Stop(lost=True))
+            elif type(a) is TellDriver:
+                if self.conn is not None:
+                    self.conn.try_send(m.Failed(f"slot {self.slot}", False, a.reason))
+
     def failed(self, subtask: Subtask, fatal: bool) -> None:
         """``subtask`` failed: its siblings end now (the Spark task must end within
         seconds, for a restart or for the job to fail), quietly."""
-        self.fatal = self.fatal or (fatal and not self.ending.is_set())
-        self.failing = True
-        self.ending.set()
-        for s in self.subtasks:
-            if s is not subtask:
-                s.control.put(_Abandon())
+        self._tell(self.state.on_subtask_failed, subtask.task_id, fatal)
 
     def send(self, msg: m.Message) -> None:
         if self.conn is None:
@@ -648,8 +683,7 @@ class Slot:
         try:
             self.conn.send(msg)
         except OSError:  # the coordinator is gone: this attempt is over, nobody to tell
-            for s in self.subtasks:
-                s.control.put(m.Stop(lost=True))
+            self._tell(self.state.on_send_failed)
 
     def run(self) -> dict:
         """Register, wait for the start signal, run every subtask to the end."""
@@ -697,23 +731,50 @@ class Slot:
         reader.start()
         for t in threads:
             t.start()
-        for t in threads:
-            while t.is_alive() and not self.failing:
-                t.join(0.1)
-            # a subtask failed: the others were told to end; a stuck one is left behind
-            t.join(5.0 if self.failing else None)
-        failed = [s.error for s in self.subtasks if s.error is not None]
-        if self.driver_silent and not self.fatal:  # a Spark task fails: Spark retries
-            raise ConnectionError(f"slot {self.slot}: {self.driver_silent}")
-        if self.abandoned and not self.fatal:
-            raise AttemptAbandoned(f"slot {self.slot}: {self.abandoned}")
-        if self.fatal:
+        self._join(threads)
+        state = self.state
+        outcome = state.outcome()
+        if outcome is Outcome.STUCK:
+            # a thread that outlives its attempt must not go on in a reused worker: the
+            # process ends (cutline.spark.probe), after the driver heard a fatal failure
+            if state.fatal:
+                self._wait_for_driver()
+            why = (f"a subtask failed ({', '.join(state.failed)})" if state.failed
+                   else f"the driver gave the attempt up ({state.abandoned})"
+                   if state.abandoned else "the driver is gone")
+            message = (f"slot {self.slot}: subtask thread(s) {', '.join(state.stuck)} did "
+                       f"not return within {state.grace:g} s after {why}: the process that "
+                       "runs them ends")
+            log.error("%s", message)
+            raise StuckSubtasks(message, state.stuck)
+        if outcome is Outcome.DRIVER_SILENT:  # a Spark task fails: Spark retries
+            raise ConnectionError(f"slot {self.slot}: {state.driver_silent}")
+        if outcome is Outcome.ABANDONED:
+            raise AttemptAbandoned(f"slot {self.slot}: {state.abandoned}")
+        if outcome is Outcome.FATAL:
             # The driver fails the job with the cause: no Spark retry, no second report.
             self._wait_for_driver()
-        elif failed and not self.stopping:  # after a stop, peers going away is expected
-            raise failed[0]
+        elif outcome is Outcome.FAILED:
+            raise next(s.error for s in self.subtasks if s.error is not None)
         return {"slot": self.slot, "attempt": start.attempt,
                 "records": sum(s.records_in for s in self.subtasks)}
+
+    def _join(self, threads: list[threading.Thread]) -> None:
+        """Until every subtask thread returned, or the state gave the rest up (stuck past
+        the grace once the attempt was over)."""
+        by_task = {s.task_id: t for s, t in zip(self.subtasks, threads)}
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                for task, t in by_task.items():
+                    if task in self.state.alive and not t.is_alive():
+                        self.state.on_subtask_ended(task, now)
+                self.state.tick(now)
+                waiting = [t for task, t in by_task.items()
+                           if task in self.state.alive and task not in self.state.stuck]
+            if not waiting:
+                return
+            waiting[0].join(0.1)
 
     def _wait_for_driver(self, timeout: float = 10.0) -> None:
         """After a fatal failure: the driver ends the job and closes our connection."""
@@ -722,9 +783,7 @@ class Slot:
     def _driver_went_silent(self, reason: str) -> None:
         """Tell the driver, if it still listens (one direction of a half-open connection
         may work): its job error then says why this slot left."""
-        self.driver_silent = reason
-        if self.conn is not None:
-            self.conn.try_send(m.Failed(f"slot {self.slot}", False, reason))
+        self._tell(self.state.on_driver_silent, reason)
 
     def _load_restore(self, path: str | None) -> RestoreView | None:
         if not path:
@@ -743,16 +802,10 @@ class Slot:
                     continue
                 target = getattr(msg, "task", None)
                 if type(msg) is m.Stop:
-                    if msg.abandoned:
-                        self.abandoned = msg.abandoned
-                    else:
-                        self.stopping = True
-                    self.ending.set()
+                    self._tell(self.state.on_stop, msg.abandoned)
                 for s in self.subtasks:
                     if target is None or target == s.task_id:
                         s.control.put(msg)
         except (ConnectionError, OSError):
-            self.ending.set()
             self._lost.set()
-            for s in self.subtasks:  # coordinator gone: stop everything
-                s.control.put(m.Stop(lost=True))
+            self._tell(self.state.on_connection_lost)  # coordinator gone: stop everything

@@ -18,6 +18,7 @@ too, but a barrier sync costs a second per attempt.)
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -78,7 +79,17 @@ def guarded(task_main: Callable[[Any, int], Any], spec: Any,
         if missing is not None:
             yield (UNFIT, sys.executable, socket.gethostname(), *missing)
             return
-        yield main(job, BarrierTaskContext.get().partitionId())
+        try:
+            result = main(job, BarrierTaskContext.get().partitionId())
+        except BaseException as exc:
+            if getattr(exc, "end_process", False):
+                # threads of the task that would not end (StuckSubtasks): PySpark reuses
+                # this worker process, where they would outlive their attempt; end it
+                sys.stderr.write(f"cutline: {exc}\n")
+                sys.stderr.flush()
+                os._exit(70)
+            raise
+        yield result
 
     return run
 
