@@ -232,3 +232,46 @@ def test_a_stuck_subtask_thread_ends_its_slot_naming_it(tmp_path, caplog):
     assert re.search(r"slot 0: subtask thread\(s\) \S+\.0 did not return within 5 s after "
                      r"the driver is gone: the process that runs them ends", caplog.text), \
         caplog.text
+
+
+def _stuck_main(spec, k):
+    from cutline.runtime.slot_state import StuckSubtasks
+
+    raise StuckSubtasks(f"slot {k}: subtask thread(s) map.{k} did not return", (f"map.{k}",))
+
+
+def _failing_main(spec, k):
+    raise ValueError("bad record")
+
+
+def test_on_spark_a_stuck_slot_ends_its_worker_process(monkeypatch):
+    """The Spark task's wrapper ends the (reused) Python worker on StuckSubtasks; any other
+    failure goes to Spark as before."""
+    import os
+
+    import pyspark
+
+    from cutline.spark import probe
+
+    class Context:
+        @staticmethod
+        def get():
+            return Context()
+
+        def partitionId(self):
+            return 1
+
+    exits = []
+
+    def fake_exit(code):
+        exits.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(pyspark, "BarrierTaskContext", Context)
+    monkeypatch.setattr(os, "_exit", fake_exit)
+    with pytest.raises(SystemExit):
+        list(probe.guarded(_stuck_main, None, ())(iter([])))
+    assert exits == [70]
+    with pytest.raises(ValueError, match="bad record"):
+        list(probe.guarded(_failing_main, None, ())(iter([])))
+    assert exits == [70]
