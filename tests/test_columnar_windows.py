@@ -241,3 +241,22 @@ def test_bad_batch_windows_are_refused_when_the_pipeline_is_built(tmp_path):
     out.late(uid="late").sink(ParquetSink(str(tmp_path / "late")), uid="late-out")
     with pytest.raises(TypeError, match="map\\(\\) works on records"):
         out.late(uid="late2").map(str)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 1000), st.integers(1, 6), st.integers(0, 10**6), st.integers(0, 2**32))
+def test_batch_window_starts_with_an_offset_name_the_per_record_windows(slide, k, offset, seed):
+    # fractional timestamps and an offset: ts - (ts - offset) % slide rounded (-376 came out
+    # as -375.99999999999994): both paths compute offset + j * slide and agree exactly
+    import numpy as np
+
+    offset %= slide
+    rnd = random.Random(seed)
+    ts = np.array([round(rnd.uniform(-3, 3), 3) for _ in range(40)])
+    for assigner in (tumbling(slide, offset), sliding(slide * k, slide, offset)):
+        batch, _ = _ops(assigner, 0, ["k"])
+        rows, starts = batch._windows(ts)
+        got = sorted(zip(rows.tolist(), starts.tolist()))
+        want = sorted((i, float(s)) for i, t in enumerate(ts.tolist())
+                      for s, _ in assigner.bounds(t))
+        assert got == want

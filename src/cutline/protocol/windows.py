@@ -152,6 +152,20 @@ def _last_start(ts: float, offset: int, step: int) -> int:
     return k
 
 
+def _latest_start(ts: float, offset: Any, step: Any) -> Any:
+    """The latest ``offset + k * step <= ts``, as ``offset + k * step``: exact when both
+    are whole or dyadic (:func:`_dyadic`).  (``ts - (ts - offset) % step`` is not: with a
+    fractional ``ts`` the subtraction rounds, ``-376`` became ``-375.99999999999994`` and
+    one window had two names.)"""
+    k = math.floor((ts - offset) / step)
+    start = offset + k * step
+    if start > ts:
+        start -= step
+    elif start + step <= ts:
+        start += step
+    return _whole(start)
+
+
 class WindowAssigner(ABC):
     """Which windows a timestamp falls in.  ``merging``: windows of one key merge
     (sessions; see :func:`merge_into`).  ``exact``: bounds computed in plain float
@@ -205,7 +219,7 @@ class Tumbling(WindowAssigner):
             offset, size = self._grid
             k = _last_start(ts, offset, size)
             return [(_on_grid(offset, k, size), _on_grid(offset, k + 1, size))]
-        start = _whole(ts - (ts - self.offset) % self.size)
+        start = _latest_start(ts, self.offset, self.size)
         return [(start, _whole(start + self.size))]
 
     def end_of(self, start: Any) -> Any:
@@ -249,7 +263,7 @@ class Sliding(WindowAssigner):
                 out.append((_on_grid(offset, j, step), end))
                 j -= 1
             return out[::-1]
-        last = _whole(ts - (ts - self.offset) % slide)  # the latest start <= ts
+        last = _latest_start(ts, self.offset, slide)
         if type(last) is int and type(slide) is int and type(size) is int:  # exact
             return [(s, s + size) for s in range(last - (self._n - 1) * slide, last + 1, slide)
                     if s + size > ts]

@@ -300,7 +300,11 @@ class BatchWindowAggregate(WindowOperator):
             pairs = [(i, s) for i, t in enumerate(ts.tolist()) for s, _ in bounds(t)]
             return (np.array([i for i, _ in pairs], dtype=np.int64),
                     np.array([s for _, s in pairs], dtype=np.float64))
-        last = ts - np.mod(ts - self.offset, self.slide)  # the latest window start <= ts
+        # the latest window start <= ts, as offset + k * slide (protocol.windows._latest_start:
+        # ts - (ts - offset) % slide rounds, and a window would have two names)
+        last = self.offset + np.floor((ts - self.offset) / self.slide) * self.slide
+        last = np.where(last > ts, last - self.slide,
+                        np.where(last + self.slide <= ts, last + self.slide, last))
         if self.copies == 1:
             return np.arange(len(ts)), last
         rows, starts = [], []
