@@ -17,8 +17,9 @@
   at the end of the upstream chain, before the exchange: it merges its input per key (and
   window) and sends one partial per key, which the aggregation merges into its state.  The
   combine holds no state across a checkpoint: it sends what it holds before every barrier
-  (and every watermark, the end of input, and each ``updates`` interval), so exactly-once
-  is unchanged (:func:`_two_phase`).
+  (and the end of input, each ``updates`` interval, the task going idle; a window's
+  partials before the watermark reaching its end), so exactly-once is unchanged
+  (:func:`_two_phase`).
 """
 
 from __future__ import annotations

@@ -593,10 +593,11 @@ class BatchWindowCombine(Operator):
     """The local half of a tumbling-window aggregation of a batch stream (two-phase,
     planned by :func:`cutline.plan.plan` for windows without allowed lateness whose late
     rows are dropped): the rows of windows still open by the watermark this task has sent
-    on (so by the aggregation's, which is never ahead of it) are grouped per key and window
-    into partials, held and sent before the next watermark (:meth:`on_watermark`), barrier
-    or end of input; a row of a window the watermark reached goes on as it is, and the
-    window operator decides on it as on any row.  No state."""
+    on (so by the aggregation's, which is never ahead of it while this task's output is
+    active) are grouped per key and window into partials, held, and sent before the
+    watermark that reaches their window's end (:meth:`on_watermark`), a barrier, the task
+    going idle, or the end of input; a row of a window the watermark reached goes on as it
+    is, and the window operator decides on it as on any row.  No state."""
 
     flushes = True
     MAX_ROWS = 1 << 17
@@ -658,7 +659,29 @@ class BatchWindowCombine(Operator):
         return out
 
     def on_watermark(self, ts: float) -> list:
-        """The partials held go on before watermark ``ts`` does."""
-        out = self.flush()
+        """The partials of the windows that watermark ``ts`` reaches (``end <= ts``) go on
+        before it does: downstream no window operator's watermark passes a held partial's
+        window (it is never ahead of what this task sends), so the others stay held and
+        merge with later rows, until their window is due, a barrier or the end of input."""
         self.wm = ts
-        return out
+        if not self.held:
+            return []
+        due: list[pa.Table] = []
+        keep: list[pa.Table] = []
+        for t in self.held:
+            ends = t.column(_START).to_numpy(zero_copy_only=False) + self.size
+            now = ends <= ts
+            if now.all():
+                due.append(t)
+            elif now.any():
+                mask = pa.array(now)
+                due.append(t.filter(mask))
+                keep.append(t.filter(pc.invert(mask)))
+            else:
+                keep.append(t)
+        self.held, self.rows = keep, sum(t.num_rows for t in keep)
+        if not due:
+            return []
+        merged = due[0] if len(due) == 1 else self.partials.partial(
+            pa.concat_tables(due), [*self.keys, _START], True)
+        return [b for b in merged.combine_chunks().to_batches() if b.num_rows]
