@@ -127,3 +127,32 @@ def test_a_runs_log_is_in_its_job_folder_and_checkpoints_show_names_it(tmp_path,
     monkeypatch.setenv("COLUMNS", "300")
     assert main(["checkpoints", "show", latest]) == 0
     assert f"run logs: {folder}" in capsys.readouterr().out
+
+
+def test_a_run_that_cannot_serve_its_dashboard_leaves_no_log_handler_behind(tmp_path):
+    """The dashboard's port is taken: the run fails before it starts, and its log file is
+    closed (its handler on the 'cutline' logger was left behind: every later run's records,
+    and an open file, went on into it)."""
+    import logging
+    import socket
+
+    import pytest
+
+    from cutline import CheckpointConfig, Pipeline
+    from cutline.connectors import CollectSink, GeneratorSource
+
+    cutline_log = logging.getLogger("cutline")
+    before = list(cutline_log.handlers)
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    try:
+        p = Pipeline("busy-board", parallelism=1, checkpoint=CheckpointConfig(
+            interval=1.0, storage=f"file://{tmp_path}/chk"))
+        p.source(GeneratorSource(count=10)).sink(CollectSink())
+        with pytest.raises(OSError, match="cannot serve the dashboard"):
+            p.run(engine="threads", progress=False, dashboard=busy.getsockname()[1])
+    finally:
+        busy.close()
+    assert cutline_log.handlers == before
+    assert not list((tmp_path / "chk" / "busy-board").glob("_lease-*"))

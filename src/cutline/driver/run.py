@@ -107,18 +107,18 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
     except OSError as exc:
         log.warning("cutline: job %r: no run log (%s); failures go to %s", pipeline.name, exc,
                     log_dir())
-    try:
+    try:  # check_restore and _start_dashboard stop the driver if they fail; the log closes here
         driver.check_restore(allow_non_restored_state)
+        spec = JobSpec(plan=plan, job=pipeline.name, secret=driver.secret,
+                       coordinator=driver.route("control", driver.address),
+                       mode=cfg.protocol_mode.value,
+                       aligned_timeout=cfg.aligned_timeout, storage_url=cfg.storage,
+                       storage_options=cfg.storage_options, host=engine.task_host,
+                       faults=tuple(faults), heartbeat_timeout=heartbeat_timeout)
+        board = _start_dashboard(driver, dashboard, engine)
     except BaseException:
         _close_run_log(driver)
         raise
-    spec = JobSpec(plan=plan, job=pipeline.name, secret=driver.secret,
-                   coordinator=driver.route("control", driver.address),
-                   mode=cfg.protocol_mode.value,
-                   aligned_timeout=cfg.aligned_timeout, storage_url=cfg.storage,
-                   storage_options=cfg.storage_options, host=engine.task_host,
-                   faults=tuple(faults), heartbeat_timeout=heartbeat_timeout)
-    board = _start_dashboard(driver, dashboard, engine)
     from .history import start_recording
 
     record = start_recording(driver, engine.name)  # history.jsonl; report.html at the end
