@@ -5,11 +5,12 @@ from __future__ import annotations
 import datetime as dt
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
+if TYPE_CHECKING:  # rich is imported where it is used: a task process never draws anything
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
 
 __all__ = ["Progress", "checkpoint_table", "progress_by_default"]
 
@@ -24,6 +25,8 @@ def progress_by_default() -> bool:
 
     if any(os.environ.get(v) for v in _CI_VARIABLES):
         return False
+    from rich.console import Console
+
     console = Console()
     return console.is_terminal and not console.is_jupyter and not console.is_dumb_terminal
 
@@ -49,6 +52,8 @@ def format_event_time(ts: float) -> str:
 
 
 def checkpoint_table(result: Any, title: str | None = None) -> Table:
+    from rich.table import Table
+
     t = Table(title=title or f"checkpoints of job {result.job}")
     for col in ("id", "attempt", "duration", "alignment", "size", "in-flight records", ""):
         t.add_column(col, justify="right" if col else "left")
@@ -63,6 +68,8 @@ class Progress:
     """A live line: records/s read by the sources, checkpoints, attempts."""
 
     def __init__(self, console: Console | None = None) -> None:
+        from rich.console import Console
+
         self.console = console or Console()
         self.live: Live | None = None
         self.t0 = time.monotonic()
@@ -70,6 +77,8 @@ class Progress:
         self.rate = 0.0
 
     def __enter__(self) -> "Progress":
+        from rich.live import Live
+
         self.live = Live(console=self.console, refresh_per_second=4, transient=False)
         self.live.__enter__()
         return self
