@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import select
 import shutil
 import subprocess
 import time
@@ -44,12 +45,16 @@ class Browser:
         os.close(from_chrome_w)
         self._n = 0
         self._buf = b""
-        target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
-        self.session = self.call("Target.attachToTarget",
-                                 {"targetId": target, "flatten": True})["sessionId"]
-        self.call("Emulation.setDeviceMetricsOverride", {
-            "width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
-            session=True)
+        try:
+            target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+            self.session = self.call("Target.attachToTarget",
+                                     {"targetId": target, "flatten": True})["sessionId"]
+            self.call("Emulation.setDeviceMetricsOverride", {
+                "width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+                session=True)
+        except BaseException:  # no browser left running, no pipe left open
+            self.close()
+            raise
 
     def call(self, method: str, params: dict | None = None, session: bool = False,
              timeout: float = 30) -> dict:
@@ -61,7 +66,9 @@ class Browser:
         deadline = time.monotonic() + timeout
         while True:
             while b"\0" not in self._buf:
-                if time.monotonic() > deadline:
+                left = deadline - time.monotonic()
+                # a read blocks until chromium writes: wait for it no longer than the timeout
+                if left <= 0 or not select.select([self._r], [], [], left)[0]:
                     raise TimeoutError(f"chromium did not answer {method}")
                 chunk = os.read(self._r, 1 << 16)
                 if not chunk:
