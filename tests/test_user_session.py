@@ -1,6 +1,7 @@
 """A pipeline on the user's own SparkSession (``Pipeline.run(spark=session)``) is quiet: no
 Spark progress bars over the live line, no Java frames when the program stops its session or
-exits right after the run, no PySpark pandas warning (issue 29)."""
+exits right after the run (or stops it right after a failed run), no PySpark pandas warning
+(issue 29)."""
 
 from __future__ import annotations
 
@@ -31,10 +32,22 @@ SCRIPT = textwrap.dedent("""
     cfg = CheckpointConfig(interval=0.3, storage=f"file://{tmp}/ck")
     p = Pipeline("quiet", parallelism=2, checkpoint=cfg)
     sink = CollectSink(f"{tmp}/out")
+    MODE = sys.argv[1]  # (a global of the script: Spark's workers get its value)
+
+    def check(w):
+        if MODE == "fail" and w == "w3":
+            raise ValueError(f"record {w} is bad")
+        return w
+
     (p.source(GeneratorSource(count=6000, fn=lambda i: f"w{i % 7}"), uid="src")
-       .key_by(lambda w: w).count(uid="count")
+       .map(check, uid="check").key_by(lambda w: w).count(uid="count")
        .sink(sink, uid="out"))
-    result = p.run(spark=spark, progress=False)
+    try:
+        result = p.run(spark=spark, progress=False)
+    except Exception as exc:
+        print(json.dumps({"failed": str(exc)}))
+        spark.stop()  # right after the failure
+        sys.exit(0)
     print(json.dumps(sorted(sink.results())))
     if sys.argv[1] == "stop":
         spark.stop()
@@ -44,7 +57,7 @@ SCRIPT = textwrap.dedent("""
 JAVA_FRAME = re.compile(r"^\s+at [\w.$]+[(.]", re.M)
 
 
-@pytest.mark.parametrize("end", ["stop", "exit"])
+@pytest.mark.parametrize("end", ["stop", "exit", "fail"])
 def test_a_run_on_the_users_session_prints_no_spark_noise(tmp_path, end):
     script = tmp_path / "mine.py"
     script.write_text(SCRIPT)
@@ -55,10 +68,13 @@ def test_a_run_on_the_users_session_prints_no_spark_noise(tmp_path, end):
                          env=env, timeout=840, cwd=tmp_path)
     err = out.stderr
     assert out.returncode == 0, err[-3000:]
-    # exactly once: each word's running count 1..n once, as a plain Python count says
-    totals = collections.Counter(f"w{i % 7}" for i in range(6000))
-    want = sorted([w, k] for w, n in totals.items() for k in range(1, n + 1))
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == want
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    if end == "fail":  # the cause, then the session stopped at once: no Spark error
+        assert "ValueError: record w3 is bad" in got["failed"]
+    else:  # exactly once: each word's running count 1..n once, as a plain count says
+        totals = collections.Counter(f"w{i % 7}" for i in range(6000))
+        want = sorted([w, k] for w, n in totals.items() for k in range(1, n + 1))
+        assert got == want
     assert not JAVA_FRAME.search(err), err[-3000:]
     assert "[Stage " not in err, err[-3000:]  # Spark's console progress bar
     assert " ERROR " not in err, err[-3000:]

@@ -18,6 +18,7 @@ exits meanwhile, Spark logs errors with Java frames: ``Failed to update accumula
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -61,16 +62,31 @@ def progress_bar_muted(spark: Any) -> Iterator[bool]:
 
 def wait_for_stage(stage: Any, job: str, timeout: float = STAGE_END_TIMEOUT, *,
                    failed: bool = False) -> bool:
-    """Wait until Spark's call running the stage of ``job`` returned (True), at most
-    ``timeout`` seconds; else say that stopping the session now may log Spark errors
-    (False).  After a success every task of the stage has ended then.  After a failure
-    (the stage cancelled) the call returns at once, and Spark's status tracker counts no
-    running task either, while the cancelled tasks may run on until Spark kills them."""
+    """Wait until Spark's stage of ``job`` has ended (True), at most ``timeout`` seconds;
+    else say that stopping the session now may log Spark errors (False).  After a success
+    the call running the stage returns once every task ended.  After a failure the stage
+    was cancelled: the call returns at once and Spark's status tracker counts no running
+    task of it, while its tasks still wind down until Spark kills them (seconds): then the
+    wait is until the executors run no task (any job's: the session may run others)."""
+    deadline = time.monotonic() + timeout
     stage.join(timeout)
     thread = getattr(stage, "_thread", None)
-    if thread is not None and thread.is_alive():
+    running = thread is not None and thread.is_alive()
+    while not running and failed and _tasks_running(stage) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if running or (failed and _tasks_running(stage)):
         log.warning("cutline: job %r %s, and Spark's stage of it still runs after %.0f s; "
                     "stopping the Spark session now may log Spark errors", job,
                     "failed" if failed else "ended", timeout)
         return False
     return True
+
+
+def _tasks_running(stage: Any) -> int:
+    """Tasks the session's executors run now (0 when it cannot tell)."""
+    try:
+        infos = stage.sc._jsc.sc().statusTracker().getExecutorInfos()
+        return sum(int(i.numRunningTasks()) for i in infos)
+    except Exception as exc:  # noqa: BLE001 - a stopped context runs nothing
+        log.debug("cutline: cannot count the executors' running tasks: %s", exc)
+        return 0
