@@ -306,3 +306,23 @@ def test_two_key_columns_and_a_batch_of_another_type(tmp_path):
     bad = pa.record_batch({"a": ["x0"], "b": [0], "v": pa.array([0.5])})
     with pytest.raises(UserFunctionError, match="does not convert"):
         op.process([bad])
+
+
+def test_a_batch_of_a_wider_float_type_converts_only_when_exact(tmp_path):
+    """The first batch's max is float32, a later batch's float64: 0.5 converts exactly and
+    merges; 0.1 has no float32 value (Arrow's cast rounded it to 0.10000000149011612, and
+    the max came out as that, silently) and fails naming the types."""
+    from cutline.logical import AggSpec, ColumnKey, Node
+    from cutline.runtime.operators import UserFunctionError, build_operator
+
+    spec = AggSpec(("k",), (("hi", "v", "max"),))
+    node = Node(0, "agg", "aggregate", spec, key_fn=ColumnKey(("k",)), columnar=True)
+    op = build_operator(node, 0, 1, 128)
+    assert op.process([pa.record_batch({"k": [1, 2], "v": pa.array([0.25, 0.0],
+                                                                   pa.float32())})]) == []
+    assert op.process([pa.record_batch({"k": [1], "v": pa.array([0.5])})]) == []
+    got = pa.Table.from_batches(op.flush()).to_pylist()
+    assert sorted((r["k"], r["hi"]) for r in got) == [(1, 0.5), (2, 0.0)]
+    for value in (0.1, 1e300):
+        with pytest.raises(UserFunctionError, match="does not convert"):
+            op.process([pa.record_batch({"k": [2], "v": pa.array([value])})])

@@ -144,7 +144,7 @@ class ColumnarAggregates:
             if isinstance(arr, pa.ChunkedArray):
                 arr = arr.combine_chunks()
             if not arr.type.equals(t):  # (a batch of another type: as the first, if exact)
-                arr = arr.cast(t)
+                arr = _cast_exact(arr, t)
             ok = None
             if arr.null_count:
                 ok = arr.is_valid().to_numpy(zero_copy_only=False)
@@ -222,4 +222,21 @@ class ColumnarAggregates:
 def _resized(a: np.ndarray, cap: int) -> np.ndarray:
     out = np.zeros(cap, dtype=a.dtype)
     out[:len(a)] = a
+    return out
+
+
+def _cast_exact(arr: Any, t: Any) -> Any:
+    """``arr`` as type ``t``, or :class:`pyarrow.ArrowInvalid` when a value does not convert
+    exactly.  (Arrow's safe cast refuses an integer out of range or a truncated float, but
+    rounds a float to a narrower one: 0.1 became 0.10000000149011612 as float32, 1e300
+    became inf.)"""
+    import pyarrow.compute as pc
+
+    out = arr.cast(t)
+    same = pc.equal(arr, out.cast(arr.type))
+    if pa.types.is_floating(arr.type):
+        same = pc.or_kleene(same, pc.is_nan(arr))
+    if pc.all(same).as_py() is False:
+        bad = arr.filter(pc.invert(pc.fill_null(same, True)))[0].as_py()
+        raise pa.ArrowInvalid(f"{bad!r} is not exactly a {t} value")
     return out
