@@ -532,3 +532,39 @@ def test_a_report_that_cannot_be_made_never_hides_the_run_s_outcome(tmp_path, ca
         (k, n) for k in range(KEYS) for n in range(1, N // KEYS + 1)]
     monkeypatch.undo()
     assert main(["report", str(tmp_path / "chk" / "nopage")]) == 0  # later, from storage
+
+
+def test_an_attempt_collected_when_a_checkpoint_changed_meanwhile_is_recorded(tmp_path):
+    """A flush whose collection meets a record changing under it (RuntimeError: a dict
+    changed size) tries again at the next flush; the attempt it had collected is recorded
+    then (it was lost: the recorder had counted it as recorded)."""
+    from types import SimpleNamespace as NS
+
+    from cutline.driver.history import Recorder
+    from cutline.storage.checkpoints import CheckpointStorage
+
+    changing = [True]
+
+    def checkpoint_entry(r, now, wall):
+        if changing.pop() if changing else False:
+            raise RuntimeError("dictionary changed size during iteration")
+        return {"id": r.id}
+
+    c = NS(attempt_log=[], checkpoints=[], failed_checkpoints=[])
+    driver = NS(storage=CheckpointStorage(str(tmp_path), "j"), job="j", controller=c,
+                restored_from=None, stopped_with_savepoint=None)
+    view = NS(driver=driver, engine="test", config={}, graph={},
+              checkpoint_entry=checkpoint_entry,
+              failed_entry=lambda f, now, wall: {"id": f.id, "why": f.reason})
+    rec = Recorder(view, every=3600)
+    rec.start()
+    try:
+        c.attempt_log.append(NS(number=0, at=0.0, restored_from=None, after_failure=None))
+        c.checkpoints.append(NS(id=1))
+        rec.flush()  # the checkpoint's record changes while read: nothing written
+        rec.flush()
+    finally:
+        rec._stop.set()
+    got = [(e["event"], e.get("id", e.get("number"))) for e in
+           HistoryFile(driver.storage.fs, driver.storage.dir).read()]
+    assert got == [("run", None), ("attempt", 0), ("checkpoint", 1)]

@@ -223,11 +223,12 @@ class Recorder:
         c = self.driver.controller
         now, wall = time.monotonic(), time.time()
         out: list[dict[str, Any]] = []
-        for a in list(c.attempt_log):
-            if a.number > self._attempts:
+        attempts = self._attempts  # advanced once everything was collected (a RuntimeError
+        for a in list(c.attempt_log):  # below drops ``out``: collected again next time)
+            if a.number > attempts:
                 out.append({"event": "attempt", "run": self.run,
                             **_dash.attempt_entry(a, now, wall)})
-                self._attempts = a.number
+                attempts = a.number
         # by id, not by the newest id: with concurrent checkpoints one may complete (or
         # fail) after a newer one did
         new: list[tuple[int, dict[str, Any]]] = []
@@ -242,6 +243,7 @@ class Recorder:
         out += [entry for _, entry in sorted(new, key=lambda x: x[0])]
         # what the driver still remembers (it forgets the oldest): a set that stays small
         self._completed, self._failed = set(done), set(failed)
+        self._attempts = attempts
         return out
 
     def flush(self, extra: list[dict[str, Any]] | None = None) -> None:
