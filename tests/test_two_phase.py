@@ -326,3 +326,33 @@ def test_a_batch_of_a_wider_float_type_converts_only_when_exact(tmp_path):
     for value in (0.1, 1e300):
         with pytest.raises(UserFunctionError, match="does not convert"):
             op.process([pa.record_batch({"k": [2], "v": pa.array([value])})])
+
+
+def test_the_window_combine_names_windows_as_the_operator_does():
+    """Fractional timestamps and an offset (a start computed as ``ts - (ts - offset) %
+    size`` rounds): the same rows through the combine and the window operator, or through
+    the operator alone, fire the same windows."""
+    from cutline.logical import BatchWindowSpec, ColumnKey, Node
+    from cutline.protocol.windows import columns
+    from cutline.runtime.batch_windows import BatchWindowCombine
+    from cutline.runtime.operators import build_operator
+
+    aggs = (("n", None, "count"),)
+    rng = np.random.default_rng(3)
+    ts = np.round(rng.uniform(-1000, 1000, 4000), 3)
+    rb = pa.record_batch({"user": pa.array([f"u{i % 7}" for i in range(len(ts))]),
+                          "ts": pa.array(ts)})
+    fired = []
+    for combined in (False, True):
+        spec = BatchWindowSpec(("user",), aggs, tumbling(2.5, offset=0.75), 0, "ts",
+                               columns(aggs), partial=combined)
+        node = Node(0, "w", "window_agg", spec, key_fn=ColumnKey(("user",)), columnar=True)
+        op = build_operator(node, 0, 1, 128)
+        batch = [rb]
+        if combined:
+            comb = BatchWindowCombine(Node(1, "w.combine", "combine", spec, columnar=True))
+            batch = comb.process([rb]) + comb.flush()
+        assert op.process(batch) == []
+        rows = pa.Table.from_batches(op.on_watermark(float("inf"))).to_pylist()
+        fired.append(sorted((r["user"], r["start"], r["n"]) for r in rows))
+    assert fired[0] == fired[1] and sum(n for _, _, n in fired[0]) == len(ts)

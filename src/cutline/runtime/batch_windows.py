@@ -107,6 +107,14 @@ class BatchAssignTimestamps(AssignTimestamps):
         return batch
 
 
+def latest_start(ts: np.ndarray, offset: float, slide: float) -> np.ndarray:
+    """The latest window start <= ``ts``, as ``offset + k * slide`` (protocol.windows.
+    _latest_start: ``ts - (ts - offset) % slide`` rounds, and a window would have two
+    names); the window operator and its combine name windows with it."""
+    last = offset + np.floor((ts - offset) / slide) * slide
+    return np.where(last > ts, last - slide, np.where(last + slide <= ts, last + slide, last))
+
+
 def _by_window(f: tuple) -> tuple:
     return f[:3]
 
@@ -300,11 +308,7 @@ class BatchWindowAggregate(WindowOperator):
             pairs = [(i, s) for i, t in enumerate(ts.tolist()) for s, _ in bounds(t)]
             return (np.array([i for i, _ in pairs], dtype=np.int64),
                     np.array([s for _, s in pairs], dtype=np.float64))
-        # the latest window start <= ts, as offset + k * slide (protocol.windows._latest_start:
-        # ts - (ts - offset) % slide rounds, and a window would have two names)
-        last = self.offset + np.floor((ts - self.offset) / self.slide) * self.slide
-        last = np.where(last > ts, last - self.slide,
-                        np.where(last + self.slide <= ts, last + self.slide, last))
+        last = latest_start(ts, self.offset, self.slide)
         if self.copies == 1:
             return np.arange(len(ts)), last
         rows, starts = [], []
@@ -622,7 +626,7 @@ class BatchWindowCombine(Operator):
                 continue
             try:
                 ts = seconds(rb, self.column) + self.shift
-                starts = ts - np.mod(ts - self.offset, self.size)
+                starts = latest_start(ts, self.offset, self.size)  # (as the operator's)
                 fresh = starts + self.size > self.wm
                 if not fresh.all():
                     out.append(rb.filter(pa.array(~fresh)))
