@@ -18,6 +18,7 @@ exits meanwhile, Spark logs errors with Java frames: ``Failed to update accumula
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -34,30 +35,59 @@ FAILED_STAGE_END_TIMEOUT = 10.0
 """The same after the job failed (its stage cancelled): the error is not held up long."""
 
 
+# SparkContext (by id) -> [runs muting its bar now, the bar, its console field, the stream
+# it wrote to]: runs that overlap on one session mute it once, the last one gives it back
+_MUTED: dict[int, list[Any]] = {}
+_MUTED_LOCK = threading.Lock()
+
+
 @contextmanager
 def progress_bar_muted(spark: Any) -> Iterator[bool]:
     """Spark's console progress bar, if the session (or SparkContext) ``spark`` draws one,
-    writes nowhere inside the block (yields True then) and to its console again after it."""
-    bar = field = old = None
+    writes nowhere inside the block (yields True then) and to its console again after it,
+    once every run that muted it meanwhile (on other threads) has ended too."""
     try:
         sc = getattr(spark, "sparkContext", spark)
+    except Exception:  # noqa: BLE001 - not a session we can read: nothing to mute
+        sc = spark
+    key = id(sc)
+    with _MUTED_LOCK:
+        held = _MUTED.get(key)
+        if held is not None:
+            held[0] += 1
+        else:
+            held = _mute(sc)
+            if held is not None:
+                _MUTED[key] = held
+    try:
+        yield held is not None
+    finally:
+        if held is not None:
+            with _MUTED_LOCK:
+                held[0] -= 1
+                if held[0] == 0:
+                    del _MUTED[key]
+                    with suppress(Exception):
+                        held[2].set(held[1], held[3])
+
+
+def _mute(sc: Any) -> list[Any] | None:
+    """``[1, bar, field, old stream]`` with the bar of ``sc`` writing nowhere, or None (it
+    draws none, or it cannot be reached)."""
+    try:
         shown = sc._jsc.sc().progressBar()  # Option[ConsoleProgressBar]
-        if shown.isDefined():
-            jvm = sc._jvm
-            bar = shown.get()
-            field = bar.getClass().getDeclaredField("console")  # its PrintStream (stderr)
-            field.setAccessible(True)
-            old = field.get(bar)
-            field.set(bar, jvm.java.io.PrintStream(jvm.java.io.OutputStream.nullOutputStream()))
+        if not shown.isDefined():
+            return None
+        jvm = sc._jvm
+        bar = shown.get()
+        field = bar.getClass().getDeclaredField("console")  # its PrintStream (stderr)
+        field.setAccessible(True)
+        old = field.get(bar)
+        field.set(bar, jvm.java.io.PrintStream(jvm.java.io.OutputStream.nullOutputStream()))
+        return [1, bar, field, old]
     except Exception as exc:  # noqa: BLE001 - another Spark: its bar shows, nothing worse
         log.debug("cutline: cannot mute Spark's console progress bar: %s", exc)
-        bar = None
-    try:
-        yield bar is not None
-    finally:
-        if bar is not None:
-            with suppress(Exception):
-                field.set(bar, old)  # type: ignore[union-attr]
+        return None
 
 
 def wait_for_stage(stage: Any, job: str, timeout: float = STAGE_END_TIMEOUT, *,
