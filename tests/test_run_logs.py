@@ -63,7 +63,7 @@ def test_each_job_keeps_its_newest_runs_and_no_other_job_rotates_them(tmp_path, 
 
 def test_spark_output_during_the_run_is_copied_in(tmp_path, monkeypatch):
     monkeypatch.delenv("CUTLINE_LOG_DIR", raising=False)
-    spark_log = tmp_path / "spark-session.log"
+    spark_log = tmp_path / f"spark-session-{os.getpid()}.log"  # one per test: _COPIED
     spark_log.write_text("before this run\n")
     st = CheckpointStorage(f"file://{tmp_path}/chk", "j")
     run = RunLog(st, "cccccccccccc", spark_log=spark_log)
@@ -74,9 +74,16 @@ def test_spark_output_during_the_run_is_copied_in(tmp_path, monkeypatch):
         f.write("WARN after the failure\n")
     run.close()
     text = run.path.read_text()
-    assert "before this run" not in text
+    # the session's first run takes its start-up output too; the next one starts after it
+    assert text.count("before this run") == 1
     assert text.count("during the run") == 1 and text.count("after the failure") == 1
     assert text.index("ValueError: boom") < text.index("during the run")
+    with open(spark_log, "a") as f:
+        f.write("WARN second run\n")
+    second = RunLog(st, "eeeeeeeeeeee", spark_log=spark_log)
+    second.close()
+    assert second.path.read_text().count("WARN") == 1
+    assert "second run" in second.path.read_text()
 
 
 _SCRIPT = textwrap.dedent("""
@@ -156,3 +163,33 @@ def test_a_run_that_cannot_serve_its_dashboard_leaves_no_log_handler_behind(tmp_
         busy.close()
     assert cutline_log.handlers == before
     assert not list((tmp_path / "chk" / "busy-board").glob("_lease-*"))
+
+
+_OVERLAP = textwrap.dedent("""
+    import logging, sys
+    from cutline.driver.logs import RunLog
+    from cutline.storage.checkpoints import CheckpointStorage
+    log = logging.getLogger("cutline.driver")
+    a = RunLog(CheckpointStorage(sys.argv[1], "a"), "aaaaaaaaaaaa")
+    b = RunLog(CheckpointStorage(sys.argv[1], "b"), "bbbbbbbbbbbb")
+    a.close()
+    log.info("b goes on after a ended")
+    b.close()
+    b.close()
+    log.info("after both: nowhere")
+    log.warning("cutline: the console as before")
+    print(b.path, logging.getLogger("cutline").level, logging.getLogger("cutline").handlers)
+""")
+
+
+def test_runs_that_overlap_in_one_process_keep_info_until_the_last_ends(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env.pop("CUTLINE_LOG_DIR", None)
+    proc = subprocess.run([sys.executable, "-c", _OVERLAP, f"file://{tmp_path}/chk"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    path, level, handlers = proc.stdout.split(" ", 2)
+    assert "b goes on after a ended" in Path(path).read_text()
+    assert "nowhere" not in Path(path).read_text()
+    assert level == "0" and handlers.strip() == "[]"  # as it was before the runs
+    assert proc.stderr.splitlines() == ["cutline: the console as before"]

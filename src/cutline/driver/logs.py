@@ -26,6 +26,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -137,6 +138,13 @@ class _Console(logging.StreamHandler):
         pass
 
 
+_COPIED: dict[str, int] = {}  # a session log -> how far runs have copied it
+_LOCK = threading.Lock()
+_runs = 0  # run logs open in this process
+_console: logging.Handler | None = None  # the console handler they added, if any
+_saved_level = logging.NOTSET  # the cutline logger's level before they changed it
+
+
 class RunLog:
     """The log file of one run of one job: opened when the run starts, :meth:`close` d when
     it ends.  ``spark_log``: the embedded Spark session's log file, whose part written
@@ -149,19 +157,24 @@ class RunLog:
         self.path.touch()
         _prune(directory, keep=self.path)
         self._spark_log = spark_log
-        self._spark_from = _size(spark_log)
+        self._closed = False
+        # from where the previous run of this session stopped copying: the first run gets
+        # the session's start (Spark's warnings about its set-up) too
+        self._spark_from = _COPIED.get(str(spark_log), 0) if spark_log is not None else 0
         self._handler = logging.FileHandler(self.path, encoding="utf-8")
         self._handler.setFormatter(logging.Formatter(
             "%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s"))
         self._logger = logging.getLogger("cutline")
-        self._console: logging.Handler | None = None
-        self._level = self._logger.level
-        if not self._logger.hasHandlers():  # nothing configured: INFO to the file only
-            self._console = _Console()
-            self._logger.addHandler(self._console)
-            if self._logger.getEffectiveLevel() > logging.INFO:
-                self._logger.setLevel(logging.INFO)
-        self._logger.addHandler(self._handler)
+        with _LOCK:  # runs in one process share the logger: the first sets it up, the last
+            global _console, _saved_level, _runs  # puts it back
+            if _runs == 0 and not self._logger.hasHandlers():  # nothing configured
+                _console = _Console()  # the console as before; INFO and up to the file
+                self._logger.addHandler(_console)
+                _saved_level = self._logger.level
+                if self._logger.getEffectiveLevel() > logging.INFO:
+                    self._logger.setLevel(logging.INFO)
+            _runs += 1
+            self._logger.addHandler(self._handler)
 
     def failure(self, title: str, text: str) -> None:
         """A failure's long story: its traceback, and Spark's output so far."""
@@ -179,14 +192,23 @@ class RunLog:
             text = f.read(end - self._spark_from).decode("utf-8", "replace")
             append(self.path, f"Spark and its Python workers ({self._spark_log})", text)
         self._spark_from = end
+        _COPIED[str(self._spark_log)] = end
 
     def close(self) -> None:
+        """(Idempotent.)  Two runs at once in one process each get both runs' records."""
+        if self._closed:
+            return
+        self._closed = True
         self._copy_spark()
-        self._logger.removeHandler(self._handler)
-        self._handler.close()
-        if self._console is not None:
-            self._logger.removeHandler(self._console)
-            self._logger.setLevel(self._level)
+        with _LOCK:
+            global _console, _runs
+            self._logger.removeHandler(self._handler)
+            self._handler.close()
+            _runs -= 1
+            if _runs == 0 and _console is not None:
+                self._logger.removeHandler(_console)
+                self._logger.setLevel(_saved_level)
+                _console = None
 
 
 def _size(path: Path | None) -> int:

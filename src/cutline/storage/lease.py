@@ -156,6 +156,7 @@ class JobLease:
         self.n: int | None = None
         self.took_over: str | None = None  # whose lease this run took over, and why
         self._stop = threading.Event()
+        self._writing = threading.Lock()
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ reading
@@ -253,11 +254,14 @@ class JobLease:
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat):
             try:
-                lost = self._lost()
-                if lost is None:
-                    _write(self.fs, str(self.path), json.dumps(self._body()).encode(),
-                           atomic=True)
-                    continue
+                with self._writing:  # release() deletes the lease only after a write ended
+                    if self._stop.is_set():
+                        return
+                    lost = self._lost()
+                    if lost is None:
+                        _write(self.fs, str(self.path), json.dumps(self._body()).encode(),
+                               atomic=True)
+                        continue
             except Exception as exc:  # noqa: BLE001 - storage trouble: try again next beat
                 log.warning("cutline: job %r: cannot refresh its lease: %s", self.job, exc)
                 continue
@@ -288,12 +292,13 @@ class JobLease:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+        with self._writing:  # a heartbeat still writing (slow storage) finishes first
+            path, self.n = self.path, None
+            if path is not None:
+                with contextlib.suppress(Exception):
+                    self.fs.rm_file(path)
         with _ACTIVE_LOCK:
             _ACTIVE.discard(self.run)
-        path, self.n = self.path, None
-        if path is not None:
-            with contextlib.suppress(Exception):
-                self.fs.rm_file(path)
 
 
 def check_free(storage: CheckpointStorage) -> None:
