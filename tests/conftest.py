@@ -40,6 +40,8 @@ LONG_TIMEOUTS = {
     "test_bench_ab_smoke.py": 900, "test_bench_runtime_smoke.py": 900,
     "test_bench_kafka_smoke.py": 900, "test_bench_smoke.py": 900,
     "test_bench_state_smoke.py": 900, "test_nexmark_queries.py": 600,
+    # kill tests whose own run timeouts are longer than the default
+    "test_kafka_modes.py": 900, "test_user_session.py": 600,
 }
 
 
