@@ -152,7 +152,8 @@ def test_any_sequence_decides_as_the_flags_did_and_never_waits_forever(events):
         else:
             now += e[1]
             actions = s.tick(now)
-        if over_at is None and (kind == "failed" or (kind == "stop" and e[1])
+        if over_at is None and (kind in ("failed", "silent", "send_failed")
+                                or (kind == "stop" and e[1])
                                 or (kind == "lost" and not stopping)):
             over_at = now
         stopping = stopping or (kind == "stop" and not e[1])
@@ -275,3 +276,21 @@ def test_on_spark_a_stuck_slot_ends_its_worker_process(monkeypatch):
     with pytest.raises(ValueError, match="bad record"):
         list(probe.guarded(_failing_main, None, ())(iter([])))
     assert exits == [70]
+
+
+def test_a_stopping_job_whose_driver_goes_silent_gives_a_stuck_thread_up():
+    # stop-with-savepoint, then the driver goes silent and a thread never returns: the slot
+    # must not wait for it forever in a reused worker (a review finding)
+    s = SlotState(TASKS, grace=5.0)
+    s.on_stop("", 1.0)
+    assert s.next_due(1.0) is None  # finishing its work: waited for
+    s.on_driver_silent("the driver went silent", 2.0)
+    s.on_connection_lost(2.1)
+    assert s.next_due(2.1) == 7.0
+    s.on_subtask_ended(TASKS[0], 3.0)
+    s.tick(7.0)
+    assert s.stuck == TASKS[1:] and s.outcome() is Outcome.STUCK
+    t = SlotState(TASKS, grace=5.0)
+    t.on_stop("", 1.0)
+    t.on_send_failed(2.0)
+    assert t.next_due(2.0) == 7.0

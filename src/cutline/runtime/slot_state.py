@@ -27,7 +27,8 @@ the next attempt's (or the next job's) worker, holding sockets, state and sink
 transactions.  The outcome then says :attr:`Outcome.STUCK`, naming them, and the shell
 ends the worker process (:class:`StuckSubtasks`).  A job that stops (``on_stop`` without
 ``abandoned``) or runs to its end waits for its subtasks as long as they take: they are
-finishing their work, not abandoning it.
+finishing their work, not abandoning it; unless the driver goes silent or a send to it
+fails meanwhile (then nobody collects that work: the grace applies).
 """
 
 from __future__ import annotations
@@ -176,13 +177,17 @@ class SlotState:
         return self._stop_all()
 
     def on_send_failed(self, now: float) -> list[SlotAction]:
-        """A message to the driver could not be sent: the driver is gone."""
+        """A message to the driver could not be sent: the driver is gone, and the attempt
+        is over for this slot even if the job was stopping (nobody collects its end)."""
+        self._end(now, over=True)
         return self._stop_all()
 
     def on_driver_silent(self, reason: str, now: float) -> list[SlotAction]:
-        """The heartbeat monitor gave the driver up (it closes the connection next)."""
+        """The heartbeat monitor gave the driver up (it closes the connection next): the
+        attempt is over, even if the job was stopping."""
         if self.driver_silent is None:
             self.driver_silent = reason
+        self._end(now, over=True)
         return [TellDriver(reason)]
 
     def on_subtask_ended(self, task: str, now: float) -> list[SlotAction]:
