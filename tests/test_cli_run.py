@@ -121,3 +121,30 @@ def test_a_build_program_still_runs(tmp_path):
                        capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert "holds on every snapshot" in p.stdout
+
+
+def test_a_helpers_run_call_does_not_make_a_module_level_pipeline_a_script(tmp_path):
+    # a call inside a function runs nothing by itself: the module-level pipeline is run
+    # (it ran nothing and exited 0: a review finding)
+    p = cutline(tmp_path, PIPELINE.replace("RECORDS", "900") + """
+    import subprocess
+    def git_version():
+        return subprocess.run(["git", "--version"], capture_output=True).stdout
+    def after_run(result):
+        print(json.dumps(sorted(sink.results())))
+        return 0
+    p.after_run = after_run
+    """, "--engine", "threads")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout.splitlines()[-1]) == _want(900)
+
+
+def test_a_script_imports_the_modules_beside_it_as_python_would(tmp_path):
+    (tmp_path / "helpers_beside.py").write_text("RECORDS = 300\n")
+    p = cutline(tmp_path, "from helpers_beside import RECORDS\n" +
+                textwrap.dedent(PIPELINE).replace("RECORDS)", "RECORDS)") + """
+p.run(engine="threads", progress=False)
+print(json.dumps(sorted(sink.results())))
+""")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout.splitlines()[-1]) == _want(300)

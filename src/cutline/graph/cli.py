@@ -81,9 +81,14 @@ def _program_kind(path: str, source: str) -> str:
         required += [x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is None]
     main_block = any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)
                      and "__name__" in ast.unparse(n.test) for n in tree.body)
+    # calls the module makes when it is run: top-level statements only (a helper function's
+    # subprocess.run() runs nothing by itself)
+    top = [n for n in tree.body
+           if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
     runs = any(isinstance(n, ast.Call) and (
         isinstance(n.func, ast.Attribute) and n.func.attr in ("run", "start", "run_main")
-        or isinstance(n.func, ast.Name) and n.func.id == "run_main") for n in ast.walk(tree))
+        or isinstance(n.func, ast.Name) and n.func.id == "run_main")
+        for stmt in top for n in ast.walk(stmt))
     if build is not None and not required:
         return "build"
     if main_block or runs:
@@ -132,8 +137,9 @@ def run_file(path: str, argv: Sequence[str], prog: str | None = None) -> int:
     if kind == "script":
         import runpy
 
-        saved = sys.argv
+        saved, saved_path = sys.argv, list(sys.path)
         sys.argv = [path, *argv]
+        sys.path.insert(0, str(file.resolve().parent))  # as `python FILE`: siblings import
         try:
             runpy.run_path(path, run_name="__main__")
         except SystemExit as exc:
@@ -148,6 +154,7 @@ def run_file(path: str, argv: Sequence[str], prog: str | None = None) -> int:
             return 1
         finally:
             sys.argv = saved
+            sys.path[:] = saved_path
         return 0
     from ..api import Pipeline
     from .api import ProcessGraph
