@@ -25,6 +25,7 @@ from ..protocol.watermarks import (
 )
 from ..state import DeferredSnapshot, KeyedStateBackend, create_backend
 from ..state.keygroups import key_group_range
+from .keys import fast_key
 
 __all__ = ["AssignTimestamps", "UserFunctionError", "build_operator", "Operator"]
 
@@ -372,7 +373,7 @@ class Keyed(Operator):
         super().__init__(node)
         if node.key_fn is None:
             raise ValueError(f"{node.kind} operator {node.uid!r} has no key function")
-        self.key_fn: Callable[[Any], Any] = node.key_fn
+        self.key_fn: Callable[[Any], Any] = fast_key(node.key_fn)  # a column: itemgetter
         self.state: KeyedStateBackend = create_backend(
             state_backend, key_group_range(subtask, parallelism, max_parallelism),
             max_parallelism, name=f"{node.uid}.{subtask}", storage=storage)
@@ -497,7 +498,7 @@ class CountCombine(Operator):
         super().__init__(node)
         if node.key_fn is None:
             raise ValueError(f"count operator {node.uid!r} has no key function")
-        self.key_fn: Callable[[Any], Any] = node.key_fn
+        self.key_fn: Callable[[Any], Any] = fast_key(node.key_fn)
         self.interval = update_interval(node.fn.updates)
         self.counts: dict[Any, int] = {}
         self.agg_uid = node.uid.rsplit(".", 1)[0]  # errors name the count operator
