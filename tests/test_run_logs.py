@@ -100,12 +100,18 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_the_console_prints_what_it_did_and_the_file_takes_info_too(tmp_path):
+def _python(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """``script`` run by a fresh Python (no logging configured), its storage under tmp."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     env.pop("CUTLINE_LOG_DIR", None)
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT, f"file://{tmp_path}/chk"],
+    proc = subprocess.run([sys.executable, "-c", script, f"file://{tmp_path}/chk"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_the_console_prints_what_it_did_and_the_file_takes_info_too(tmp_path):
+    proc = _python(_SCRIPT, tmp_path)
     assert proc.stderr.splitlines() == ["cutline: something the user should see",
                                         "cutline: after the run"]
     text = Path(proc.stdout.strip()).read_text()
@@ -183,11 +189,7 @@ _OVERLAP = textwrap.dedent("""
 
 
 def test_runs_that_overlap_in_one_process_keep_info_until_the_last_ends(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    env.pop("CUTLINE_LOG_DIR", None)
-    proc = subprocess.run([sys.executable, "-c", _OVERLAP, f"file://{tmp_path}/chk"],
-                          capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    proc = _python(_OVERLAP, tmp_path)
     path, level, handlers = proc.stdout.split(" ", 2)
     assert "b goes on after a ended" in Path(path).read_text()
     assert "nowhere" not in Path(path).read_text()
