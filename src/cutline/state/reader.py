@@ -66,15 +66,22 @@ def operators_with_state(states: Mapping[str, TaskState]) -> list[str]:
     return sorted({uid for st in states.values() for uid in st.ops})
 
 
-def keyed_rows(handle: Any, uid: str, states: Mapping[str, TaskState] | None = None
-               ) -> Iterator[dict]:
-    """One row per key of operator ``uid``: ``{"key", "key_group", <state name>: value}``."""
+def _operator_blobs(handle: Any, uid: str, states: Mapping[str, TaskState] | None) -> list:
+    """Operator ``uid``'s keyed state blobs in the checkpoint, or a KeyError naming the
+    operators that have some."""
     states = read_task_states(handle) if states is None else states
     blobs = _blobs(states, uid)
     if not blobs:
         have = operators_with_state(states)
         raise KeyError(f"checkpoint {handle.path} holds no keyed state of operator {uid!r}; "
                        f"operators with keyed state: {have or 'none'}")
+    return blobs
+
+
+def keyed_rows(handle: Any, uid: str, states: Mapping[str, TaskState] | None = None
+               ) -> Iterator[dict]:
+    """One row per key of operator ``uid``: ``{"key", "key_group", <state name>: value}``."""
+    blobs = _operator_blobs(handle, uid, states)
     now = time.time()
     for _, blob in blobs:
         rows: dict[Any, dict] = {}
@@ -115,12 +122,7 @@ def window_rows(handle: Any, uid: str, states: Mapping[str, TaskState] | None = 
     ``allowed_lateness``), or the end of input fired it.  A sliding window on record
     batches that keeps panes (one slide each, merged when a window fires) has a row per
     pane."""
-    states = read_task_states(handle) if states is None else states
-    blobs = _blobs(states, uid)
-    if not blobs:
-        have = operators_with_state(states)
-        raise KeyError(f"checkpoint {handle.path} holds no keyed state of operator {uid!r}; "
-                       f"operators with keyed state: {have or 'none'}")
+    blobs = _operator_blobs(handle, uid, states)
     for _, blob in blobs:
         marks: dict[int, float] = {}
         fired: dict[Any, Any] = {}
