@@ -74,8 +74,12 @@ def test_scale_every_case_and_both_queries(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert result["failures"] == []
     assert len(result["summary"]) == 2 * 2 * 6
-    growth = [r for r in result["summary"] if r["records"] == 6000]
+    # growth where both sizes have a figure: runs at a load above 1.5 per core (this test
+    # under the suite's other worker) are kept out of the figures, as in a real run
+    growth = [r for r in result["summary"] if r["records"] == 6000 and "cost_growth" in r]
     assert all(r["cost_growth_of_records"] == 2.0 for r in growth)
+    assert all(r.get("end_to_end") is None or r["records"] != 6000 or "cost_growth" in r
+               or by_size_missing(result, r) for r in result["summary"])
     for size in result["sizes"]:
         for query in ("keyed", "window"):
             q = size["queries"][query]
@@ -121,3 +125,10 @@ def test_scale_checks_and_statistics(tmp_path):
     assert common.is_loaded({"max": 3.1}, 2) and not common.is_loaded({"max": 2.9}, 2)
     assert scale.parse_grid("all,4,100x2", 20) == [
         (4, 2), (20, 2), (None, 2)]
+
+
+def by_size_missing(result: dict, row: dict) -> bool:
+    """The 3,000-record row of ``row``'s case has no figure (all its runs loaded)."""
+    return not any(r["records"] == 3000 and r["query"] == row["query"]
+                   and r["system"] == row["system"] and r.get("end_to_end")
+                   for r in result["summary"])

@@ -179,7 +179,7 @@ class SlotState:
     def on_send_failed(self, now: float) -> list[SlotAction]:
         """A message to the driver could not be sent: the driver is gone, and the attempt
         is over for this slot even if the job was stopping (nobody collects its end)."""
-        self._end(now, over=True)
+        self._over(now)
         return self._stop_all()
 
     def on_driver_silent(self, reason: str, now: float) -> list[SlotAction]:
@@ -187,7 +187,7 @@ class SlotState:
         attempt is over, even if the job was stopping."""
         if self.driver_silent is None:
             self.driver_silent = reason
-        self._end(now, over=True)
+        self._over(now)
         return [TellDriver(reason)]
 
     def on_subtask_ended(self, task: str, now: float) -> list[SlotAction]:
@@ -207,6 +207,12 @@ class SlotState:
         if self.ending_since is None:
             self.ending_since = now
         if over and self.over_since is None:
+            self.over_since = now
+
+    def _over(self, now: float) -> None:
+        """The grace starts (the driver is gone), without making a later failure any less
+        the news (it stays fatal if a retry repeats it)."""
+        if self.over_since is None:
             self.over_since = now
 
     def _stop_all(self) -> list[SlotAction]:

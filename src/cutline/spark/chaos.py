@@ -128,6 +128,10 @@ def storage_orphans(storage: Any, output_dirs: tuple[str, ...] = ()) -> tuple[li
         retained.append(name)
         allowed_dirs.append(f"{job_dir}/{name}/")
         shared.update(f"{job_dir}/{rel}" for rel in getattr(handle, "shared", {}) or {})
+    # the job's own records beside its checkpoints: its run logs, history and report (a
+    # lease left behind is an orphan: a run releases it)
+    allowed_dirs.append(f"{job_dir}/logs/")
+    shared.update((f"{job_dir}/history.jsonl", f"{job_dir}/report.html"))
     orphans = []
     for path in sorted(fs.find(job_dir)):
         if any(path.startswith(d) for d in allowed_dirs) or path in shared:
