@@ -1,15 +1,13 @@
 """The consoles the ``cutline`` command prints with.
 
-In a terminal, rich fits output to the window (anywhere: to ``$COLUMNS`` when it is set).
-Anywhere else (a pipe, a file, CI) rich assumes 80 columns and cuts table cells to fit
-(``oper…``): there the console is
+In a terminal, rich fits output to the window.  Anywhere else (a pipe, a file, CI) rich
+assumes 80 columns and cuts table cells to fit (``oper…``): there the console is
 :data:`PIPE_WIDTH` wide, so a table keeps its natural width and a line is never wrapped
 into two (``cutline checkpoints list ... | grep chk-3`` finds the whole row).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
 from rich.console import Console
@@ -28,6 +26,4 @@ def console(*, stderr: bool = False) -> Console:
         tty = stream.isatty()
     except (AttributeError, ValueError):  # replaced or closed streams
         tty = False
-    if tty or os.environ.get("COLUMNS"):  # a terminal, or a width the user asked for
-        return Console(stderr=stderr)
-    return Console(stderr=stderr, width=PIPE_WIDTH)
+    return Console(stderr=stderr) if tty else Console(stderr=stderr, width=PIPE_WIDTH)
