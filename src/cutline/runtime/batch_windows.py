@@ -54,7 +54,7 @@ from ..protocol.watermarks import NO_WATERMARK
 from ..protocol.windows import Session, Tumbling
 from ..state.arrow_keys import key_groups
 from ..state.keygroups import key_group
-from .batches import Described, Partials, is_partial
+from .batches import Described, HeldPartials, Partials, is_partial
 from .late import late_error
 from .operators import AssignTimestamps, Operator, UserFunctionError
 from .windows import LateRecord, WindowOperator
@@ -593,7 +593,7 @@ def window_partials(spec: BatchWindowSpec) -> Partials:
     return Partials(tuple(spec.aggs) + (("__rows", None, "count"),))
 
 
-class BatchWindowCombine(Operator):
+class BatchWindowCombine(HeldPartials, Operator):
     """The local half of a tumbling-window aggregation of a batch stream (two-phase,
     planned by :func:`cutline.plan.plan` for windows without allowed lateness whose late
     rows are dropped): the rows of windows still open by the watermark this task has sent
@@ -604,7 +604,6 @@ class BatchWindowCombine(Operator):
     is, and the window operator decides on it as on any row.  No state."""
 
     flushes = True
-    MAX_ROWS = 1 << 17
 
     def __init__(self, node: Node) -> None:
         super().__init__(node)
@@ -614,6 +613,7 @@ class BatchWindowCombine(Operator):
         assert isinstance(a, Tumbling)  # (the planner combines tumbling windows only)
         self.size, self.offset = a.size, a.offset
         self.partials = window_partials(spec)
+        self.group = [*self.keys, _START]
         self.wm = NO_WATERMARK  # the watermark sent on after this operator
         self.held: list[pa.Table] = []
         self.rows = 0
@@ -636,30 +636,13 @@ class BatchWindowCombine(Operator):
                 cols = {k: rb.column(k) for k in self.keys}
                 cols.update({c: rb.column(c) for c, _ in self.partials.parts if c})
                 table = pa.table(cols).append_column(_START, pa.array(starts))
-                part = self.partials.partial(table, [*self.keys, _START])
+                part = self.partials.partial(table, self.group)
             except (KeyError, ValueError, TypeError, pa.ArrowInvalid,
                     pa.ArrowNotImplementedError) as exc:
                 raise UserFunctionError(self.agg_uid, "window", Described(rb), exc) from exc
             self.held.append(part)
             self.rows += part.num_rows
-        if self.rows > self.MAX_ROWS:
-            self._compact()
-            if self.rows > 4 * self.MAX_ROWS:
-                out.extend(self.flush())
-        return out
-
-    def _compact(self) -> None:
-        if len(self.held) > 1:
-            merged = self.partials.partial(pa.concat_tables(self.held),
-                                           [*self.keys, _START], True)
-            self.held, self.rows = [merged], merged.num_rows
-
-    def flush(self) -> list:
-        if not self.held:
-            return []
-        self._compact()
-        out = [b for b in self.held[0].combine_chunks().to_batches() if b.num_rows]
-        self.held, self.rows = [], 0
+        out.extend(self._spill())
         return out
 
     def on_watermark(self, ts: float) -> list:

@@ -315,7 +315,40 @@ def is_partial(rb: pa.RecordBatch) -> bool:
     return rb.schema.get_field_index(f"{PART}0") >= 0
 
 
-class BatchCombine(Operator):
+class HeldPartials:
+    """What a combine holds (:class:`BatchCombine`, the window combine in
+    :mod:`cutline.runtime.batch_windows`): partial aggregates grouped by ``group``, merged
+    once more than ``MAX_ROWS`` are held, sent on at :meth:`flush` (or past 4x that)."""
+
+    MAX_ROWS = 1 << 17  # held partials merged past this many rows; sent past 4x
+    held: list[pa.Table]
+    rows: int
+    partials: Partials
+    group: list[str]
+
+    def _spill(self) -> list:
+        """After holding more: merge what is held past ``MAX_ROWS``; what must go now."""
+        if self.rows > self.MAX_ROWS:
+            self._compact()
+            if self.rows > 4 * self.MAX_ROWS:
+                return self.flush()
+        return []
+
+    def _compact(self) -> None:
+        if len(self.held) > 1:
+            merged = self.partials.partial(pa.concat_tables(self.held), self.group, True)
+            self.held, self.rows = [merged], merged.num_rows
+
+    def flush(self) -> list:
+        if not self.held:
+            return []
+        self._compact()
+        out = [b for b in self.held[0].combine_chunks().to_batches() if b.num_rows]
+        self.held, self.rows = [], 0
+        return out
+
+
+class BatchCombine(HeldPartials, Operator):
     """The local half of a keyed aggregation of a batch stream (two-phase aggregation,
     planned by :func:`cutline.plan.plan`): each record batch grouped by key into partial
     aggregates (``Table.group_by``), held and merged with those before, and sent on as one
@@ -324,12 +357,12 @@ class BatchCombine(Operator):
     No state: a snapshot never finds anything held."""
 
     flushes = True
-    MAX_ROWS = 1 << 17  # held partials merged past this many rows; sent past 4x
 
     def __init__(self, node: Node) -> None:
         super().__init__(node)
         spec = node.fn
         self.keys = tuple(spec.keys)
+        self.group = list(self.keys)
         self.partials = Partials(spec.aggs)
         self.interval = update_interval(getattr(spec, "updates", None))
         self.held: list[pa.Table] = []
@@ -345,25 +378,7 @@ class BatchCombine(Operator):
                                     exc) from exc
         self.held.append(part)
         self.rows += part.num_rows
-        if self.rows > self.MAX_ROWS:
-            self._compact()
-            if self.rows > 4 * self.MAX_ROWS:
-                return self.flush()
-        return []
-
-    def _compact(self) -> None:
-        if len(self.held) > 1:
-            merged = self.partials.partial(pa.concat_tables(self.held), self.keys, True)
-            self.held = [merged]
-            self.rows = merged.num_rows
-
-    def flush(self) -> list:
-        if not self.held:
-            return []
-        self._compact()
-        out = [b for b in self.held[0].combine_chunks().to_batches() if b.num_rows]
-        self.held, self.rows = [], 0
-        return out
+        return self._spill()
 
 
 class BatchAggregate(Keyed):
