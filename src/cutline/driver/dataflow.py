@@ -104,7 +104,7 @@ class JobDriver(Driver):
         self.dashboard_url: str | None = None  # the live dashboard's, with its token
         try:
             self.lease = JobLease(self.storage, dashboard=lambda: self.dashboard_url,
-                                  on_lost=self._lease_lost)
+                                  on_lost=self.lease_lost)
             self.lease.acquire()
         except BaseException:
             self._control.close()  # the run does not start: leave no listener behind
@@ -115,10 +115,6 @@ class JobDriver(Driver):
             self.lease.release()
             self._control.close()
             raise
-
-    def _lease_lost(self, reason: str) -> None:
-        self.error = reason
-        self.done.set()
 
     def _setup(self, plan: PhysicalPlan, config: CheckpointConfig, job: str,
                restore_from: str | None, restart_timeout: float | None,

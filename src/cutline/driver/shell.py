@@ -193,6 +193,12 @@ class Driver:
             else:
                 self._perform(self.effect(cmd))
 
+    def lease_lost(self, why: str) -> None:
+        """Another driver took this run's storage over while this one was silent
+        (:class:`cutline.storage.lease.JobLease`'s ``on_lost``): the run fails, saying so."""
+        self.error = why
+        self.done.set()
+
     def stop(self, why: str = "the job stopped") -> None:
         """End the loop, fail what still waits, close every connection (of any attempt)."""
         self.done.set()

@@ -75,7 +75,7 @@ def run_graph(graph: Any, opts: RunOptions, *, spark: Any = None, on_start: Any 
     driver = GraphDriver(graph, opts, placement, hosts, storage, host=engine.driver_host,
                          on_snapshot=on_snapshot, tls=tls)
     try:  # one run per storage, as for pipelines (storage.lease)
-        lease = JobLease(driver.storage, on_lost=lambda why: _lease_lost(driver, why))
+        lease = JobLease(driver.storage, on_lost=driver.lease_lost)
         lease.acquire()
     except BaseException:
         driver.close()
@@ -109,9 +109,3 @@ def run_graph(graph: Any, opts: RunOptions, *, spark: Any = None, on_start: Any 
         for snap in result.snapshots:
             snap.path = None
     return result
-
-
-def _lease_lost(driver: GraphDriver, why: str) -> None:
-    """Another driver took this graph's storage over while this one was silent: stop."""
-    driver.error = why
-    driver.done.set()

@@ -7,9 +7,10 @@ pid, run id, start time, dashboard URL) and when it last said so (``heartbeat``,
 every :data:`HEARTBEAT` seconds).
 
 - **Acquire**: the holder is the lease with the highest ``n``.  When there is none, or its
-  holder is gone, a driver creates ``_lease-<n+1>`` *exclusively* (``O_EXCL`` on local disks,
-  a conditional ``PUT`` with ``If-None-Match: *`` on S3): of two drivers starting at once,
-  exactly one creates it, and the other then finds a live holder and is refused.
+  holder is gone, a driver creates ``_lease-<n+1>`` *exclusively* (written aside and
+  hard-linked on local disks, a conditional ``PUT`` with ``If-None-Match: *`` on S3): of
+  two drivers starting at once, exactly one creates it, and the other then finds a live
+  holder and is refused.
 - **Gone** means: its heartbeat is older than :data:`STALE_AFTER` seconds; or it was
   written on this host by a process that no longer exists (a driver killed with ``kill -9``
   and started again takes over at once); or by this process for a run that has ended.
@@ -64,9 +65,7 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # someone else's process: it exists
-        return True
-    except OSError:
+    except OSError:  # PermissionError: someone else's process, it exists
         return True
     return True
 
