@@ -200,9 +200,9 @@ def delete_topic(ctx: dict, topic: str) -> None:
     """Free the broker's memory (Tansu's memory engine keeps every record)."""
     from confluent_kafka.admin import AdminClient
 
+    admin = AdminClient({"bootstrap.servers": ctx["bootstrap"]})  # (alive until answered)
     try:
-        AdminClient({"bootstrap.servers": ctx["bootstrap"]}).delete_topics([topic])[topic] \
-            .result(10)
+        admin.delete_topics([topic])[topic].result(10)
     except Exception:  # noqa: BLE001 - only memory is at stake
         pass
 
