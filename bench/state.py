@@ -59,7 +59,7 @@ from _common import console as make_console
 from _common import ms as _ms
 
 from cutline.api import Node
-from cutline.runtime.operators import build_operator
+from cutline.runtime.registry import build_operator
 from cutline.state.memory import MemoryStateBackend
 from cutline.state.rocksdb import RocksDBStateBackend
 from cutline.storage.checkpoints import CheckpointStorage

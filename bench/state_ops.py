@@ -56,7 +56,7 @@ def _count_in_value_state(ctx: Any, record: Any) -> list:
 def _run_case(op_kind: str, backend: str, keys: int, records: int, batch: int,
               seed: int) -> dict[str, float]:
     from cutline.api import Node
-    from cutline.runtime.operators import build_operator
+    from cutline.runtime.registry import build_operator
 
     rnd = random.Random(seed)
     names = [f"k{i}" for i in range(keys)]

@@ -210,7 +210,7 @@ def per_batch(args: argparse.Namespace) -> list[dict]:
     import pyarrow as pa
 
     from cutline.logical import AggSpec, ColumnKey, Node
-    from cutline.runtime.operators import build_operator
+    from cutline.runtime.registry import build_operator
 
     rows, keys = args.batch_rows, args.users
     spec = AggSpec(("user",), (("n", None, "count"), ("total", "value", "sum"),

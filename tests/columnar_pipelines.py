@@ -132,7 +132,7 @@ def session_events(records: int) -> tuple[collections.Counter, collections.Count
     watermark after every 500."""
     from cutline.logical import ColumnKey, Node
     from cutline.protocol.windows import WindowSpec, counting, summarizing
-    from cutline.runtime.operators import build_operator
+    from cutline.runtime.registry import build_operator
     from cutline.runtime.windows import LateRecord
 
     ops = [build_operator(Node(0, "s", "window", WindowSpec(

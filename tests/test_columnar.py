@@ -25,7 +25,8 @@ from cutline.connectors.base import MissingColumnError
 from cutline.logical import HASH, ColumnKey, Node
 from cutline.runtime.batches import decode_batches, split_by_key
 from cutline.runtime.channels import ARROW, MARSHAL, RECORDS, encode_frame
-from cutline.runtime.operators import UserFunctionError, build_operator
+from cutline.runtime.operators import UserFunctionError
+from cutline.runtime.registry import build_operator
 from cutline.state.arrow_keys import key_groups
 from cutline.state.keygroups import key_group, subtask_for_key_group
 

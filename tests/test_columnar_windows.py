@@ -25,7 +25,7 @@ from cutline import CheckpointConfig, Pipeline, session, sliding, tumbling
 from cutline.connectors import GeneratorSource, ParquetSink
 from cutline.logical import HASH, BatchWindowSpec, ColumnKey, Node
 from cutline.protocol.windows import WindowSpec, columns, counting, summarizing
-from cutline.runtime.operators import build_operator
+from cutline.runtime.registry import build_operator
 from cutline.runtime.windows import LateRecord
 
 MAXP = 16

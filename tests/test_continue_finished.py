@@ -31,7 +31,7 @@ from cutline.connectors import CollectSink, FileSource
 from cutline.protocol.watermarks import WatermarkTracker, restored_ts
 from cutline.protocol.windows import WindowSpec, counting
 from cutline.logical import Node
-from cutline.runtime.operators import build_operator
+from cutline.runtime.registry import build_operator
 from cutline.runtime.windows import LateRecord
 from cutline.storage.checkpoints import CheckpointStorage
 

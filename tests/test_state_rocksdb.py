@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from cutline import CheckpointConfig
 from cutline.api import Node
 from cutline.state.keygroups import key_group, key_group_range
-from cutline.runtime.operators import KeyedContext, build_operator
+from cutline.runtime.process import KeyedContext
+from cutline.runtime.registry import build_operator
 from cutline.state import create_backend
 from cutline.state.keys import decode_key, decode_slot, encode_key, encode_slot
 from cutline.state.memory import MemoryStateBackend

@@ -8,7 +8,8 @@ import math
 import pytest
 
 from cutline.api import Node
-from cutline.runtime.operators import UserFunctionError, build_operator
+from cutline.runtime.operators import UserFunctionError
+from cutline.runtime.registry import build_operator
 from cutline.storage.checkpoints import CheckpointStorage
 
 MAXP = 8

@@ -7,7 +7,8 @@ import datetime
 import pytest
 
 from cutline.api import Node
-from cutline.runtime.operators import UserFunctionError, build_operator
+from cutline.runtime.operators import UserFunctionError
+from cutline.runtime.registry import build_operator
 from cutline.state.ttl import Expiring, StateTtl
 from cutline.storage.checkpoints import CheckpointStorage
 

@@ -283,7 +283,8 @@ def test_two_key_columns_and_a_batch_of_another_type(tmp_path):
     """Keys of two columns merge into columns as single keys do; a later batch whose
     aggregate has another type converts when exact, else fails naming the types."""
     from cutline.logical import AggSpec, ColumnKey, Node
-    from cutline.runtime.operators import UserFunctionError, build_operator
+    from cutline.runtime.operators import UserFunctionError
+    from cutline.runtime.registry import build_operator
 
     spec = AggSpec(("a", "b"), (("n", None, "count"), ("s", "v", "sum")))
     node = Node(0, "agg", "aggregate", spec, key_fn=ColumnKey(("a", "b")), columnar=True)
@@ -313,7 +314,8 @@ def test_a_batch_of_a_wider_float_type_converts_only_when_exact(tmp_path):
     merges; 0.1 has no float32 value (Arrow's cast rounded it to 0.10000000149011612, and
     the max came out as that, silently) and fails naming the types."""
     from cutline.logical import AggSpec, ColumnKey, Node
-    from cutline.runtime.operators import UserFunctionError, build_operator
+    from cutline.runtime.operators import UserFunctionError
+    from cutline.runtime.registry import build_operator
 
     spec = AggSpec(("k",), (("hi", "v", "max"),))
     node = Node(0, "agg", "aggregate", spec, key_fn=ColumnKey(("k",)), columnar=True)
@@ -335,7 +337,7 @@ def test_the_window_combine_names_windows_as_the_operator_does():
     from cutline.logical import BatchWindowSpec, ColumnKey, Node
     from cutline.protocol.windows import columns
     from cutline.runtime.batch_windows import BatchWindowCombine
-    from cutline.runtime.operators import build_operator
+    from cutline.runtime.registry import build_operator
 
     aggs = (("n", None, "count"),)
     rng = np.random.default_rng(3)

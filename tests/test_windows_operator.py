@@ -23,7 +23,8 @@ from cutline.protocol.windows import (
     summarizing,
     tumbling,
 )
-from cutline.runtime.operators import UserFunctionError, build_operator
+from cutline.runtime.operators import UserFunctionError
+from cutline.runtime.registry import build_operator
 from cutline.runtime.windows import LateRecord, WindowLate, WindowResults, group_keys
 from cutline.state.keygroups import key_group
 from cutline.storage.checkpoints import CheckpointStorage

@@ -24,6 +24,7 @@ from .logical import (
     ColumnKey,
     ColumnTime,
     CountSpec,
+    Kind,
     Node,
     TimestampSpec,
     check_updates,
@@ -202,9 +203,10 @@ class Pipeline:
 
     # -------------------------------------------------------------- building
 
-    def _add(self, kind: str, fn: Any, inputs: list[int], *, uid: str | None,
+    def _add(self, kind: Kind | str, fn: Any, inputs: list[int], *, uid: str | None,
              parallelism: int | None, partitioning: str = FORWARD,
              key_fn: Callable | None = None) -> Node:
+        kind = Kind(kind)
         _check_parallelism(parallelism)
         if parallelism is not None and parallelism > self.max_parallelism:
             raise ValueError(f"parallelism {parallelism} exceeds max_parallelism "

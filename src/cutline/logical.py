@@ -9,15 +9,69 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 __all__ = ["AGGREGATES", "AggSpec", "BatchFunction", "BatchWindowSpec", "CountSpec", "FORWARD",
-           "REBALANCE", "HASH", "BROADCAST", "ColumnKey", "ColumnTime", "Node", "Partial",
+           "REBALANCE", "HASH", "BROADCAST", "ColumnKey", "ColumnTime", "Kind", "Node",
+           "Partial",
            "PartialKey", "TimestampSpec", "check_updates", "timestamp_fn_of",
            "update_interval"]
 
 # Partitioning of an edge into an operator.
 FORWARD, REBALANCE, HASH, BROADCAST = "forward", "rebalance", "hash", "broadcast"
+
+
+class Kind(StrEnum):
+    """What a logical operator does: the vocabulary of :attr:`Node.kind`.  A member equals
+    its string (``Kind.MAP == "map"``).  Which runtime operator runs each kind is
+    :data:`cutline.runtime.registry.OPERATORS`'s business; what each kind's ``Node.fn`` holds
+    is said per member."""
+
+    SOURCE = "source"  # fn: the Source
+    MAP = "map"  # fn: record -> record
+    FLAT_MAP = "flat_map"  # fn: record -> iterable of records
+    FILTER = "filter"  # fn: record -> bool
+    UNION = "union"  # fn: None (records pass through)
+    ITERATE = "iterate"  # fn: None (an iteration head; Node.feedback: its back edges)
+    ASSIGN_TIMESTAMPS = "assign_timestamps"  # fn: TimestampSpec
+    REDUCE = "reduce"  # fn: (acc, record) -> acc, per key
+    PROCESS = "process"  # fn: (ctx, record) -> records; keyed state, timers (on_timer)
+    COUNT = "count"  # fn: CountSpec
+    WINDOW = "window"  # fn: the window spec (runtime/windows.py)
+    WINDOW_RESULTS = "window_results"  # fn: its window's spec (the results as records)
+    WINDOW_LATE = "window_late"  # fn: its window's spec (the late records)
+    COMBINE = "combine"  # fn: CountSpec / AggSpec / BatchWindowSpec: the planner's local
+    #                      half of a two-phase aggregation (:func:`cutline.plan.plan`)
+    SINK = "sink"  # fn: the Sink
+    OPERATOR = "operator"  # fn: builds an operator of its own (tests; no user API)
+    # a batch stream's (record batches of Arrow; runtime/batches.py)
+    MAP_BATCHES = "map_batches"  # fn: BatchFunction
+    FILTER_BATCHES = "filter_batches"  # fn: BatchFunction
+    SELECT = "select"  # fn: column names
+    WHERE = "where"  # fn: a pyarrow expression
+    WITH_COLUMN = "with_column"  # fn: (name, expression)
+    TO_ROWS = "to_rows"  # fn: None
+    TO_BATCHES = "to_batches"  # fn: the schema
+    AGGREGATE = "aggregate"  # fn: AggSpec
+    WINDOW_AGG = "window_agg"  # fn: BatchWindowSpec
+
+    @property
+    def keyed(self) -> bool:
+        """It keeps keyed state: its input is partitioned by key, its state by key group."""
+        return self in _KEYED
+
+    @property
+    def batch(self) -> bool:
+        """It runs on a batch stream (its input items are Arrow record batches)."""
+        return self in _BATCH
+
+
+_KEYED = frozenset({Kind.REDUCE, Kind.PROCESS, Kind.COUNT, Kind.WINDOW, Kind.AGGREGATE,
+                    Kind.WINDOW_AGG})
+_BATCH = frozenset({Kind.MAP_BATCHES, Kind.FILTER_BATCHES, Kind.SELECT, Kind.WHERE,
+                    Kind.WITH_COLUMN, Kind.TO_ROWS, Kind.TO_BATCHES, Kind.AGGREGATE,
+                    Kind.WINDOW_AGG})
 
 
 @dataclass
@@ -26,10 +80,7 @@ class Node:
 
     id: int
     uid: str
-    kind: str  # source | map | flat_map | filter | reduce | process | count | union |
-    #            iterate | assign_timestamps | window | window_results | window_late |
-    #            operator (tests: node.fn builds it) | sink | combine (the planner's: the
-    #            local half of a two-phase aggregation, :func:`cutline.plan.plan`)
+    kind: Kind  # (a str naming a Kind is taken: it becomes the member)
     fn: Any = None
     parallelism: int | None = None
     inputs: list[int] = field(default_factory=list)
@@ -52,9 +103,17 @@ class Node:
     # at that position is the one whose state the checkpoint holds (runtime/restore.py)
     auto_uid: bool = False
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, Kind):
+            try:
+                self.kind = Kind(self.kind)
+            except ValueError:
+                raise ValueError(f"node {self.uid!r}: unknown kind {self.kind!r} (one of "
+                                 f"{', '.join(k.value for k in Kind)})") from None
+
     @property
     def keyed(self) -> bool:
-        return self.kind in ("reduce", "process", "count", "window", "aggregate", "window_agg")
+        return self.kind.keyed
 
 
 class ColumnKey:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from .logical import FORWARD, HASH, AggSpec, BatchWindowSpec, CountSpec, Node, PartialKey
+from .logical import FORWARD, HASH, AggSpec, BatchWindowSpec, CountSpec, Kind, Node, PartialKey
 from .storage.schema import ChannelId  # what checkpoints store: below the plan
 
 if TYPE_CHECKING:  # the planner is below the user API: it only reads a built Pipeline
@@ -230,7 +230,7 @@ def _two_phase(pipeline: Pipeline, chains: list[Chain], chain_of: dict[int, Chai
         last = up.nodes[-1]
         if up is chain or last.id != i:  # (an operator feeding others ends its chain)
             continue
-        local = Node(len(pipeline.nodes) + n.id, f"{n.uid}.combine", "combine", n.fn,
+        local = Node(len(pipeline.nodes) + n.id, f"{n.uid}.combine", Kind.COMBINE, n.fn,
                      up.parallelism, [i], FORWARD, n.key_fn,
                      timestamp_fn=last.timestamp_fn, timestamps_from=last.timestamps_from,
                      columnar=last.columnar)

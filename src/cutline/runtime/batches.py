@@ -31,11 +31,10 @@ from ..protocol.windows import merge_partial
 from ..state.arrow_keys import key_groups
 from ..state.columnar import ColumnarAggregates, numeric
 from ..state.keygroups import subtask_for_key_group
-from .operators import BATCH_KINDS, Keyed, Operator, UserFunctionError
+from .operators import Keyed, Operator, UserFunctionError
 
-__all__ = ["AggSpec", "BATCH_KINDS", "BatchAggregate", "BatchCombine", "BatchFunction",
-           "build_batch_operator", "build_combine", "decode_batches", "encode_batches",
-           "is_batch_list", "is_partial", "split_by_key"]
+__all__ = ["AggSpec", "BatchAggregate", "BatchCombine", "BatchFunction", "decode_batches",
+           "encode_batches", "is_batch_list", "is_partial", "split_by_key"]
 
 FORMATS = ("arrow", "pandas", "polars")
 
@@ -513,31 +512,6 @@ class BatchAggregate(Keyed):
         super().restore(blobs)
         if self.columns is not None:
             self.columns.clear()
-
-
-def build_combine(node: Node) -> Operator:
-    """The ``combine`` of a two-phase aggregation of a batch stream (the planner's)."""
-    if isinstance(node.fn, AggSpec):
-        return BatchCombine(node)
-    from .batch_windows import BatchWindowCombine
-
-    return BatchWindowCombine(node)
-
-
-def build_batch_operator(node: Node, subtask: int, parallelism: int, max_parallelism: int,
-                         state_backend: str, storage: Any) -> Operator:
-    kind = node.kind
-    if kind == "window_agg":
-        from .batch_windows import BatchWindowAggregate
-
-        return BatchWindowAggregate(node, subtask, parallelism, max_parallelism,
-                                    state_backend, storage)
-    if kind == "aggregate":
-        return BatchAggregate(node, subtask, parallelism, max_parallelism, state_backend,
-                              storage)
-    return {"map_batches": MapBatches, "filter_batches": FilterBatches, "select": Select,
-            "where": Where, "with_column": WithColumn, "to_rows": ToRows,
-            "to_batches": ToBatches}[kind](node)
 
 
 # --------------------------------------------------------------------------- routing

@@ -1,7 +1,9 @@
 """Operators, executed a batch at a time inside a chain.
 
 Each operator turns an input batch (a list) into an output batch.  User functions that
-raise are reported with the operator's uid and the record that failed.
+raise are reported with the operator's uid and the record that failed.  The base classes
+(:class:`Operator`, :class:`Keyed`) and the record stream's operators live here; which
+operator runs a node is :mod:`.registry`'s business.
 """
 
 from __future__ import annotations
@@ -27,11 +29,7 @@ from ..state import DeferredSnapshot, KeyedStateBackend, create_backend
 from ..state.keygroups import key_group_range
 from .keys import fast_key
 
-__all__ = ["AssignTimestamps", "UserFunctionError", "build_operator", "Operator"]
-
-# operators of batch streams (:mod:`.batches`, which imports pyarrow: only when used)
-BATCH_KINDS = ("map_batches", "filter_batches", "select", "where", "with_column", "to_rows",
-               "to_batches", "aggregate", "window_agg")
+__all__ = ["AssignTimestamps", "UserFunctionError", "Operator"]
 
 
 def _raised_at(error: BaseException) -> str:
@@ -521,65 +519,3 @@ class CountCombine(Operator):
         out = [Partial(k, n) for k, n in self.counts.items()]
         self.counts = {}
         return out
-
-
-def __getattr__(name: str) -> Any:
-    # the process operator lives in .process (it builds on Keyed); importable from here too
-    if name in ("KeyedContext", "Process"):
-        from . import process
-
-        return getattr(process, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def build_operator(node: Node, subtask: int, parallelism: int, max_parallelism: int, *,
-                   state_backend: str = "memory", storage: Any = None) -> Operator:
-    """The operator of ``node`` for one subtask.  Keyed operators keep their state in
-    ``state_backend`` ("memory" or "rocksdb"); ``storage`` (the job's checkpoint storage)
-    is where a RocksDB backend fetches the shared files of a snapshot it restores."""
-    if node.kind == "map":
-        return Map(node)
-    if node.kind == "flat_map":
-        return FlatMap(node)
-    if node.kind == "filter":
-        return Filter(node)
-    if node.kind in ("union", "iterate"):
-        return Passthrough(node)
-    if node.kind == "assign_timestamps":
-        if node.columnar:  # a batch stream's: the time is a column
-            from .batch_windows import BatchAssignTimestamps
-
-            return BatchAssignTimestamps(node)
-        return AssignTimestamps(node)
-    if node.kind == "operator":  # an operator class of its own (tests; no user API yet):
-        # ``node.fn(node, subtask, parallelism, max_parallelism, state_backend=, storage=)``
-        return node.fn(node, subtask, parallelism, max_parallelism,
-                       state_backend=state_backend, storage=storage)
-    if node.kind == "reduce":
-        return Reduce(node, subtask, parallelism, max_parallelism, state_backend, storage)
-    if node.kind == "process":
-        from .process import Process  # (it builds on Keyed, defined here)
-
-        return Process(node, subtask, parallelism, max_parallelism, state_backend, storage)
-    if node.kind == "count":
-        return Count(node, subtask, parallelism, max_parallelism, state_backend, storage)
-    if node.kind == "combine":  # the local half of a two-phase aggregation (the planner's)
-        if isinstance(node.fn, CountSpec):
-            return CountCombine(node)
-        from .batches import build_combine  # (pyarrow: only for batch streams)
-
-        return build_combine(node)
-    if node.kind in BATCH_KINDS:  # a batch stream's operators
-        from .batches import build_batch_operator  # (pyarrow: only for batch streams)
-
-        return build_batch_operator(node, subtask, parallelism, max_parallelism,
-                                    state_backend, storage)
-    if node.kind in ("window", "window_results", "window_late"):
-        from . import windows  # (it builds on this module)
-
-        if node.kind == "window":
-            return windows.WindowOperator(node, subtask, parallelism, max_parallelism,
-                                          state_backend, storage)
-        return (windows.WindowResults if node.kind == "window_results"
-                else windows.WindowLate)(node)
-    raise ValueError(f"no operator for node kind {node.kind!r}")

@@ -60,7 +60,8 @@ from .deadletter import DeadLetters
 from .failures import describe, repeats, setup_error
 from .faults import FaultPlan
 from .heartbeats import Heartbeats
-from .operators import AssignTimestamps, Filter, FlatMap, Map, UserFunctionError, build_operator
+from .operators import AssignTimestamps, Filter, FlatMap, Map, UserFunctionError
+from .registry import build_operator
 from .process import Process
 from .restore import RestoreView, read_states
 from .routing import Router
