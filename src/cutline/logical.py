@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 __all__ = ["AGGREGATES", "AggSpec", "BatchFunction", "BatchWindowSpec", "CountSpec", "FORWARD",
-           "REBALANCE", "HASH", "BROADCAST", "ColumnKey", "ColumnTime", "Kind", "Node",
+           "REBALANCE", "HASH", "BROADCAST", "ColumnKey", "ColumnTime", "Kind", "Node", "kind_of",
            "Partial",
            "PartialKey", "TimestampSpec", "check_updates", "timestamp_fn_of",
            "update_interval"]
@@ -67,6 +67,18 @@ class Kind(StrEnum):
         return self in _BATCH
 
 
+def kind_of(kind: Kind | str, uid: str | None = None) -> Kind:
+    """``kind`` as a :class:`Kind`; an unknown one raises naming it, the node and the known
+    kinds."""
+    if isinstance(kind, Kind):
+        return kind
+    try:
+        return Kind(kind)
+    except ValueError:
+        raise ValueError(f"node {uid!r}: unknown kind {kind!r} (one of "
+                         f"{', '.join(k.value for k in Kind)})") from None
+
+
 _KEYED = frozenset({Kind.REDUCE, Kind.PROCESS, Kind.COUNT, Kind.WINDOW, Kind.AGGREGATE,
                     Kind.WINDOW_AGG})
 _BATCH = frozenset({Kind.MAP_BATCHES, Kind.FILTER_BATCHES, Kind.SELECT, Kind.WHERE,
@@ -104,12 +116,7 @@ class Node:
     auto_uid: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.kind, Kind):
-            try:
-                self.kind = Kind(self.kind)
-            except ValueError:
-                raise ValueError(f"node {self.uid!r}: unknown kind {self.kind!r} (one of "
-                                 f"{', '.join(k.value for k in Kind)})") from None
+        self.kind = kind_of(self.kind, self.uid)
 
     @property
     def keyed(self) -> bool:

@@ -6,12 +6,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ..logical import (
-    FORWARD,
-    Kind,
-    Node,
-    timestamp_fn_of,
-)
+from ..logical import FORWARD, Kind, Node, kind_of, timestamp_fn_of
 from .batches import BatchStream
 from .config import _UID, CheckpointConfig, _check_parallelism
 from .streams import Stream
@@ -69,7 +64,7 @@ class Pipeline:
     def _add(self, kind: Kind | str, fn: Any, inputs: list[int], *, uid: str | None,
              parallelism: int | None, partitioning: str = FORWARD,
              key_fn: Callable | None = None) -> Node:
-        kind = Kind(kind)
+        kind = kind_of(kind, uid)
         _check_parallelism(parallelism)
         if parallelism is not None and parallelism > self.max_parallelism:
             raise ValueError(f"parallelism {parallelism} exceeds max_parallelism "

@@ -31,7 +31,7 @@ def _summary(exc: BaseException, frames: int = 5, limit: int = 4000) -> str:
 
 def dead_letter(op: Any, record: Any, exc: BaseException, task: str, position: str) -> dict:
     """What the dead-letter sink receives for one bad record."""
-    return {"operator": op.uid, "kind": op.node.kind, "task": task, "position": position,
+    return {"operator": op.uid, "kind": str(op.node.kind), "task": task, "position": position,
             "error_type": type(exc).__name__, "error": str(exc),
             "traceback": _summary(exc), "record": record}
 
