@@ -358,3 +358,91 @@ def test_the_window_combine_names_windows_as_the_operator_does():
         rows = pa.Table.from_batches(op.on_watermark(float("inf"))).to_pylist()
         fired.append(sorted((r["user"], r["start"], r["n"]) for r in rows))
     assert fired[0] == fired[1] and sum(n for _, _, n in fired[0]) == len(ts)
+
+
+# ------------------------------------------------------------------ per-record windows
+
+def _record(i: int) -> dict:
+    """Record ``i`` as a dict (the rows of :func:`events`): the same users, values, times
+    and stragglers 40 s behind."""
+    b = events(np.array([i]))
+    return {c: b.column(c)[0].as_py() for c in ("i", "user", "value", "ts")}
+
+
+def _record_windows(tmp_path, name, n, combine, agg, backend="memory"):
+    p = Pipeline(name, parallelism=2, checkpoint=_cfg(tmp_path / name, backend))
+    out = CollectSink(str(tmp_path / name / "out"))
+    win = (p.source(GeneratorSource(count=n, fn=_record), uid="ev", parallelism=1)
+           .assign_timestamps(lambda r: r["ts"], max_delay=1.0, uid="time")
+           .key_by(lambda r: r["user"]).window(tumbling(10)))
+    results = agg(win)
+    results.sink(out, uid="out")
+    saved = cutline.plan.combinable
+    if not combine:
+        cutline.plan.combinable = lambda node: False  # type: ignore[assignment]
+    try:
+        assert ("win.combine" in cutline.plan.plan(p).describe()) is combine
+        result = p.run(engine="threads", timeout=120)
+    finally:
+        cutline.plan.combinable = saved
+    rows = collections.Counter((r.key, r.start, r.end, repr(r.value)) for r in out.results())
+    return rows, result.late_records
+
+
+@pytest.mark.parametrize("agg", [
+    lambda w: w.count(uid="win"),
+    lambda w: w.sum(lambda r: r["value"] or 0, uid="win"),
+    lambda w: w.max(lambda r: r["i"], uid="win"),
+    lambda w: w.mean(lambda r: r["i"], uid="win"),
+    lambda w: w.reduce(lambda a, b: a if a["i"] < b["i"] else b, uid="win"),
+], ids=["count", "sum", "max", "mean", "reduce"])
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+def test_per_record_tumbling_windows_two_phase_equal_one_phase(tmp_path, agg, backend):
+    """The per-record window's combine (issue 28 item 1 on the per-record path): the same
+    windows, the same late records counted (the 40 s stragglers behind fired windows)."""
+    n = 6_000
+    two, late2 = _record_windows(tmp_path, "two", n, True, agg, backend)
+    one, late1 = _record_windows(tmp_path, "one", n, False, agg, backend)
+    assert late1["win"] > 0
+    assert two == one and late2 == late1
+
+
+def test_per_record_windows_that_cannot_merge_or_keep_late_records_are_not_combined(
+        tmp_path):
+    def plan_of(build):
+        p = Pipeline("x", parallelism=2, checkpoint=_cfg(tmp_path))
+        w = (p.source(GeneratorSource(count=10, fn=_record), uid="ev")
+             .assign_timestamps(lambda r: r["ts"], max_delay=1.0).key_by(lambda r: r["user"]))
+        build(w).sink(CollectSink(str(tmp_path / "o")), uid="out")
+        return cutline.plan.plan(p).describe()
+
+    assert "win.combine" in plan_of(lambda w: w.window(tumbling(10)).count(uid="win"))
+    for build in (lambda w: w.window(tumbling(10)).apply(lambda k, win, rs: [len(rs)],
+                                                         uid="win"),
+                  lambda w: w.window(tumbling(10), on_late="fail").count(uid="win"),
+                  lambda w: w.window(tumbling(10), allowed_lateness=2).count(uid="win"),
+                  lambda w: w.window(sliding(10, 5)).count(uid="win")):
+        assert "combine" not in plan_of(build)
+
+
+def test_the_record_window_combine_holds_open_windows_and_passes_due_records():
+    from cutline.logical import Node, WindowPartial
+    from cutline.protocol.windows import WindowSpec, counting
+    from cutline.runtime.registry import build_operator
+
+    spec = WindowSpec(tumbling(10), 0, lambda r: r[1], counting())
+    comb = build_operator(Node(1, "w.combine", "combine", spec, key_fn=lambda r: r[0]), 0, 1, 16)
+    assert comb.process([("a", 1), ("a", 2), ("b", 15), ("a", 12)]) == []
+    assert comb.on_watermark(10) == [WindowPartial("a", 0, 10, 2, 2, 2)]
+    # a record of a window the watermark passed goes on as it is; a failing key too
+    bad = ("x",)
+    assert comb.process([("a", 3), bad]) == [("a", 3), bad]
+    assert sorted(comb.flush(), key=repr) == [WindowPartial("a", 10, 20, 1, 1, 12),
+                                              WindowPartial("b", 10, 20, 1, 1, 15)]
+    assert comb.flush() == []
+    # the window operator merges partials as records, and counts a late partial's records
+    win = build_operator(Node(2, "w", "window", spec, key_fn=lambda r: r[0]), 0, 1, 16)
+    assert win.process([WindowPartial("a", 0, 10, 2, 2, 2), ("a", 5)]) == []
+    assert [(r.key, r.start, r.value) for r in win.on_watermark(10)] == [("a", 0, 3)]
+    assert win.process([WindowPartial("a", 0, 10, 4, 4, 9)]) == []
+    assert win.late_records == 4 and win.late.total == 4

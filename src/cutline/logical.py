@@ -15,7 +15,7 @@ from typing import Any
 __all__ = ["AGGREGATES", "AggSpec", "BatchFunction", "BatchWindowSpec", "CountSpec", "FORWARD",
            "REBALANCE", "HASH", "BROADCAST", "ColumnKey", "ColumnTime", "Kind", "Node", "kind_of",
            "Partial",
-           "PartialKey", "TimestampSpec", "check_updates", "timestamp_fn_of",
+           "PartialKey", "TimestampSpec", "WindowPartial", "check_updates", "timestamp_fn_of",
            "update_interval"]
 
 # Partitioning of an edge into an operator.
@@ -260,9 +260,35 @@ class Partial:
         return (Partial, (self.key, self.value))
 
 
+class WindowPartial:
+    """A key's partial aggregate of one tumbling window on its way from a ``combine`` to
+    the window operator after the exchange (the per-record path's two-phase window
+    aggregation): ``key``, the window ``[start, end)``, the accumulator ``acc`` of ``n``
+    records, and ``ts``, the latest of their times (a late partial's drop reports it)."""
+
+    __slots__ = ("key", "start", "end", "acc", "n", "ts")
+
+    def __init__(self, key: Any, start: Any, end: Any, acc: Any, n: int, ts: float) -> None:
+        self.key, self.start, self.end, self.acc, self.n, self.ts = key, start, end, acc, n, ts
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is WindowPartial and self.__reduce__() == other.__reduce__()
+
+    def __hash__(self) -> int:
+        return hash(("window-partial", self.key, self.start, self.end))
+
+    def __repr__(self) -> str:
+        return (f"WindowPartial({self.key!r}, [{self.start!r}, {self.end!r}), acc={self.acc!r}, "
+                f"n={self.n})")
+
+    def __reduce__(self) -> tuple:
+        return (WindowPartial, (self.key, self.start, self.end, self.acc, self.n, self.ts))
+
+
 class PartialKey:
-    """The key function of an exchange after a ``combine``: a :class:`Partial`'s key, else
-    (a record from an older checkpoint's channels) the user's key function's."""
+    """The key function of an exchange after a ``combine``: a :class:`Partial`'s or
+    :class:`WindowPartial`'s key, else (a record the combine sent on as it was, or one
+    from an older checkpoint's channels) the user's key function's."""
 
     __slots__ = ("key_fn",)
 
@@ -270,7 +296,8 @@ class PartialKey:
         self.key_fn = key_fn
 
     def __call__(self, record: Any) -> Any:
-        return record.key if type(record) is Partial else self.key_fn(record)
+        t = type(record)
+        return record.key if t is Partial or t is WindowPartial else self.key_fn(record)
 
     def __getstate__(self) -> Any:
         return self.key_fn

@@ -12,8 +12,9 @@
 * **Two-phase aggregation** (Spark's partial aggregation, Flink's local-global
   aggregation): a keyed aggregation whose update stream is sized by time (``updates=
   "checkpoint"`` or seconds: ``agg``, ``count``, ``sum``, ... on a batch stream by default,
-  ``count(updates=...)`` on records) and an event-time tumbling-window aggregation of a
-  batch stream (no allowed lateness, no ``.late()``, late rows dropped) get a ``combine``
+  ``count(updates=...)`` on records) and an event-time tumbling-window aggregation, of a
+  batch stream or of records (no allowed lateness, no ``.late()``, late records dropped;
+  on records an aggregate that merges: not ``apply``) get a ``combine``
   at the end of the upstream chain, before the exchange: it merges its input per key (and
   window) and sends one partial per key, which the aggregation merges into its state.  The
   combine holds no state across a checkpoint: it sends what it holds before every barrier
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .logical import FORWARD, HASH, AggSpec, BatchWindowSpec, CountSpec, Kind, Node, PartialKey
+from .protocol.windows import WindowSpec
 from .storage.schema import ChannelId  # what checkpoints store: below the plan
 
 if TYPE_CHECKING:  # the planner is below the user API: it only reads a built Pipeline
@@ -184,7 +186,8 @@ def plan(pipeline: Pipeline) -> PhysicalPlan:
             if part == FORWARD and par[i] != par[n.id]:
                 part = "rebalance"
             key_fn = n.key_fn
-            if combined is not None and isinstance(n.fn, CountSpec) and key_fn is not None:
+            if combined is not None and isinstance(n.fn, (CountSpec, WindowSpec)) \
+                    and key_fn is not None:
                 key_fn = PartialKey(key_fn)  # partials carry their key
             src = own[n.id] if n.id in own else chain_of[i]
             edges.append(Edge(src.id, chain_of[n.id].id, part,
@@ -206,6 +209,14 @@ def combinable(node: Node) -> bool:
         a = spec.assigner
         return (type(a).__name__ == "Tumbling" and a.exact and not spec.allowed_lateness
                 and not spec.emit_late and spec.on_late == "drop")
+    if node.kind == "window" and isinstance(spec, WindowSpec):
+        # a per-record window: tumbling, no lateness, late records dropped (a partial's
+        # records have no identity to fail on or to emit), an aggregate that merges
+        # (count, sum, min, max, mean, reduce, aggregate with merge; not apply)
+        a, agg = spec.assigner, spec.aggregate
+        return (type(a).__name__ == "Tumbling" and a.exact and not spec.allowed_lateness
+                and not spec.emit_late and spec.on_late == "drop" and agg.merge is not None
+                and agg.full is None)
     return False
 
 

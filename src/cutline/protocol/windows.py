@@ -611,6 +611,10 @@ class WindowSpec:
     aggregate: Aggregate
     emit_late: bool = False
     on_late: str = "drop"
+    # the planner put a ``combine`` before the exchange (two-phase aggregation): the input
+    # holds partial aggregates per key and window, and records the combine sent on as they
+    # were (their window was due already where it ran)
+    partial: bool = False
 
     def state_signature(self) -> str:
         """What a checkpoint's state of this operator depends on (a restore into another

@@ -60,12 +60,13 @@ class LateDrops:
         self.total = 0
         self.first: tuple[float, float] | None = None
 
-    def add(self, key: Any, ts: float, watermark: float) -> None:
-        """One record of ``key`` (time ``ts``) dropped at ``watermark``."""
+    def add(self, key: Any, ts: float, watermark: float, n: int = 1) -> None:
+        """One record of ``key`` (time ``ts``) dropped at ``watermark`` (``n``: as many
+        records at once, a two-phase window's partial)."""
         g = key_group(key, self.max_parallelism)
-        self.by_group[g] = self.by_group.get(g, 0) + 1
+        self.by_group[g] = self.by_group.get(g, 0) + n
         self.changed.add(g)
-        self.total += 1
+        self.total += n
         if self.first is None:
             self.first = (float(ts), float(watermark))
 

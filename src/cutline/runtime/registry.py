@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..logical import AggSpec, CountSpec, Kind, Node
+from ..protocol.windows import WindowSpec
 from .operators import Operator
 
 __all__ = ["Build", "OPERATORS", "build_operator"]
@@ -102,8 +103,8 @@ def assign_timestamps(node: Node, build: Build) -> Operator:
 
 
 def combine(node: Node, build: Build) -> Operator:
-    """The local half of a two-phase aggregation (the planner's): a count's per record, an
-    aggregation's or a window's per record batch."""
+    """The local half of a two-phase aggregation (the planner's): a count's or a tumbling
+    window's per record, an aggregation's or a window's per record batch."""
     if isinstance(node.fn, CountSpec):
         from .operators import CountCombine
 
@@ -112,6 +113,10 @@ def combine(node: Node, build: Build) -> Operator:
         from .batches import BatchCombine
 
         return BatchCombine(node)
+    if isinstance(node.fn, WindowSpec):
+        from .windows import WindowCombine
+
+        return WindowCombine(node)
     from .batch_windows import BatchWindowCombine
 
     return BatchWindowCombine(node)

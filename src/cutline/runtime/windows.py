@@ -44,15 +44,17 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from ..logical import Node
+from ..logical import Node, WindowPartial
 from ..protocol.watermarks import NO_WATERMARK, to_timestamp
 from ..protocol.windows import TimeWindow, Tumbling, WindowResult, WindowSpec, merge_into
 from ..state import DeferredSnapshot
 from ..state.keygroups import key_group
 from .late import LATE_STATE, LateDrops, late_error
+from .keys import fast_key
 from .operators import Keyed, Operator, UserFunctionError
 
-__all__ = ["LateRecord", "WindowLate", "WindowOperator", "WindowResults", "group_keys"]
+__all__ = ["LateRecord", "WindowCombine", "WindowLate", "WindowOperator", "WindowResults",
+           "group_keys"]
 
 _MISSING: Any = object()
 _INF = math.inf
@@ -235,6 +237,9 @@ class WindowOperator(Keyed):
         n = len(batch)
         for i, record in enumerate(batch):
             try:
+                if type(record) is WindowPartial:  # a combine's (two-phase aggregation)
+                    self._merge_partial(record, emit)
+                    continue
                 k = key_fn(record)
                 ts = ts_fn(record)
                 t = type(ts)
@@ -282,6 +287,39 @@ class WindowOperator(Keyed):
             except Exception as exc:  # noqa: BLE001 - reported with the record
                 self._failed(record, exc, i, n)
 
+    def _merge_partial(self, p: WindowPartial, emit: Callable[[Any], None]) -> None:
+        """A combine's partial aggregate of ``p.n`` records of key ``p.key`` in one tumbling
+        window: merged into the window's accumulator, as its records would have been added
+        one by one; late (all ``p.n`` records counted) where they would have been."""
+        k, w = p.key, (p.start, p.end)
+        cur = self._watermark_of(k) if self.ahead else self.wm
+        end, lateness = p.end, self.lateness
+        fired = self.fired
+        if end + lateness <= cur or (fired and end > cur and w in fired.get(k, ())):
+            # (a pipeline that combines drops late records; one restored from its in-flight
+            # data into a window that fails on them fails on the partial)
+            if self.spec.on_late == "fail":
+                raise late_error(self.uid, p, p.ts, cur, lateness)
+            self.late_records += p.n
+            self.late.add(k, p.ts, cur, p.n)
+            return
+        table = self.windows
+        m = table.fast.get(k)
+        if m is None:
+            m = table.mutable(k, dict)
+        acc = m.get(w, _MISSING)
+        agg = self.agg
+        if acc is _MISSING:
+            m[w] = p.acc
+            if end > cur:
+                self._at(end, k)
+            if lateness:
+                self._at(end + lateness, k)
+        else:
+            m[w] = acc + p.acc if agg.name == "count" else agg.merge(acc, p.acc)  # type: ignore[misc]
+        if end <= cur:  # a fired window, within the lateness: emit it again
+            self._fire(k, w, m[w], emit)
+
     def _process_any(self, batch: list, out: list) -> None:
         """Sliding and session windows (any assigner)."""
         emit = out.append
@@ -291,6 +329,12 @@ class WindowOperator(Keyed):
         assign, merging = self.assigner.bounds, self.assigner.merging
         at, n, fired = self._at, len(batch), self.fired
         for i, record in enumerate(batch):
+            if type(record) is WindowPartial:
+                raise RuntimeError(
+                    f"window operator {self.uid!r} got a tumbling window's partial aggregate "
+                    f"{record!r} (from a checkpoint's in-flight data of a tumbling window), "
+                    f"but its windows are {self.assigner!r}: restore it with the windows "
+                    f"the checkpoint was taken with")
             try:
                 k = key_fn(record)
                 ts = to_timestamp(ts_fn(record))
@@ -519,6 +563,102 @@ class WindowOperator(Keyed):
         self.wm = (min(marks[g] for g in owned) if owned and all(g in marks for g in owned)
                    else NO_WATERMARK)
         self.ahead = {g: v for g, v in marks.items() if v > self.wm}
+
+
+class WindowCombine(Operator):
+    """The local half of a tumbling-window aggregation of records (two-phase, planned by
+    :func:`cutline.plan.plan` for windows without allowed lateness whose late records are
+    dropped, with an aggregate that merges): the records of windows still open by the
+    watermark this task has sent on are added per key and window into accumulators, held,
+    and sent as :class:`~cutline.logical.WindowPartial` before the watermark that reaches
+    their window's end (:meth:`on_watermark`), a barrier, the task going idle, the end of
+    input, or when it holds ``MAX_KEYS`` windows; a record of a window the watermark
+    reached, or one a user function fails on, goes on as it is, and the window operator
+    decides on it as on any record.  No state: a snapshot never finds anything held."""
+
+    flushes = True
+    MAX_KEYS = 100_000
+
+    def __init__(self, node: Node) -> None:
+        super().__init__(node)
+        if node.key_fn is None:
+            raise ValueError(f"window operator {node.uid!r} has no key function")
+        spec: WindowSpec = node.fn
+        a = spec.assigner
+        assert isinstance(a, Tumbling) and a.exact  # (the planner combines these only)
+        self.key_fn: Callable[[Any], Any] = fast_key(node.key_fn)
+        self.ts_fn, self.agg = spec.ts_fn, spec.aggregate
+        self.size, self.offset = a.size, a.offset
+        self.wm: float = NO_WATERMARK  # the watermark sent on after this operator
+        # window end -> (key, start) -> [accumulator, records, latest time]
+        self.held: dict[Any, dict[tuple, list]] = {}
+        self.count = 0  # windows held
+
+    def process(self, batch: list) -> list:
+        out: list = []
+        emit = out.append
+        key_fn, ts_fn, agg = self.key_fn, self.ts_fn, self.agg
+        value_fn, create, add = agg.value, agg.create, agg.add
+        counting = agg.name == "count"
+        size, offset, wm, held = self.size, self.offset, self.wm, self.held
+        for record in batch:
+            try:
+                k = key_fn(record)
+                ts = ts_fn(record)
+                t = type(ts)
+                if t is not int and (t is not float or ts != ts or ts == _INF or ts == -_INF):
+                    ts = to_timestamp(ts)
+                start = ts - (ts - offset) % size
+                if type(start) is float:  # whole floats as ints, as the window operator
+                    if start.is_integer():
+                        start = int(start)
+                    end = start + size
+                    if type(end) is float and end.is_integer():
+                        end = int(end)
+                else:
+                    end = start + size
+                if end <= wm:  # due where this task runs: the window operator decides
+                    emit(record)
+                    continue
+                v = None if counting else (record if value_fn is None else value_fn(record))
+            except Exception:  # noqa: BLE001 - the window operator fails or dead-letters it
+                emit(record)
+                continue
+            windows = held.get(end)
+            if windows is None:
+                held[end] = windows = {}
+            slot = windows.get((k, start))
+            if slot is None:
+                windows[(k, start)] = [1 if counting else add(create(), v), 1, ts]
+                self.count += 1
+                continue
+            slot[0] = slot[0] + 1 if counting else add(slot[0], v)
+            slot[1] += 1
+            if ts > slot[2]:
+                slot[2] = ts
+        if self.count >= self.MAX_KEYS:
+            out.extend(self.flush())
+        return out
+
+    def _sent(self, ends: list) -> list:
+        out: list = []
+        for end in ends:
+            for (k, start), (acc, n, ts) in self.held.pop(end).items():
+                out.append(WindowPartial(k, start, end, acc, n, ts))
+        self.count -= len(out)
+        return out
+
+    def on_watermark(self, ts: float) -> list:
+        """The partials of the windows that watermark ``ts`` reaches (``end <= ts``) go on
+        before it does (downstream no window operator's watermark passes a held partial's
+        window: it is never ahead of what this task sends); the others stay held."""
+        self.wm = ts
+        if not self.held:
+            return []
+        return self._sent(sorted(e for e in self.held if e <= ts))
+
+    def flush(self) -> list:
+        return self._sent(sorted(self.held)) if self.held else []
 
 
 class WindowResults(Operator):
