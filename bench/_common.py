@@ -609,28 +609,84 @@ def conditions() -> dict:
             "loaded_above_per_core": LOADED_PER_CORE, "versions": versions(), **stamp()}
 
 
+def running_threads(root: int | None = None) -> tuple[int, int]:
+    """``(runnable threads on the machine, of them in process ``root``'s tree)`` now, from
+    ``/proc`` (each thread's state ``R``).  The caller's own thread is running as it reads:
+    it is left out of the first figure."""
+    parents: dict[int, int] = {}
+    running: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                parents[pid] = int(f.read().rsplit(b")", 1)[1].split()[1])
+            n = 0
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                    n += f.read().rsplit(b")", 1)[1].split()[0] == b"R"
+        except (OSError, IndexError, ValueError):
+            continue
+        if n:
+            running[pid] = n
+    total = sum(running.values()) - 1
+    if root is None:
+        return total, 0
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    tree, todo = {root}, [root]
+    while todo:
+        for c in children.get(todo.pop(), ()):
+            if c not in tree:
+                tree.add(c)
+                todo.append(c)
+    return total, sum(running.get(p, 0) for p in tree)
+
+
 class RunLoad(threading.Thread):
-    """The 1-minute load average once a second while one run lasts."""
+    """While one run lasts, once a second: the 1-minute load average, and the runnable
+    threads *outside* the run's process tree (``root``, set once it is spawned): what else
+    the machine does.  A run's own threads raise the load average (a Spark query keeps it
+    near 3 on 2 cores by itself), so a run is judged by the others' threads
+    (:func:`is_loaded`), sampled from ``/proc``."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True, name="run-load")
         self.samples: list[float] = [os.getloadavg()[0]]
+        self.others: list[int] = []
+        self.root: int | None = None
         self._halt = threading.Event()
 
     def run(self) -> None:
         while not self._halt.wait(1.0):
             self.samples.append(os.getloadavg()[0])
+            if self.root is not None:
+                total, mine = running_threads(self.root)
+                self.others.append(max(0, total - mine))
 
     def stop(self) -> dict:
         self._halt.set()
         self.samples.append(os.getloadavg()[0])
+        others = self.others
         return {"before": self.samples[0], "max": max(self.samples),
-                "mean": sum(self.samples) / len(self.samples)}
+                "mean": sum(self.samples) / len(self.samples),
+                "others_mean": sum(others) / len(others) if others else None,
+                "others_max": max(others) if others else None}
+
+
+LOADED_OTHERS_PER_CORE = 0.25  # others' runnable threads, mean over a run, per core
 
 
 def is_loaded(load: dict, ncores: int | None = None) -> bool:
-    """Whether a run's load (``RunLoad.stop()``) exceeds ``LOADED_PER_CORE`` per core."""
-    return load["max"] > LOADED_PER_CORE * (ncores or cores())
+    """Whether a run (``RunLoad.stop()``) shared the machine: on average more than
+    ``LOADED_OTHERS_PER_CORE`` runnable threads per core outside its own processes (where
+    that was sampled), else its 1-minute load above ``LOADED_PER_CORE`` per core."""
+    n = ncores or cores()
+    if load.get("others_mean") is not None:
+        return load["others_mean"] > LOADED_OTHERS_PER_CORE * n
+    return load["max"] > LOADED_PER_CORE * n
 
 
 class RunFailed(RuntimeError):
@@ -654,6 +710,7 @@ def run_child(argv: Sequence[str], result_file: Path, timeout: float,
         t0 = time.perf_counter()
         proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.DEVNULL,
                                 stderr=err_file, env=env, start_new_session=True)
+        load.root = proc.pid
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,14 @@ def test_scale_checks_and_statistics(tmp_path):
     lo, hi = common.bootstrap_ci([1.0, 2.0, 3.0, 4.0, 100.0])
     assert 1.0 <= lo <= 3.0 <= hi <= 100.0 and common.bootstrap_ci([1.0, 2.0]) is None
     assert common.is_loaded({"max": 3.1}, 2) and not common.is_loaded({"max": 2.9}, 2)
+    # where the others' runnable threads were sampled, they decide, not the run's own load
+    assert not common.is_loaded({"max": 3.4, "others_mean": 0.2}, 2)
+    assert common.is_loaded({"max": 1.0, "others_mean": 0.8}, 2)
+    busy = threading.Thread(target=lambda: [x * x for x in range(30_000_000)])
+    busy.start()  # (a thread of this process: in its own tree, not another's)
+    total, mine = common.running_threads(os.getpid())
+    busy.join()
+    assert mine >= 1 and total >= mine
     assert scale.parse_grid("all,4,100x2", 20) == [
         (4, 2), (20, 2), (None, 2)]
 
