@@ -209,6 +209,10 @@ def test_count_leaves_out_time_items():
     assert _count([Watermark(1.0), rb, IDLE, rb], timed=True) == 14
     assert _count([], timed=True) == 0
     assert _count([Watermark(1.0)], timed=True) == 0
+    # a window's partial aggregate (two-phase) counts as the records it holds
+    from cutline.logical import WindowPartial
+
+    assert _count([WindowPartial("k", 0, 10, 3, 3, 9.5), Watermark(2.0), 7], timed=True) == 4
 
 
 @pytest.mark.parametrize("parallelism", [2, 3])

@@ -43,6 +43,7 @@ def test_running_a_finished_job_again_says_so_and_how_to_start_fresh_or_resume(t
         raise AssertionError("a Spark session was started for a finished job")
 
     monkeypatch.setattr(launcher, "embedded_session", no_spark)
+    monkeypatch.setattr(launcher, "embedded_context", no_spark)
     with pytest.raises(FinishedJobError) as info:
         small(tmp_path)[0].run(timeout=60)
     assert str(info.value) == text

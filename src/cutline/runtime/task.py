@@ -29,6 +29,7 @@ import traceback
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..logical import WindowPartial
 from ..plan import Chain, ChannelId, PhysicalPlan
 from ..protocol import (
     Barrier,
@@ -125,9 +126,14 @@ class _Abandon:
 
 def _count(batch: Any, timed: bool = False) -> int:
     """Records in a batch: the rows of a batch stream's record batches.  With event time
-    (``timed``) a batch also carries watermarks and idle markers: they are not records."""
-    if timed and batch and not _TIME_TYPES.isdisjoint(map(type, batch)):
-        batch = [x for x in batch if type(x) not in _TIME_TYPES]
+    (``timed``) a batch also carries watermarks and idle markers: they are not records; and
+    a window's partial aggregates (two-phase) count as the records they hold."""
+    if timed and batch:
+        types = set(map(type, batch))
+        if not _TIME_TYPES.isdisjoint(types):
+            batch = [x for x in batch if type(x) not in _TIME_TYPES]
+        if WindowPartial in types:
+            return sum(x.n if type(x) is WindowPartial else 1 for x in batch)
     if batch and type(batch[0]).__module__ == "pyarrow.lib":
         return sum(getattr(b, "num_rows", 1) for b in batch)
     return len(batch)

@@ -174,10 +174,10 @@ def run_chaos(example: str, kills: int, seed: int = 0, mode: str = "aligned",
                              progress, early)
     pipeline, committed, expected = module.chaos_job(workdir, mode, records)
     if spark is None:
-        from .launcher import embedded_session
+        from .launcher import embedded_context
 
         # every kill fails the barrier stage once: allow that many resubmissions
-        spark = embedded_session(pipeline.parallelism, max_failures=kills + 8,
+        spark = embedded_context(pipeline.parallelism, max_failures=kills + 8,
                                  stage_attempts=kills + 8)
     chaos = Chaos(kills, seed, mean_delay, early)
     t0 = time.monotonic()

@@ -23,7 +23,7 @@ from ..driver.threads import ThreadsEngine
 from ..graph.host import GraphSpec, Host
 from ..graph.result import RunResult
 from ..storage.lease import JobLease
-from .launcher import embedded_session
+from .launcher import embedded_context
 from .quiet import progress_bar_muted
 from .stage import SparkStage, ship_user_code
 
@@ -63,7 +63,7 @@ def run_graph(graph: Any, opts: RunOptions, *, spark: Any = None, on_start: Any 
     if opts.engine == "spark":
         from . import launcher
 
-        engine = SparkStage(spark if spark is not None else embedded_session(hosts), hosts,
+        engine = SparkStage(spark if spark is not None else embedded_context(hosts), hosts,
                             f"graph {graph.name!r}", f"cutline-graph-{graph.name}",
                             log_path=launcher.SPARK_LOG if spark is None else None)
         ship_user_code(graph.processes.values())

@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from .stage import SparkStage, ship_user_code
 log = logging.getLogger("cutline.spark")
 
 __all__ = ["run_pipeline", "run_threads", "JobResult", "JobCancelled", "JobFailed",
-           "RunningJob", "embedded_session"]
+           "RunningJob", "EmbeddedSpark", "embedded_context", "embedded_session"]
 
 USER_ERRORS = (JobFailed, IncompatibleCheckpointError, KeyboardInterrupt)
 """Errors whose message says it all: ``Pipeline.run`` raises them with a traceback that
@@ -59,21 +60,20 @@ def embedded_session(slots: int, max_failures: int = 8, stage_attempts: int = 8,
     restarts them), so its peak speed does not matter and starting is 1.5-2.5x faster.
     Benchmarks that run Spark's own engine on the session pass False.  ``conf``: more
     Spark settings for the new session (e.g. ``spark.driver.memory``)."""
-    global _SESSION
+    global _SESSION, SPARK_LOG
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
+    if isinstance(_SESSION, EmbeddedSpark):  # a run started the context: a session on it
+        with redirect_output(SPARK_LOG) if SPARK_LOG is not None else nullcontext():
+            _SESSION = SparkSession.builder.getOrCreate()  # (on the active context)
+        return _SESSION
     if _SESSION is None:
-        # Python workers run this interpreter (the venv cutline is installed in).
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-        # An embedded session is a single machine: keep every socket on loopback.
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        _python_env()
         # Spark's JVM and its Python workers write to a log file, not the terminal: a
         # failure prints cutline's cause in a few lines and names the file.
-        global SPARK_LOG
         SPARK_LOG = new_log_file("spark")
         with redirect_output(SPARK_LOG):
             builder = SparkSession.builder
@@ -87,17 +87,79 @@ def embedded_session(slots: int, max_failures: int = 8, stage_attempts: int = 8,
     return _SESSION
 
 
+class EmbeddedSpark:
+    """The library's own ``local[N,F]`` Spark context, without a ``SparkSession`` on it:
+    what a pipeline's barrier stage needs (cutline's records never pass through Spark SQL).
+    A ``SparkSession``'s SQL state takes 3-4 s more to start on 2 cores (a third of a small
+    job's time, process start to exit: ``bench/startup.py``).  Has what the stage reads of
+    a session: ``sparkContext``, ``conf.get``, ``version``, ``stop()``.
+    :func:`embedded_session` puts a session on the same context when one is asked for."""
+
+    def __init__(self, sc: Any) -> None:
+        self.sparkContext = sc
+
+    @property
+    def conf(self) -> Any:
+        return self.sparkContext.getConf()
+
+    @property
+    def version(self) -> str:
+        return str(self.sparkContext.version)
+
+    def stop(self) -> None:
+        self.sparkContext.stop()
+
+    def __repr__(self) -> str:
+        return f"EmbeddedSpark({self.sparkContext.master})"
+
+
+def embedded_context(slots: int, max_failures: int = 8, stage_attempts: int = 8) -> Any:
+    """What ``Pipeline.run()`` runs on when given no session: a ``SparkSession`` already
+    active in this process (the user's, or :func:`embedded_session`'s), else the library's
+    own context (:class:`EmbeddedSpark`: started once, shared by every run after)."""
+    global _SESSION, SPARK_LOG
+    from pyspark import SparkConf, SparkContext
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    if _SESSION is None:
+        _python_env()
+        conf = (SparkConf()
+                .set("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
+                .setAll(list(_settings(slots, max_failures, stage_attempts).items())))
+        SPARK_LOG = new_log_file("spark")
+        with redirect_output(SPARK_LOG):
+            sc = SparkContext.getOrCreate(conf)
+        sc.setLogLevel("WARN")
+        _SESSION = EmbeddedSpark(sc)
+    return _SESSION
+
+
+def _python_env() -> None:
+    # Python workers run this interpreter (the venv cutline is installed in).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # An embedded session is a single machine: keep every socket on loopback.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def _settings(slots: int, max_failures: int, stage_attempts: int) -> dict[str, str]:
+    return {"spark.master": f"local[{max(slots, 2)},{max_failures}]",
+            "spark.app.name": "cutline",
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.sql.shuffle.partitions": "1",
+            "spark.stage.maxConsecutiveAttempts": str(stage_attempts),
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1"}
+
+
 def _build_session(builder: Any, slots: int, max_failures: int, stage_attempts: int) -> Any:
-    return (builder
-            .master(f"local[{max(slots, 2)},{max_failures}]")
-            .appName("cutline")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "1")
-            .config("spark.stage.maxConsecutiveAttempts", str(stage_attempts))
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .getOrCreate())
+    for k, v in _settings(slots, max_failures, stage_attempts).items():
+        builder = builder.config(k, v)
+    return builder.getOrCreate()
 
 
 def run_threads(pipeline: Any, *, restore_from: str | None = None,
@@ -176,7 +238,7 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
         refuse_finished(storage, storage.latest(deep=False))
         check_free(storage)  # another driver runs this job here: say so before Spark starts
     if spark is None:
-        spark = embedded_session(plan.slots)
+        spark = embedded_context(plan.slots)
     stage = SparkStage(spark, plan.slots, f"pipeline {pipeline.name!r}",
                        f"cutline-{pipeline.name}",
                        log_path=SPARK_LOG if spark is _SESSION else None,
