@@ -378,6 +378,9 @@ def test_operator_names_from_uids():
         "map-2": ("map", "Map: _parse", False),
         "map-3": ("map", "Map", False),
         "window-4": ("window", "Window: tumbling 5 s, count", False),
+        # the windows run in two phases: each one's combine, named after it
+        "window-4.combine": ("combine", "Window: tumbling 5 s, count (local half)", False),
+        "per_key.combine": ("combine", "per_key (local half)", True),
         "window_results-5": ("window_results", "Window results", False),
         "sink-6": ("sink", "Sink: CollectSink", False),
         "per_key": ("window", "per_key", True),

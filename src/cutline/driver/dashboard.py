@@ -380,8 +380,8 @@ def _graph(plan: Any) -> dict[str, Any]:
     by_id = {n.id: n for c in plan.chains for n in c.nodes}
     nodes = []
     for c in plan.chains:
-        ops = [{"uid": n.uid, "kind": n.kind, "name": operator_name(n, by_id),
-                "named": not _is_auto(n)} for n in c.nodes]
+        ops = [{"uid": n.uid, "kind": str(n.kind), "name": operator_name(n, by_id),
+                "named": not _is_auto(_combined(n, by_id) or n)} for n in c.nodes]
         nodes.append({"uid": c.uid, "parallelism": c.parallelism, "depth": depth[c.id],
                       "name": " → ".join(o["name"] for o in ops), "operators": ops})
     return {
@@ -416,10 +416,24 @@ def _is_auto(node: Any) -> bool:
     return flag if isinstance(flag, bool) else _auto_uid(node.uid, node.kind)
 
 
+def _combined(node: Any, by_id: dict[int, Any] | None) -> Any:
+    """The aggregation whose local half ``node`` is (a planner's ``combine``, uid
+    ``<aggregation uid>.combine``), or None."""
+    if node.kind != "combine":
+        return None
+    of = node.uid.rsplit(".", 1)[0]
+    return next((n for n in (by_id or {}).values() if n.uid == of and n.kind != "combine"),
+                None)
+
+
 def operator_name(node: Any, by_id: dict[int, Any] | None = None) -> str:
     """What the dashboard calls an operator: the user's uid when they gave one, else its
     kind and what it runs (``Map: parse``, ``Source: FileSource``, ``Window: tumbling 5 s,
-    count``), as Flink names operators; a window's results take the window's name."""
+    count``), as Flink names operators; a window's results take the window's name; a
+    two-phase aggregation's combine is its aggregation's ``(local half)``."""
+    agg = _combined(node, by_id)
+    if agg is not None:
+        return f"{operator_name(agg, by_id)} (local half)"
     if not _is_auto(node):
         return node.uid
     label, fn = kind_label(node.kind), node.fn
