@@ -134,6 +134,27 @@ def test_columns_reads_only_those_columns_in_their_order(tmp_path, fmt):
         _drain(reader)
 
 
+
+@pytest.mark.parametrize("per_file", [False, True])
+def test_jsonl_with_a_schema_reads_only_its_fields(tmp_path, per_file):
+    """As ``spark.read.schema(s).json``: the schema's fields, in its order, and no other
+    (they are skipped unparsed); without a schema every field is read.  ``per_file``: the
+    path that parses each file's blocks alone (``files_at_once`` > 1), else several small
+    files are parsed together."""
+    rows = _write_inputs(tmp_path / "in", "jsonl")
+    schema = pa.schema([("value", pa.int64()), ("user", pa.string())])
+    src = FileSource(str(tmp_path / "in"), files_at_once=2 if per_file else 1)
+    reader = src.batches(schema, batch_bytes=4096).create_reader()
+    reader.open(0, 1)
+    got = pa.Table.from_batches(_drain(reader))
+    assert got.schema == schema
+    want = [{"value": r["value"], "user": r["user"]} for r in rows]
+    # (two files at a time interleave their batches)
+    assert sorted(got.to_pylist(), key=lambda r: r["value"]) == want
+    reader = src.batches(batch_bytes=4096).create_reader()
+    reader.open(0, 1)
+    assert pa.Table.from_batches(_drain(reader)).column_names == ["user", "value", "f"]
+
 def test_nested_parquet_columns_keep_only_those_fields(tmp_path):
     d = tmp_path / "in"
     d.mkdir()

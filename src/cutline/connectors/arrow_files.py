@@ -6,8 +6,10 @@ same files, the same assignment of files to subtasks, the same positions (``{"fi
 record batches (a *batch stream*) instead of one Python object per record.
 
 - jsonl: blocks of about ``batch_bytes`` cut at a newline, parsed by pyarrow's JSON reader
-  (one batch per block).  ``offset`` is the byte offset after the last whole line read,
-  ``line`` its line number: a restore resumes at the next record.  Without a ``schema``
+  (one batch per block).  With a ``schema`` its fields are the columns, in its order, and
+  other fields of a line are skipped unparsed (as ``spark.read.schema(s).json``).
+  ``offset`` is the byte offset after the last whole line read, ``line`` its line number:
+  a restore resumes at the next record.  Without a ``schema``
   the types are inferred from each file's first block (read again when a restore starts
   mid-file), so a file's batches have one schema whatever the restore point.  A line that
   does not parse fails the read with :class:`~.base.RecordError` naming ``file:line``, as
@@ -183,8 +185,12 @@ class ColumnarFileReader(FileReader):
         import pyarrow.json as pj
 
         ro = pj.ReadOptions(use_threads=False, block_size=self._columnar.batch_bytes * 2 + 64)
+        # with the user's schema, its fields are the columns read and other fields are
+        # skipped unparsed (``spark.read.schema(s).json``); without, every field is read
+        # (a file's later fields too, beside the types its first block gave)
         po = pj.ParseOptions(explicit_schema=schema, newlines_in_values=False,
-                             unexpected_field_behavior="infer")
+                             unexpected_field_behavior="infer" if self._columnar.schema is None
+                             else "ignore")
         return ro, po
 
     def _infer_jsonl(self) -> Any:
