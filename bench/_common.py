@@ -225,10 +225,13 @@ class Runner:
     def run(self, name: str, fn: Callable[[], Any], r: int | None = None,
             rounds: int | None = None, describe: Callable[[Any], str] | None = None) -> Any:
         t0 = time.monotonic()
-        load_before = os.getloadavg()[0]
+        load = RunLoad()  # the run is this process's tree (its Spark JVM, its workers)
+        load.root = os.getpid()
+        load.start()
         try:
             out = fn()
         except Exception as exc:  # noqa: BLE001 - a benchmark reports and goes on
+            load.stop()
             error = {"case": name, "error": repr(exc), "trace": traceback.format_exc()[-3000:]}
             if r is not None:
                 error["round"] = r + 1
@@ -239,12 +242,14 @@ class Runner:
                 self.runs.setdefault(name, []).append(None)
             return None
         dt = time.monotonic() - t0
+        sample = load.stop()
         if r is None:
             self.console.print(f"  {name:<{self.width}} {dt:6.1f} s", style="dim")
             return out
         out["round"] = r + 1
-        if isinstance(out, dict):  # the 1-minute load average as the run began and ended
-            out["load"] = {"before": load_before, "after": os.getloadavg()[0]}
+        if isinstance(out, dict):  # the 1-minute load as the run began, its highest, as it
+            # ended, and the runnable threads outside this process's tree (is_loaded)
+            out["load"] = {**sample, "after": os.getloadavg()[0]}
         self.runs.setdefault(name, []).append(out)
         extra = describe(out) if describe is not None else ""
         self.console.print(f"  round {r + 1}/{rounds}: {name:<{self.width}} {dt:5.1f} s  "
@@ -612,9 +617,10 @@ def conditions() -> dict:
 def running_threads(root: int | None = None) -> tuple[int, int]:
     """``(runnable threads on the machine, of them in process ``root``'s tree)`` now, from
     ``/proc`` (each thread's state ``R``).  The caller's own thread is running as it reads:
-    it is left out of the first figure."""
+    it is left out of both figures (``root`` may be this process: a run in it)."""
     parents: dict[int, int] = {}
     running: dict[int, int] = {}
+    me, my_tid = os.getpid(), str(threading.get_native_id())
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -624,13 +630,15 @@ def running_threads(root: int | None = None) -> tuple[int, int]:
                 parents[pid] = int(f.read().rsplit(b")", 1)[1].split()[1])
             n = 0
             for tid in os.listdir(f"/proc/{pid}/task"):
+                if pid == me and tid == my_tid:
+                    continue
                 with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
                     n += f.read().rsplit(b")", 1)[1].split()[0] == b"R"
         except (OSError, IndexError, ValueError):
             continue
         if n:
             running[pid] = n
-    total = sum(running.values()) - 1
+    total = sum(running.values())
     if root is None:
         return total, 0
     children: dict[int, list[int]] = {}

@@ -137,11 +137,13 @@ makes cutline's pipelines drop one input event, to show it.  Workload 1's output
 row for row (an order-free digest of the rows against the input's kept events enriched),
 workloads 2 and 3 per user (each user's last count is its count in the input), workload 4
 per window.  The results record the cores, versions, the input files, the load before and
-during the benchmark and at each run's start and end; a run at a 1-minute load above 1.5
-per core is marked ``loaded`` and left out of the tables (``--keep-loaded`` keeps it, for
-smoke tests).  Throughput runs go after warm-up rounds at full size, not counted, until each
-case's last two processing times are within 10% (``--max-warmup``, default at most 4; quick
-none); each ratio has a 95% bootstrap interval of its per-round ratios (``paired_ci``).  All
+during the benchmark and at each run's start, highest and end; a run that shared the
+machine (on average more than 0.25 runnable threads per core outside this process and its
+Spark JVM and workers, sampled from ``/proc`` once a second: ``is_loaded``) is marked
+``loaded`` and left out of the tables (``--keep-loaded`` keeps it, for smoke tests).
+Throughput runs go after warm-up rounds at full size, not counted, until each case's last
+two processing times are within 10% (``--max-warmup``, default at most 4; quick none); each
+ratio has a 95% bootstrap interval of its per-round ratios (``paired_ci``).  All
 systems run in this one process's Spark session here: end to end per process is
 ``bench/scale.py``'s.
 """
@@ -168,9 +170,9 @@ from pathlib import Path
 from typing import Any
 
 from _common import (
-    LOADED_PER_CORE, RESULTS, AttemptWatcher, LoadSampler, Runner, Workdir, bench_parser,
-    bootstrap_ci, conditions, cores, cutline_in_spark_task, fmt, input_files, settled,
-    tree_cpu,
+    LOADED_OTHERS_PER_CORE, RESULTS, AttemptWatcher, LoadSampler, Runner, Workdir,
+    bench_parser, bootstrap_ci, conditions, cutline_in_spark_task, fmt, input_files,
+    is_loaded, settled, tree_cpu,
     git_state, median, ms, noise_of, non_negative_float, parse_bench_args, percentile,
     positive_float, positive_int, pyplot, rotated, spark_batches, spark_session, stamp,
     stop_quietly, styled,
@@ -1704,8 +1706,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="cutline's pipelines drop one input event: the output checks must "
                          "fail the runs and the benchmark (exit code 1)")
     ap.add_argument("--keep-loaded", action="store_true",
-                    help=f"summarise runs at a load above {LOADED_PER_CORE} per core too "
-                         "(smoke tests; never for published figures)")
+                    help="summarise runs that shared the machine too (more than "
+                         f"{LOADED_OTHERS_PER_CORE} others' runnable threads per core; "
+                         "smoke tests; never for published figures)")
     ap.add_argument("--cutline-only", action="store_true",
                     help="skip Spark's own queries (bench/ab.py: they do not change with "
                          "cutline's version); no cutline / Spark ratios then")
@@ -1829,15 +1832,15 @@ def failed_runs(runs: dict, errors: list[dict], check: dict | None) -> list[dict
 
 
 def quiet_runs(runs: dict, keep_loaded: bool) -> dict:
-    """``runs`` with each run at a 1-minute load above ``LOADED_PER_CORE`` per core (as it
-    began or ended) marked ``loaded`` and, unless ``keep_loaded``, left out (``None``)."""
-    limit = LOADED_PER_CORE * cores()
+    """``runs`` with each run that shared the machine (:func:`is_loaded`: more than 0.25
+    runnable threads per core outside this process's tree on average) marked ``loaded``
+    and, unless ``keep_loaded``, left out (``None``)."""
     out = {}
     for name, rs in runs.items():
         out[name] = []
         for r in rs:
             if r is not None and "load" in r:
-                r["loaded"] = max(r["load"].values()) > limit
+                r["loaded"] = is_loaded(r["load"])
             out[name].append(None if r is not None and r.get("loaded") and not keep_loaded
                              else r)
     return out
@@ -1993,7 +1996,7 @@ def print_tables(console: Console, result: dict, runs: dict) -> None:
     during = c["load_during"]
     console.print(f"conditions: {c['cores']} cores, load before {c['load_before'][0]:.1f}, "
                   f"during {fmt(during['min'], '.1f')}-{fmt(during['max'], '.1f')} (runs "
-                  f"above {LOADED_PER_CORE * c['cores']:g} "
+                  f"with others' threads above {LOADED_OTHERS_PER_CORE:g} per core "
                   f"{'kept' if c['loaded_runs_summarised'] else 'left out'}); Spark "
                   f"{v['pyspark']}, pyarrow {v['pyarrow']}, Python {v['python']}; input "
                   + (f"{c['input']['files']} files, {c['input']['bytes']:,} bytes"

@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 import sys
-import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -127,11 +127,21 @@ def test_scale_checks_and_statistics(tmp_path):
     # where the others' runnable threads were sampled, they decide, not the run's own load
     assert not common.is_loaded({"max": 3.4, "others_mean": 0.2}, 2)
     assert common.is_loaded({"max": 1.0, "others_mean": 0.8}, 2)
-    busy = threading.Thread(target=lambda: [x * x for x in range(30_000_000)])
-    busy.start()  # (a thread of this process: in its own tree, not another's)
-    total, mine = common.running_threads(os.getpid())
-    busy.join()
-    assert mine >= 1 and total >= mine
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:  # (a child of this process: in its own tree, not another's)
+        samples = [common.running_threads(os.getpid()) for _ in range(20)
+                   if time.sleep(0.05) is None]
+    finally:
+        busy.kill()
+        busy.wait()
+    assert any(mine >= 1 for _, mine in samples)
+    assert all(total >= mine for total, mine in samples)
+    # the sampling thread itself is no one's load (a run in this process: vs_spark's)
+    assert any(common.running_threads(os.getpid())[1] == 0 for _ in range(5))
+    runner = common.Runner(common.console(100))
+    out = runner.run("sleeps", lambda: time.sleep(1.3) or {}, r=0, rounds=1)
+    assert set(out["load"]) >= {"before", "max", "after", "others_mean"}
+    assert out["load"]["others_mean"] is not None
     assert scale.parse_grid("all,4,100x2", 20) == [
         (4, 2), (20, 2), (None, 2)]
 
