@@ -231,7 +231,6 @@ class Runner:
         try:
             out = fn()
         except Exception as exc:  # noqa: BLE001 - a benchmark reports and goes on
-            load.stop()
             error = {"case": name, "error": repr(exc), "trace": traceback.format_exc()[-3000:]}
             if r is not None:
                 error["round"] = r + 1
@@ -241,8 +240,9 @@ class Runner:
             if r is not None:
                 self.runs.setdefault(name, []).append(None)
             return None
+        finally:
+            sample = load.stop()
         dt = time.monotonic() - t0
-        sample = load.stop()
         if r is None:
             self.console.print(f"  {name:<{self.width}} {dt:6.1f} s", style="dim")
             return out

@@ -129,8 +129,10 @@ def test_scale_checks_and_statistics(tmp_path):
     assert common.is_loaded({"max": 1.0, "others_mean": 0.8}, 2)
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:  # (a child of this process: in its own tree, not another's)
-        samples = [common.running_threads(os.getpid()) for _ in range(20)
-                   if time.sleep(0.05) is None]
+        samples = []
+        for _ in range(20):
+            time.sleep(0.05)
+            samples.append(common.running_threads(os.getpid()))
     finally:
         busy.kill()
         busy.wait()

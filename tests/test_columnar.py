@@ -134,7 +134,6 @@ def test_columns_reads_only_those_columns_in_their_order(tmp_path, fmt):
         _drain(reader)
 
 
-
 @pytest.mark.parametrize("per_file", [False, True])
 def test_jsonl_with_a_schema_reads_only_its_fields(tmp_path, per_file):
     """As ``spark.read.schema(s).json``: the schema's fields, in its order, and no other
@@ -154,6 +153,7 @@ def test_jsonl_with_a_schema_reads_only_its_fields(tmp_path, per_file):
     reader = src.batches(batch_bytes=4096).create_reader()
     reader.open(0, 1)
     assert pa.Table.from_batches(_drain(reader)).column_names == ["user", "value", "f"]
+
 
 def test_nested_parquet_columns_keep_only_those_fields(tmp_path):
     d = tmp_path / "in"
