@@ -55,3 +55,32 @@ def test_a_session_without_a_bar_is_left_alone():
         assert muted is False and field.value == "stderr"
     with progress_bar_muted(object()) as muted:  # not a Spark session at all
         assert muted is False
+
+
+def test_the_local_executors_running_tasks_are_counted_until_their_threads_end(spark):
+    """Spark's status tracker may count no task while a cancelled one still runs its
+    completion listeners; the local executor's threads say whether one runs (CI's one
+    failure: the user's session stopped under such a task logged Java frames)."""
+    import threading
+    import time
+
+    from cutline.spark.quiet import local_task_threads
+
+    sc = spark.sparkContext
+    assert local_task_threads(sc) == 0
+
+    def slow(part):
+        time.sleep(4)
+        return [len(list(part))]
+
+    done = threading.Event()
+    job = threading.Thread(target=lambda: (sc.parallelize(range(4), 2).mapPartitions(slow)
+                                           .collect(), done.set()))
+    job.start()
+    counts = []
+    while not done.is_set():
+        counts.append(local_task_threads(sc))
+        time.sleep(0.2)
+    job.join()
+    assert max(counts) == 2, counts  # both tasks, while they ran
+    assert local_task_threads(sc) == 0  # and none once the job returned

@@ -113,10 +113,47 @@ def wait_for_stage(stage: Any, job: str, timeout: float = STAGE_END_TIMEOUT, *,
 
 
 def _tasks_running(stage: Any) -> int:
-    """Tasks the session's executors run now (0 when it cannot tell)."""
+    """Tasks the session's executors run now (0 when it cannot tell): the status tracker's
+    count, and on a local master the executor threads in this JVM that run a task.  The
+    tracker reads Spark's status store, which its listener bus fills asynchronously: it may
+    count no task while a cancelled one still runs its completion listeners (they release
+    its broadcast blocks, which a session stopped meanwhile no longer has)."""
+    sc = stage.sc
     try:
-        infos = stage.sc._jsc.sc().statusTracker().getExecutorInfos()
-        return sum(int(i.numRunningTasks()) for i in infos)
+        infos = sc._jsc.sc().statusTracker().getExecutorInfos()
+        tracked = sum(int(i.numRunningTasks()) for i in infos)
     except Exception as exc:  # noqa: BLE001 - a stopped context runs nothing
         log.debug("cutline: cannot count the executors' running tasks: %s", exc)
+        return 0
+    return max(tracked, local_task_threads(sc))
+
+
+TASK_THREAD = "Executor task launch worker"
+"""How Spark's executor names the threads of its task pool (``... for task 1.0 in stage 0.0
+(TID 1)`` while and after it runs one)."""
+TASK_RUNNER = "org.apache.spark.executor.Executor$TaskRunner"
+"""The class whose frame is near the bottom of a pool thread's stack while it runs a task
+(under the pool's ``runWorker``; an idle thread waits in ``getTask`` there instead)."""
+
+
+def local_task_threads(sc: Any) -> int:
+    """Threads of the local executor (``master`` ``local[...]``: it lives in the driver's
+    JVM) running a task now, completion listeners included; 0 on another master or when the
+    JVM cannot be asked."""
+    try:
+        if not str(sc.master).startswith("local"):
+            return 0
+        jvm = sc._jvm
+        stacks = jvm.java.lang.Thread.getAllStackTraces()
+        running = 0
+        for thread in stacks.keySet():
+            if not str(thread.getName()).startswith(TASK_THREAD):
+                continue
+            frames = stacks.get(thread)  # innermost first: the pool's frames are the last
+            bottom = (str(frames[i].getClassName()) for i in range(len(frames) - 1,
+                                                                   max(len(frames) - 8, -1), -1))
+            running += TASK_RUNNER in bottom
+        return running
+    except Exception as exc:  # noqa: BLE001 - a stopped context runs nothing
+        log.debug("cutline: cannot read the local executor's threads: %s", exc)
         return 0
