@@ -20,7 +20,10 @@ record) on the embedded Spark session, as ``Pipeline.run()`` does, with each pha
 - *exit*: -> the process is gone (interpreter teardown, the JVM's exit).
 
 ``--threads``: the same job on the threads engine (no Spark) beside it, in the same
-rounds.  Prints the median of every phase and its share of the whole; writes
+rounds.  ``--cds``: Spark runs with and without the JVM's class-data archive
+(``cutline.spark.cds``; ``CUTLINE_SPARK_CDS=0``) beside each other, the archive written by
+two warm-up runs first (in the bench's own folder: the user's cache is left alone).
+Prints the median of every phase and its share of the whole; writes
 ``bench/results/startup.json``.  Not a speed target: a map of where the seconds go.
 """
 
@@ -123,6 +126,38 @@ def child_main(spec_path: str) -> int:
     return 0
 
 
+def _spec(engine: str, columnar: bool, d: Path, run_dir: Path) -> dict:
+    spec = {"engine": engine, "columnar": columnar, "input": str(d / "in"),
+            "ck": str(run_dir / "ck"), "result": str(run_dir / "result.json")}
+    (run_dir / "spec.json").write_text(json.dumps(spec))
+    return spec
+
+
+def warm_up(run_dir: Path, d: Path, columnar: bool, env: dict | None) -> None:
+    """One run as a user's program ends (its JVM exits on its own, writing the class-data
+    archive: ``run_child`` kills what a run leaves behind), then wait until that JVM is
+    gone (its pid is in the archive's marker)."""
+    import subprocess
+
+    run_dir.mkdir()
+    _spec("spark", columnar, d, run_dir)
+    subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child",
+                    str(run_dir / "spec.json")], check=True, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+    deadline = time.monotonic() + 180
+    for marker in (d / "cds").glob("*.pid"):
+        try:
+            pid = int(marker.read_text().partition("\n")[0])
+        except (OSError, ValueError):
+            continue
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.2)
+
+
 def phases(spawn: float, end_to_end: float, s: dict) -> dict[str, float | None]:
     """Seconds per phase of one run from its stamps (wall clock; ``spawn``: the parent's)."""
     marks = [spawn, s["py"], s["import"], s["session"], s["driver"], s["attempt"], s["final"],
@@ -143,33 +178,45 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--columnar", action="store_true", help="FileSource.batches: Arrow batches")
     ap.add_argument("--threads", action="store_true",
                     help="the threads engine beside it (no Spark)")
+    ap.add_argument("--cds", action="store_true",
+                    help="Spark with and without the JVM's class-data archive, side by side")
     args = parse_bench_args(ap, argv)
     con = console()
-    engines = ["spark", "threads"] if args.threads else ["spark"]
     runs: list[dict] = []
     with Workdir("cutline-startup-") as d:
+        # case -> (engine, environment of its runs)
+        cases: dict[str, tuple[str, dict | None]] = {"spark": ("spark", None)}
+        if args.cds:
+            cases = {"spark": ("spark", {**os.environ, "CUTLINE_CDS_DIR": str(d / "cds")}),
+                     "spark, no CDS": ("spark", {**os.environ, "CUTLINE_SPARK_CDS": "0"})}
+        if args.threads:
+            cases["threads"] = ("threads", None)
         (d / "in").mkdir()
         write_input(d / "in", args.records, args.files)
+        if args.cds:
+            con.print("writing the class-data archive (two warm-up runs)", style="dim")
+            for k in range(2):
+                warm_up(d / f"warm-{k}", d, args.columnar, cases["spark"][1])
         for r in range(args.rounds):
-            for engine in engines:
-                run_dir = d / f"run-{r}-{engine}"
+            for case, (engine, env) in cases.items():
+                run_dir = d / f"run-{r}-{case.replace(', ', '-').replace(' ', '-')}"
                 run_dir.mkdir()
-                spec = {"engine": engine, "columnar": args.columnar, "input": str(d / "in"),
-                        "ck": str(run_dir / "ck"), "result": str(run_dir / "result.json")}
-                (run_dir / "spec.json").write_text(json.dumps(spec))
+                _spec(engine, args.columnar, d, run_dir)
                 spawn = time.time()
                 try:
                     out = run_child([str(Path(__file__).resolve()), "--child",
-                                     str(run_dir / "spec.json")], run_dir / "result.json", 600)
+                                     str(run_dir / "spec.json")], run_dir / "result.json", 600,
+                                    env=env)
                 except RunFailed as exc:
-                    con.print(f"round {r + 1} {engine}: FAILED {exc}", style="red")
+                    con.print(f"round {r + 1} {case}: FAILED {exc}", style="red")
                     return 1
                 ph = phases(spawn, out["end_to_end"], out)
-                runs.append({"round": r + 1, "engine": engine, "end_to_end": out["end_to_end"],
+                runs.append({"round": r + 1, "engine": case, "end_to_end": out["end_to_end"],
                              "phases": ph, "load": out["load"]})
-                con.print(f"round {r + 1} {engine:<8} end to end {out['end_to_end']:6.2f} s  "
+                con.print(f"round {r + 1} {case:<13} end to end {out['end_to_end']:6.2f} s  "
                           + "  ".join(f"{k} {fmt(v, '.2f')}" for k, v in ph.items()),
                           style="dim")
+    engines = list(cases)
     summary = {}
     for engine in engines:
         mine = [x for x in runs if x["engine"] == engine]

@@ -25,6 +25,7 @@ from ..protocol.liveness import HEARTBEAT_TIMEOUT, check_timeout
 from ..runtime.restore import IncompatibleCheckpointError
 from ..storage.checkpoints import CheckpointStorage
 from ..storage.lease import check_free
+from . import cds
 from .quiet import FAILED_STAGE_END_TIMEOUT, progress_bar_muted, wait_for_stage
 from .stage import SparkStage, ship_user_code
 
@@ -75,15 +76,19 @@ def embedded_session(slots: int, max_failures: int = 8, stage_attempts: int = 8,
         # Spark's JVM and its Python workers write to a log file, not the terminal: a
         # failure prints cutline's cause in a few lines and names the file.
         SPARK_LOG = new_log_file("spark")
+        conf = dict(conf or {})
+        options = conf.pop("spark.driver.extraJavaOptions",
+                           "-XX:TieredStopAtLevel=1" if quick_start else "")
+        options, writing = cds.java_options(options, "session")
         with redirect_output(SPARK_LOG):
-            builder = SparkSession.builder
-            if quick_start:
-                builder = builder.config("spark.driver.extraJavaOptions",
-                                         "-XX:TieredStopAtLevel=1")
-            for k, v in (conf or {}).items():
+            builder = SparkSession.builder.config("spark.driver.extraJavaOptions", options)
+            for k, v in conf.items():
                 builder = builder.config(k, v)
             _SESSION = _build_session(builder, slots, max_failures, stage_attempts)
-        _SESSION.sparkContext.setLogLevel("WARN")
+        sc = _SESSION.sparkContext
+        cds.note_writer(writing, sc)
+        cds.note_use(options, sc)
+        sc.setLogLevel("WARN")
     return _SESSION
 
 
@@ -126,12 +131,15 @@ def embedded_context(slots: int, max_failures: int = 8, stage_attempts: int = 8)
         return active
     if _SESSION is None:
         _python_env()
+        options, writing = cds.java_options("-XX:TieredStopAtLevel=1", "context")
         conf = (SparkConf()
-                .set("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
+                .set("spark.driver.extraJavaOptions", options)
                 .setAll(list(_settings(slots, max_failures, stage_attempts).items())))
         SPARK_LOG = new_log_file("spark")
         with redirect_output(SPARK_LOG):
             sc = SparkContext.getOrCreate(conf)
+        cds.note_writer(writing, sc)
+        cds.note_use(options, sc)
         sc.setLogLevel("WARN")
         _SESSION = EmbeddedSpark(sc)
     return _SESSION
