@@ -325,8 +325,18 @@ def test_pandas_batches_and_rows_round_trip(tmp_path):
 def test_batch_stream_refuses_per_record_operators(tmp_path):
     p = Pipeline("x", checkpoint=CheckpointConfig(storage=f"file://{tmp_path}/ck"))
     s = p.source(GeneratorSource(count=10, batch_fn=events))
-    with pytest.raises(TypeError, match=r"map\(\) works on records.*map_batches"):
+    with pytest.raises(AttributeError, match=r"map\(\) works on records.*map_batches"):
         s.map(str)
+    for name in ("flat_map", "iterate", "batches"):  # a record stream's, not a batch stream's
+        assert not hasattr(s, name)
+    with pytest.raises(AttributeError, match=r"iterate\(\) works on records.*rows\(\)"):
+        s.iterate()
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        s.nope  # noqa: B018
+    with pytest.raises(TypeError, match=r"union\(\) of a stream of record batches takes"):
+        s.union(p.source(GeneratorSource(count=10)))
+    with pytest.raises(TypeError, match=r"union\(\) of a stream of records takes"):
+        p.source(GeneratorSource(count=10)).union(s)
     with pytest.raises(TypeError, match="column expression"):
         s.filter(lambda r: True)
     with pytest.raises(TypeError, match="column names"):

@@ -239,7 +239,7 @@ def test_bad_batch_windows_are_refused_when_the_pipeline_is_built(tmp_path):
         keyed.window(session(5)).agg(end="count")
     out = keyed.window(session(5)).count(uid="s")
     out.late(uid="late").sink(ParquetSink(str(tmp_path / "late")), uid="late-out")
-    with pytest.raises(TypeError, match="map\\(\\) works on records"):
+    with pytest.raises(AttributeError, match="map\\(\\) works on records"):
         out.late(uid="late2").map(str)
 
 

@@ -24,7 +24,7 @@ from ..protocol.windows import (
     duration,
 )
 from .config import _check_batch_format, _check_callable, _column_key, _keep_late, _on_late
-from .streams import IterativeStream, Stream
+from .streams import Stream, _Operators
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline
@@ -33,25 +33,35 @@ if TYPE_CHECKING:
 # --------------------------------------------------------------------------- batch streams
 
 
-class BatchStream(Stream):
+RECORD_ONLY = {"map": "map_batches(fn)", "flat_map": "map_batches(fn)",
+               "iterate": "rows() first", "batches": "nothing: it is one already"}
+"""The operators of record streams a batch stream lacks, and what to use instead."""
+
+
+class BatchStream(_Operators):
     """A stream of Arrow record batches (``FileSource(...).batches()``,
     ``GeneratorSource(batch_fn=...)``, ``stream.batches(schema)``): operators run a record
     batch at a time, vectorised, like Spark's ``mapInArrow`` / ``mapInPandas`` and
     DataFrame column expressions.  ``rows()`` turns it back into dict records.
     """
 
-    _partitioning: str | None = None  # rebalance(): how the next operator is reached
+    carries = "record batches"
+
+    def __getattr__(self, name: str) -> Any:
+        """A record stream's operator asked of a batch stream: say what to use."""
+        if name in RECORD_ONLY:
+            raise AttributeError(
+                f"{name}() works on records; this is a batch stream (Arrow record batches): "
+                f"use {RECORD_ONLY[name]}, or .rows().{name}(...) for dict records")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _then(self, kind: str, fn: Any, *, uid: str | None, parallelism: int | None,
-              partitioning: str | None = None, key_fn: Callable | None = None,
-              on_error: str | None = None) -> "Stream":
-        stream = super()._then(kind, fn, uid=uid, parallelism=parallelism,
-                               partitioning=partitioning or self._partitioning, key_fn=key_fn,
-                               on_error=on_error)
-        if kind in ("sink", "to_rows"):
-            return stream
-        stream.node.columnar = True
-        return BatchStream(self.pipeline, stream.node)
+              partitioning: str | None = None, key_fn: Callable | None = None) -> "BatchStream":
+        """A columnar operator after this one."""
+        node = self._add(kind, fn, uid=uid, parallelism=parallelism,
+                         partitioning=partitioning, key_fn=key_fn)
+        node.columnar = True
+        return BatchStream(self.pipeline, node)
 
     def rebalance(self) -> "BatchStream":
         """Spread record batches round-robin over the next operator's subtasks."""
@@ -59,20 +69,15 @@ class BatchStream(Stream):
         out._partitioning = REBALANCE
         return out
 
-    def union(self, *others: Stream, uid: str | None = None,
+    def union(self, *others: "BatchStream", uid: str | None = None,
               parallelism: int | None = None) -> "BatchStream":
         """The record batches of this and ``others`` (batch streams too) as one stream;
         each keeps its schema (a sink after it takes one schema)."""
-        for o in others:
-            if not isinstance(o, BatchStream):
-                raise TypeError("union() of a batch stream takes batch streams; "
-                                f"{o.node.uid!r} carries records: use .batches(schema) on it, "
-                                "or .rows() on this one")
-        node = super().union(*others, uid=uid, parallelism=parallelism).node
+        node = self._union(others, uid, parallelism)
         node.columnar = True
         return BatchStream(self.pipeline, node)
 
-    def assign_timestamps(self, column: Any, *, max_delay: Any = 0,  # type: ignore[override]
+    def assign_timestamps(self, column: Any, *, max_delay: Any = 0,
                           watermark: Any = None, idle_timeout: Any = None,
                           max_drift: Any = None, uid: str | None = None,
                           parallelism: int | None = None) -> "BatchStream":
@@ -84,28 +89,11 @@ class BatchStream(Stream):
         if not isinstance(column, str) or not column:
             raise TypeError("assign_timestamps() on a batch stream takes the name of the "
                             f"event-time column, got {column!r}")
-        stream = super().assign_timestamps(ColumnTime(column), max_delay=max_delay,
-                                           watermark=watermark, idle_timeout=idle_timeout,
-                                           max_drift=max_drift, uid=uid,
-                                           parallelism=parallelism)
-        return stream  # type: ignore[return-value]
-
-    def _per_record(self, name: str, instead: str) -> Any:
-        raise TypeError(f"{name}() works on records; this is a batch stream (Arrow record "
-                        f"batches): use {instead}, or .rows().{name}(...) for dict records")
-
-    # the per-record operators do not apply to record batches
-    def map(self, fn: Any, **kw: Any) -> "Stream":
-        return self._per_record("map", "map_batches(fn)")
-
-    def flat_map(self, fn: Any, **kw: Any) -> "Stream":
-        return self._per_record("flat_map", "map_batches(fn)")
-
-    def iterate(self, **kw: Any) -> "IterativeStream":
-        return self._per_record("iterate", "rows() first")
-
-    def batches(self, schema: Any = None, *, uid: str | None = None) -> "BatchStream":
-        raise TypeError("batches(): this stream is a batch stream already")
+        spec, parallelism = self._timestamps(ColumnTime(column), max_delay, watermark,
+                                             idle_timeout, max_drift, parallelism)
+        node = self._add("assign_timestamps", spec, uid=uid, parallelism=parallelism)
+        node.columnar = True
+        return BatchStream(self.pipeline, node)
 
     def map_batches(self, fn: Callable[[Any], Any], *, batch_format: str = "arrow",
                     uid: str | None = None, parallelism: int | None = None) -> "BatchStream":
@@ -115,7 +103,7 @@ class BatchStream(Stream):
         _check_callable("map_batches", fn)
         _check_batch_format("map_batches", batch_format)
         return self._then("map_batches", BatchFunction(fn, batch_format), uid=uid,
-                          parallelism=parallelism)  # type: ignore[return-value]
+                          parallelism=parallelism)
 
     def filter_batches(self, fn: Callable[[Any], Any], *, batch_format: str = "arrow",
                        uid: str | None = None,
@@ -125,17 +113,15 @@ class BatchStream(Stream):
         _check_callable("filter_batches", fn)
         _check_batch_format("filter_batches", batch_format)
         return self._then("filter_batches", BatchFunction(fn, batch_format), uid=uid,
-                          parallelism=parallelism)  # type: ignore[return-value]
+                          parallelism=parallelism)
 
     def select(self, *columns: str, uid: str | None = None) -> "BatchStream":
         """Only these columns, in this order (``df.select``)."""
         if not columns or not all(isinstance(c, str) for c in columns):
             raise TypeError(f"select() takes column names, got {columns!r}")
-        return self._then("select", list(columns), uid=uid,
-                          parallelism=None)  # type: ignore[return-value]
+        return self._then("select", list(columns), uid=uid, parallelism=None)
 
-    def filter(self, expr: Any, *, uid: str | None = None,  # type: ignore[override]
-               **kw: Any) -> "BatchStream":
+    def filter(self, expr: Any, *, uid: str | None = None) -> "BatchStream":
         """The rows where the boolean column expression holds (``df.filter``), e.g.
         ``pc.field("value") >= 10`` (``import pyarrow.compute as pc``)."""
         return self.where(expr, uid=uid)
@@ -149,8 +135,7 @@ class BatchStream(Stream):
                             f"(pyarrow.compute, e.g. pc.field('x') > 3), got "
                             f"{type(expr).__name__}; for a function of the batch use "
                             "filter_batches(fn)")
-        return self._then("where", expr, uid=uid,
-                          parallelism=None)  # type: ignore[return-value]
+        return self._then("where", expr, uid=uid, parallelism=None)
 
     def with_column(self, name: str, expr: Any, *, uid: str | None = None) -> "BatchStream":
         """Add (or replace) column ``name``: a ``pyarrow.compute`` expression (e.g.
@@ -163,15 +148,14 @@ class BatchStream(Stream):
         if not isinstance(expr, pc.Expression) and not callable(expr):
             raise TypeError(f"with_column() takes a pyarrow.compute expression or a function "
                             f"of the batch, got {type(expr).__name__}: {expr!r}")
-        return self._then("with_column", (name, expr), uid=uid,
-                          parallelism=None)  # type: ignore[return-value]
+        return self._then("with_column", (name, expr), uid=uid, parallelism=None)
 
     def rows(self, *, uid: str | None = None) -> Stream:
         """Every row as a dict record (``RecordBatch.to_pylist``): the per-record
         operators follow.  Costs a Python dict per row (see docs/columnar.md)."""
-        return self._then("to_rows", None, uid=uid, parallelism=None)
+        return Stream(self.pipeline, self._add("to_rows", None, uid=uid, parallelism=None))
 
-    def key_by(self, columns: Any) -> "BatchKeyedStream":  # type: ignore[override]
+    def key_by(self, columns: Any) -> "BatchKeyedStream":
         """Partition rows by column(s) (``df.groupBy``): ``"user"`` or ``["a", "b"]``.  A
         row goes to the key group the per-record ``key_by`` gives the same key (the value,
         or the tuple of values), so state can be rescaled and the two paths mixed."""
@@ -325,7 +309,7 @@ class BatchKeyedStream(_Aggregations):
         stream = self.stream._then("aggregate", AggSpec(self.key_fn.columns, aggs, updates),
                                    uid=uid, parallelism=parallelism, partitioning=HASH,
                                    key_fn=self.key_fn)
-        return stream  # type: ignore[return-value]
+        return stream
 
     def window(self, assigner: WindowAssigner, *, allowed_lateness: Any = 0,
                on_late: str = "drop") -> "BatchWindowedStream":

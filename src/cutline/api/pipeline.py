@@ -95,7 +95,7 @@ class Pipeline:
         return any(n.kind == "assign_timestamps" for n in self.nodes)
 
     def source(self, source: Any, *, uid: str | None = None,
-               parallelism: int | None = None) -> "Stream":
+               parallelism: int | None = None) -> "Stream | BatchStream":
         if not hasattr(source, "create_reader"):
             raise TypeError(f"source() needs a cutline source (e.g. GeneratorSource, "
                             f"FileSource), got {source!r}")

@@ -24,25 +24,34 @@ if TYPE_CHECKING:  # (each built by a method here, imported there)
     from .windows import WindowedStream
 
 
-class Stream:
-    """A stream of records produced by one operator."""
+class _Operators:
+    """What every stream of a pipeline has, of records (:class:`Stream`) or of Arrow record
+    batches (:class:`~cutline.api.batches.BatchStream`): its pipeline and operator, a
+    new operator after it, ``union`` and ``sink``.  Each kind of stream adds its own
+    operators; neither has the other's."""
+
+    carries = "records"
+    """What flows on it: ``records``, or ``record batches`` (Arrow)."""
+    _partitioning: str | None = None  # rebalance(): how the next operator is reached
 
     def __init__(self, pipeline: Pipeline, node: Node):
         self.pipeline = pipeline
         self.node = node
 
-    def _then(self, kind: str, fn: Any, *, uid: str | None, parallelism: int | None,
-              partitioning: str | None = None, key_fn: Callable | None = None,
-              on_error: str | None = None) -> "Stream":
-        part = partitioning or (FORWARD if parallelism in (None, self._parallelism())
-                                else REBALANCE)
+    def _add(self, kind: str, fn: Any, *, uid: str | None, parallelism: int | None,
+             partitioning: str | None = None, key_fn: Callable | None = None,
+             on_error: str | None = None) -> Node:
+        """A new operator reading this stream (forward at the same parallelism, else
+        round-robin, unless ``partitioning`` says)."""
+        part = partitioning or self._partitioning or (
+            FORWARD if parallelism in (None, self._parallelism()) else REBALANCE)
         if kind in ("map", "flat_map", "filter", "assign_timestamps"):
             on_error = self._on_error(kind, on_error)
         node = self.pipeline._add(kind, fn, [self.node.id], uid=uid, parallelism=parallelism,
                                   partitioning=part, key_fn=key_fn)
         if on_error is not None:
             node.on_error = on_error
-        return Stream(self.pipeline, node)
+        return node
 
     def _on_error(self, kind: str, on_error: str | None) -> str:
         """``None``: the pipeline's default (dead letters if it has a dead-letter sink)."""
@@ -58,6 +67,71 @@ class Stream:
 
     def _parallelism(self) -> int:
         return self.node.parallelism or self.pipeline.parallelism
+
+    def _union(self, others: tuple[Any, ...], uid: str | None,
+               parallelism: int | None) -> Node:
+        """The union operator of this stream and ``others`` (of its own kind)."""
+        for o in others:
+            if not isinstance(o, _Operators) or o.pipeline is not self.pipeline:
+                raise ValueError("union() takes streams of the same pipeline")
+            if o.carries != self.carries:
+                fix = ".rows() on it, or .batches(schema) on this one" if \
+                    self.carries == "records" else ".batches(schema) on it, or .rows() on " \
+                    "this one"
+                raise TypeError(f"union() of a stream of {self.carries} takes streams of "
+                                f"{self.carries}; {o.node.uid!r} carries {o.carries}: use "
+                                f"{fix}")
+        return self.pipeline._add("union", None, [self.node.id] + [o.node.id for o in others],
+                                  uid=uid, parallelism=parallelism, partitioning=REBALANCE)
+
+    def _timestamps(self, ts_fn: Any, max_delay: Any, watermark: Any, idle_timeout: Any,
+                    max_drift: Any, parallelism: int | None
+                    ) -> tuple[TimestampSpec, int | None]:
+        """``assign_timestamps``'s checks: its spec, and the parallelism it runs at (right
+        after a source: the source's, so one watermark per split)."""
+        delay = to_duration(max_delay, "assign_timestamps(max_delay=...)")
+        idle = to_duration(idle_timeout, "assign_timestamps(idle_timeout=...)", positive=True,
+                           allow_none=True)
+        drift = to_duration(max_drift, "assign_timestamps(max_drift=...)", allow_none=True)
+        if drift is not None and (self.node.kind != "source" or parallelism not in (
+                None, self._parallelism())):
+            raise ValueError("assign_timestamps(max_drift=...) aligns a source's subtasks: "
+                             "call it right after the source, at its parallelism")
+        if watermark is None:
+            generator: Any = BoundedOutOfOrderness(delay)
+        else:
+            if delay:
+                raise ValueError("assign_timestamps() takes max_delay or watermark=, not "
+                                 "both (a custom generator decides the delay itself)")
+            for meth in ("on_event", "current"):
+                if not callable(getattr(watermark, meth, None)):
+                    raise TypeError(
+                        "assign_timestamps(watermark=...) needs a watermark generator with "
+                        f"on_event(ts) and current() (e.g. BoundedOutOfOrderness), got "
+                        f"{watermark!r}: it has no {meth}()")
+            generator = watermark
+        if parallelism is None and self.node.kind == "source":
+            parallelism = self.node.parallelism  # in the source's tasks: per split
+        return TimestampSpec(ts_fn, generator, idle, drift), parallelism
+
+    def sink(self, sink: Any, *, uid: str | None = None,
+             parallelism: int | None = None) -> "Stream":
+        """Write this stream's records (or record batches) to ``sink``."""
+        if not hasattr(sink, "create_writer"):
+            raise TypeError(f"sink() needs a cutline sink (e.g. ParquetSink, CollectSink, "
+                            f"PrintSink), got {sink!r}")
+        return Stream(self.pipeline, self._add("sink", sink, uid=uid, parallelism=parallelism))
+
+
+class Stream(_Operators):
+    """A stream of records produced by one operator."""
+
+    def _then(self, kind: str, fn: Any, *, uid: str | None, parallelism: int | None,
+              partitioning: str | None = None, key_fn: Callable | None = None,
+              on_error: str | None = None) -> "Stream":
+        return Stream(self.pipeline, self._add(kind, fn, uid=uid, parallelism=parallelism,
+                                               partitioning=partitioning, key_fn=key_fn,
+                                               on_error=on_error))
 
     def map(self, fn: Callable[[Any], Any], *, uid: str | None = None,
             parallelism: int | None = None, on_error: str | None = None) -> "Stream":
@@ -114,31 +188,10 @@ class Stream:
         ``map``).
         """
         _check_callable("assign_timestamps", ts_fn)
-        delay = to_duration(max_delay, "assign_timestamps(max_delay=...)")
-        idle = to_duration(idle_timeout, "assign_timestamps(idle_timeout=...)", positive=True,
-                           allow_none=True)
-        drift = to_duration(max_drift, "assign_timestamps(max_drift=...)", allow_none=True)
-        if drift is not None and (self.node.kind != "source" or parallelism not in (
-                None, self._parallelism())):
-            raise ValueError("assign_timestamps(max_drift=...) aligns a source's subtasks: "
-                             "call it right after the source, at its parallelism")
-        if watermark is None:
-            generator: Any = BoundedOutOfOrderness(delay)
-        else:
-            if delay:
-                raise ValueError("assign_timestamps() takes max_delay or watermark=, not "
-                                 "both (a custom generator decides the delay itself)")
-            for meth in ("on_event", "current"):
-                if not callable(getattr(watermark, meth, None)):
-                    raise TypeError(
-                        "assign_timestamps(watermark=...) needs a watermark generator with "
-                        f"on_event(ts) and current() (e.g. BoundedOutOfOrderness), got "
-                        f"{watermark!r}: it has no {meth}()")
-            generator = watermark
-        if parallelism is None and self.node.kind == "source":
-            parallelism = self.node.parallelism  # in the source's tasks: per split
-        return self._then("assign_timestamps", TimestampSpec(ts_fn, generator, idle, drift),
-                          uid=uid, parallelism=parallelism, on_error=on_error)
+        spec, parallelism = self._timestamps(ts_fn, max_delay, watermark, idle_timeout,
+                                             max_drift, parallelism)
+        return self._then("assign_timestamps", spec, uid=uid, parallelism=parallelism,
+                          on_error=on_error)
 
     def rebalance(self) -> "Stream":
         """Spread records round-robin over the next operator's subtasks."""
@@ -158,7 +211,7 @@ class Stream:
         Costs about what ``RecordBatch.from_pylist`` does (see docs/columnar.md)."""
         if schema is not None:
             _check_schema("batches", schema)
-        from .batches import BatchStream  # (a batch stream is a stream: it imports this)
+        from .batches import BatchStream  # (it imports this module)
 
         node = self._then("to_batches", schema, uid=uid, parallelism=None).node
         node.columnar = True
@@ -182,31 +235,14 @@ class Stream:
 
     def union(self, *others: "Stream", uid: str | None = None,
               parallelism: int | None = None) -> "Stream":
-        for o in others:
-            if not isinstance(o, Stream) or o.pipeline is not self.pipeline:
-                raise ValueError("union() takes streams of the same pipeline")
-        node = self.pipeline._add("union", None, [self.node.id] + [o.node.id for o in others],
-                                  uid=uid, parallelism=parallelism, partitioning=REBALANCE)
-        return Stream(self.pipeline, node)
-
-    def sink(self, sink: Any, *, uid: str | None = None,
-             parallelism: int | None = None) -> "Stream":
-        if not hasattr(sink, "create_writer"):
-            raise TypeError(f"sink() needs a cutline sink (e.g. ParquetSink, CollectSink, "
-                            f"PrintSink), got {sink!r}")
-        return self._then("sink", sink, uid=uid, parallelism=parallelism)
+        """The records of this stream and ``others`` (record streams too) as one stream."""
+        return Stream(self.pipeline, self._union(others, uid, parallelism))
 
 
 class _Repartitioned(Stream):
     def __init__(self, stream: Stream, partitioning: str):
         super().__init__(stream.pipeline, stream.node)
         self._partitioning = partitioning
-
-    def _then(self, kind, fn, *, uid, parallelism, partitioning=None, key_fn=None,
-              on_error=None):
-        return super()._then(kind, fn, uid=uid, parallelism=parallelism,
-                             partitioning=partitioning or self._partitioning, key_fn=key_fn,
-                             on_error=on_error)
 
 
 class IterativeStream(Stream):
