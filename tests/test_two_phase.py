@@ -446,3 +446,39 @@ def test_the_record_window_combine_holds_open_windows_and_passes_due_records():
     assert [(r.key, r.start, r.value) for r in win.on_watermark(10)] == [("a", 0, 3)]
     assert win.process([WindowPartial("a", 0, 10, 4, 4, 9)]) == []
     assert win.late_records == 4 and win.late.total == 4
+
+
+@pytest.mark.parametrize("size, offset", [(2.5, 0.75), (10, 3), (0.5, 0.25)])
+@pytest.mark.parametrize("combined", [False, True], ids=["one-phase", "two-phase"])
+def test_per_record_tumbling_windows_name_each_window_once_exactly(size, offset, combined):
+    """Fractional timestamps around an offset (``ts - (ts - offset) % size`` rounds: 1.957
+    in ``tumbling(10, offset=3)`` got the start -7.000000000000001 where 2.5 got -7, one
+    window under two names, two results): every record lands in its window, computed in
+    exact rational arithmetic, and each window fires once, with the whole count, through
+    the window operator alone and through its combine."""
+    import random
+    from fractions import Fraction
+
+    from cutline.logical import Node
+    from cutline.protocol.windows import WindowSpec, counting
+    from cutline.runtime.registry import build_operator
+
+    rng = random.Random(3)
+    records = [(f"u{i % 3}", round(rng.uniform(-50, 50), 3)) for i in range(4000)]
+    want: collections.Counter = collections.Counter()
+    for k, ts in records:
+        start = Fraction(offset) + (Fraction(ts) - Fraction(offset)) // Fraction(size) * \
+            Fraction(size)
+        want[(k, start, start + Fraction(size))] += 1
+    spec = WindowSpec(tumbling(size, offset=offset), 0, lambda r: r[1], counting())
+    op = build_operator(Node(0, "w", "window", spec, key_fn=lambda r: r[0]), 0, 1, 16)
+    batch: list = records
+    if combined:
+        comb = build_operator(Node(1, "w.combine", "combine", spec, key_fn=lambda r: r[0]),
+                              0, 1, 16)
+        batch = comb.process(records) + comb.flush()
+    assert op.process(batch) == []
+    got = collections.Counter()
+    for r in op.on_watermark(float("inf")):
+        got[(r.key, Fraction(r.start), Fraction(r.end))] += r.value
+    assert got == want

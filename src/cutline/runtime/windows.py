@@ -101,6 +101,30 @@ def _fired_order(f: tuple) -> tuple:
     return f[0]
 
 
+
+_NO_WINDOW = (0, 0)  # (no timestamp is in it: the first record computes its window)
+
+
+def window_of(ts: Any, offset: Any, size: Any, floor: Callable[[float], int] = math.floor
+              ) -> tuple[Any, Any]:
+    """The tumbling window ``(start, end)`` of ``ts`` as :meth:`Tumbling.bounds` names it:
+    the latest ``offset + j * size <= ts`` (exact for the whole or dyadic sizes and offsets
+    of an exact assigner), whole floats as ints.  (``ts - (ts - offset) % size`` rounds:
+    1.957 in ``tumbling(10, offset=3)`` started at -7.000000000000001 where 2.5 started at
+    -7, one window under two names.)"""
+    start = offset + floor((ts - offset) / size) * size
+    if start > ts:
+        start -= size
+    elif start + size <= ts:
+        start += size
+    end = start + size
+    if type(start) is float and start.is_integer():
+        start = int(start)
+    if type(end) is float and end.is_integer():
+        end = int(end)
+    return start, end
+
+
 class WindowOperator(Keyed):
     """``KeyedStream.window(assigner, ...).<aggregate>()``: one accumulator per key and
     window, fired by the watermark (see the module docstring)."""
@@ -233,6 +257,7 @@ class WindowOperator(Keyed):
         fast, mutable, lateness = table.fast, table.mutable, self.lateness
         size, offset = self.assigner.size, self.assigner.offset  # type: ignore[attr-defined]
         wm, ahead, due, at = self.wm, self.ahead, self._due, self._at
+        floor, w = math.floor, _NO_WINDOW
         fired = self.fired  # (empty unless continuing a finished run)
         n = len(batch)
         for i, record in enumerate(batch):
@@ -246,19 +271,12 @@ class WindowOperator(Keyed):
                 if t is not int and (t is not float or ts != ts or ts == _INF or ts == -_INF):
                     ts = to_timestamp(ts)
                 cur = self._watermark_of(k) if ahead else wm
-                start = ts - (ts - offset) % size
-                if type(start) is float:  # whole floats as ints, as TimeWindow does
-                    if start.is_integer():
-                        start = int(start)
-                    end = start + size
-                    if type(end) is float and end.is_integer():
-                        end = int(end)
-                else:
-                    end = start + size
+                if not w[0] <= ts < w[1]:  # not the previous record's window
+                    w = window_of(ts, offset, size, floor)
+                start, end = w
                 if end + lateness <= cur:
                     self._late(record, emit, k, ts, cur)
                     continue
-                w = (start, end)
                 if fired and end > cur and w in fired.get(k, ()):
                     if not self._refire(k, w, record if value_fn is None else value_fn(record),
                                         emit):
@@ -590,8 +608,9 @@ class WindowCombine(Operator):
         self.ts_fn, self.agg = spec.ts_fn, spec.aggregate
         self.size, self.offset = a.size, a.offset
         self.wm: float = NO_WATERMARK  # the watermark sent on after this operator
-        # window end -> (key, start) -> [accumulator, records, latest time]
-        self.held: dict[Any, dict[tuple, list]] = {}
+        # window end -> key -> [accumulator, records, latest time] (one start per end)
+        self.held: dict[Any, dict[Any, list]] = {}
+        self.starts: dict[Any, Any] = {}  # window end -> its start
         self.count = 0  # windows held
 
     def process(self, batch: list) -> list:
@@ -601,6 +620,7 @@ class WindowCombine(Operator):
         value_fn, create, add = agg.value, agg.create, agg.add
         counting = agg.name == "count"
         size, offset, wm, held = self.size, self.offset, self.wm, self.held
+        floor, w = math.floor, _NO_WINDOW
         for record in batch:
             try:
                 k = key_fn(record)
@@ -608,15 +628,9 @@ class WindowCombine(Operator):
                 t = type(ts)
                 if t is not int and (t is not float or ts != ts or ts == _INF or ts == -_INF):
                     ts = to_timestamp(ts)
-                start = ts - (ts - offset) % size
-                if type(start) is float:  # whole floats as ints, as the window operator
-                    if start.is_integer():
-                        start = int(start)
-                    end = start + size
-                    if type(end) is float and end.is_integer():
-                        end = int(end)
-                else:
-                    end = start + size
+                if not w[0] <= ts < w[1]:  # not the previous record's window
+                    w = window_of(ts, offset, size, floor)  # (named as the operator does)
+                start, end = w
                 if end <= wm:  # due where this task runs: the window operator decides
                     emit(record)
                     continue
@@ -627,9 +641,10 @@ class WindowCombine(Operator):
             windows = held.get(end)
             if windows is None:
                 held[end] = windows = {}
-            slot = windows.get((k, start))
+                self.starts[end] = start
+            slot = windows.get(k)
             if slot is None:
-                windows[(k, start)] = [1 if counting else add(create(), v), 1, ts]
+                windows[k] = [1 if counting else add(create(), v), 1, ts]
                 self.count += 1
                 continue
             slot[0] = slot[0] + 1 if counting else add(slot[0], v)
@@ -643,7 +658,8 @@ class WindowCombine(Operator):
     def _sent(self, ends: list) -> list:
         out: list = []
         for end in ends:
-            for (k, start), (acc, n, ts) in self.held.pop(end).items():
+            start = self.starts.pop(end)
+            for k, (acc, n, ts) in self.held.pop(end).items():
                 out.append(WindowPartial(k, start, end, acc, n, ts))
         self.count -= len(out)
         return out
