@@ -120,8 +120,10 @@ def _offset(value: Any, name: str, period: float, period_name: str) -> float:
 
 def _dyadic(x: Any) -> bool:
     """``x`` is a whole number or a float with few binary fraction digits (0.5, 0.25):
-    ``ts - (ts - offset) % size`` is then exact, so every timestamp of a window names it
-    with the same bounds.  ``0.1`` is not (``3 * 0.1 != 0.3``): see :func:`_on_grid`."""
+    the grid ``offset + k * size`` is then exact in floats, so :func:`_latest_start` names
+    every timestamp's window with the same bounds (``ts - (ts - offset) % size`` does not:
+    the subtraction rounds for fractional ``ts``).  ``0.1`` is not (``3 * 0.1 != 0.3``):
+    see :func:`_on_grid`."""
     return type(x) is int or (x * 2**20).is_integer()
 
 

@@ -380,7 +380,7 @@ class BatchWindowAggregate(WindowOperator):
         the per-record operator skips them."""
         ts = seconds(rb, self.column) + self.shift
         slide, size = self.slide, self.size
-        pane = ts - np.mod(ts - self.offset, slide)
+        pane = latest_start(ts, self.offset, slide)  # (exact: np.mod rounds)
         cur = self._marks(rb)
         fresh = pane + size > cur
         if self.fired:  # after a final checkpoint: rows whose windows the end of input fired
