@@ -70,8 +70,14 @@ else the machine did: a run's own threads raise the load average, a Spark query'
 about 3 on 2 cores); results without that sample use the 1-minute load, above 1.5 per
 core.
 
+``bytewax -w2`` (the keyed query only; when Bytewax is installed, ``pip install
+bytewax==0.21.1``: it is not a dependency): Bytewax's ``DirSource`` over the same files,
+``json.loads`` per line, ``count_final`` per user, two worker threads, no recovery; its
+end-to-end time is issue 28's wall-to-wall peer (``x bytewax`` in the tables: its time over
+the case's, per round).
+
 Not here: latency (issue 30's two-minute runs with both triggers and a JVM-side sink timed
-by listener timestamps are not built), and Bytewax (issue 28's wall-to-wall target).
+by listener timestamps are not built).
 """
 
 from __future__ import annotations
@@ -110,7 +116,9 @@ QUERIES = (KEYED, WINDOWED)
 CUTLINE, COLUMNAR = "cutline", "cutline columnar"
 SPARK, SPARK_ROCKS = "spark sql", "spark sql rocksdb"
 ARROW_1, ARROW_POOL = "pyarrow 1 core", "pyarrow pool"
-SYSTEMS = (CUTLINE, COLUMNAR, SPARK, SPARK_ROCKS, ARROW_1, ARROW_POOL)
+BYTEWAX = "bytewax -w2"
+SYSTEMS = (CUTLINE, COLUMNAR, SPARK, SPARK_ROCKS, ARROW_1, ARROW_POOL, BYTEWAX)
+ONLY = {BYTEWAX: (KEYED,)}  # systems that run some queries only
 COLUMNS = {KEYED: ["user"], WINDOWED: ["ts", "user"]}  # what each query reads
 SPARK_TYPES = {"ts": "double", "user": "string"}
 DEFAULT_GRID = "all,4,16x2,8"  # maxFilesPerTrigger values x shuffle partitions
@@ -400,6 +408,31 @@ def run_pyarrow(spec: dict) -> dict:
     return {"processing": processing}
 
 
+def run_bytewax(spec: dict) -> dict:
+    """Bytewax (issue 28's wall-to-wall peer): its ``DirSource`` (the files as partitions,
+    lines in batches of 1,000), ``json.loads`` per line, ``count_final`` per user, two
+    worker threads (``-w2``, as the issue measured it), no recovery (no snapshots)."""
+    import bytewax.operators as op
+    from bytewax.connectors.files import DirSource
+    from bytewax.dataflow import Dataflow
+    from bytewax.run import cli_main
+    from bytewax.testing import TestingSink
+
+    if spec["query"] != KEYED:
+        raise ValueError(f"bytewax runs the keyed query only, not {spec['query']!r}")
+    got: list = []
+    flow = Dataflow("scale")
+    lines = op.input("in", flow, DirSource(Path(spec["input"]), glob_pat="*.jsonl"))
+    counts = op.count_final("count", op.map("parse", lines, json.loads), vs.user_of)
+    op.output("out", counts, TestingSink(got))
+    t0 = time.monotonic()
+    cli_main(flow, workers_per_process=2)
+    processing = time.monotonic() - t0
+    with open(os.path.join(spec["out"], "result.pkl"), "wb") as f:
+        pickle.dump(dict(got), f)
+    return {"processing": processing}
+
+
 def child_main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     os.makedirs(spec["out"], exist_ok=True)
@@ -407,6 +440,8 @@ def child_main(spec_path: str) -> int:
         out = run_cutline(spec)
     elif spec["system"] in (SPARK, SPARK_ROCKS):
         out = run_spark(spec)
+    elif spec["system"] == BYTEWAX:
+        out = run_bytewax(spec)
     else:
         out = run_pyarrow(spec)
     out["cpu"] = tree_cpu()  # this process and all under it (JVM, daemon, workers, pool)
@@ -426,7 +461,7 @@ def read_output(system: str, query: str, out: Path) -> dict:
         parts = sorted(out.glob("*.pkl"), key=lambda f: int(f.stem.split("-")[1]))
         for f in parts:
             got.update(pickle.loads(f.read_bytes()))
-    elif system in (ARROW_1, ARROW_POOL):
+    elif system in (ARROW_1, ARROW_POOL, BYTEWAX):
         got = pickle.loads((out / "result.pkl").read_bytes())
     elif query == KEYED:  # update mode, a directory per micro-batch: the latest count wins
         for d in sorted(p for p in out.iterdir() if p.name.startswith("batch-")):
@@ -557,7 +592,8 @@ class Bench:
                  for q in args.queries}
         out: dict[str, Any] = {"records": records, "input": files, "queries": {}}
         for query in args.queries:
-            systems = [s for s in SYSTEMS if s in args.systems]
+            systems = [s for s in SYSTEMS if s in args.systems
+                       and query in ONLY.get(s, QUERIES)]
             best, tried = ({}, [])
             if SPARK in systems or SPARK_ROCKS in systems:
                 best, tried = self.search_spark(query, data)
@@ -643,7 +679,8 @@ def summarise(sizes: list[dict], ncores: int) -> list[dict]:
                     "load_max": max((r["load"]["max"] for r in rs if r is not None),
                                     default=None),
                     "spark": q["spark_best"] if s in (SPARK, SPARK_ROCKS) else None}
-                for peer, key in ((SPARK, "vs_spark"), (SPARK_ROCKS, "vs_spark_rocksdb")):
+                for peer, key in ((SPARK, "vs_spark"), (SPARK_ROCKS, "vs_spark_rocksdb"),
+                                  (BYTEWAX, "vs_bytewax")):
                     if peer in by_round and s != peer:
                         per = [b["end_to_end"] / a["end_to_end"]
                                for a, b in zip(by_round[s], by_round[peer]) if a and b]
@@ -679,7 +716,7 @@ def print_table(console: Any, rows: list[dict], result: dict) -> None:
               f"{v.get('pyarrow')}, Python {v.get('python')}",
               ["records", "query", "system", "end to end s", "records/s", "processing s",
                "records/s proc", "records/CPU-s", "x Spark SQL", "x pyarrow x cores",
-               "growth", "runs (loaded, failed)"],
+               "x bytewax", "growth", "runs (loaded, failed)"],
               left=("query", "system"), no_wrap=False)
     for r in rows:
         ci = r["end_to_end_ci"]
@@ -691,6 +728,7 @@ def print_table(console: Any, rows: list[dict], result: dict) -> None:
                   fmt(r.get("vs_spark"), ".2f", "x") + (
                       f" [{vs_ci[0]:.2f}-{vs_ci[1]:.2f}]" if vs_ci else ""),
                   fmt(r.get("vs_pyarrow_cores"), ".2f", "x"),
+                  fmt(r.get("vs_bytewax"), ".2f", "x"),
                   fmt(r.get("cost_growth"), ".1f", "x"),
                   f"{r['runs']} ({r['loaded']}, {r['failed']})")
     console.print(t)
@@ -715,8 +753,8 @@ def markdown(rows: list[dict], result: dict) -> str:
              f"{v.get('pyspark')}, pyarrow {v.get('pyarrow')}, {v.get('java')}):", "",
              "| records | query | system | end to end, s [95% CI] | records/s | processing, s "
              "| records/s, processing | records/CPU-s | × Spark SQL [95% CI] | × pyarrow × cores "
-             "| growth | runs (loaded, failed) |",
-             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| × Bytewax | growth | runs (loaded, failed) |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         ci, vci = r["end_to_end_ci"], r.get("vs_spark_ci")
         lines.append(
@@ -727,6 +765,7 @@ def markdown(rows: list[dict], result: dict) -> str:
             f"{fmt(r.get('vs_spark'), '.2f', '×')}"
             f"{f' [{vci[0]:.2f}–{vci[1]:.2f}]' if vci else ''} | "
             f"{fmt(r.get('vs_pyarrow_cores'), '.2f', '×')} | "
+            f"{fmt(r.get('vs_bytewax'), '.2f', '×')} | "
             f"{fmt(r.get('cost_growth'), '.1f', '×')} | {r['runs']} ({r['loaded']}, "
             f"{r['failed']}) |")
     lines.append("")
@@ -794,8 +833,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--lines-per-file", type=positive_int, default=LINES_PER_FILE)
     ap.add_argument("--queries", type=lambda t: t.split(","), default=list(QUERIES),
                     help="keyed,window")
-    ap.add_argument("--systems", type=lambda t: t.split(","), default=list(SYSTEMS),
-                    help="comma-separated, of: " + ", ".join(SYSTEMS))
+    ap.add_argument("--systems", type=lambda t: t.split(","), default=None,
+                    help="comma-separated, of: " + ", ".join(SYSTEMS) + " (default: all; "
+                    "bytewax when it is installed)")
     ap.add_argument("--rounds", type=positive_int, default=5, help="measured rounds (5)")
     ap.add_argument("--max-warmup", type=int, default=5,
                     help="warm-up runs per case at most (5; 0: none)")
@@ -815,6 +855,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args(argv)
+    if args.systems is None:
+        import importlib.util
+
+        args.systems = [s for s in SYSTEMS
+                        if s != BYTEWAX or importlib.util.find_spec("bytewax") is not None]
+        if BYTEWAX not in args.systems:
+            print("scale: Bytewax is not installed (pip install bytewax==0.21.1): the keyed "
+                  "query runs without it", file=sys.stderr)
+    elif BYTEWAX in args.systems:
+        import importlib.util
+
+        if importlib.util.find_spec("bytewax") is None:
+            ap.error("--systems: bytewax is not installed (pip install bytewax==0.21.1)")
     for q in args.queries:
         if q not in QUERIES:
             ap.error(f"--queries: unknown query {q!r} (keyed, window)")
