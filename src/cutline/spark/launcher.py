@@ -23,7 +23,7 @@ from ..driver.threads import ThreadsEngine
 from ..plan import plan as make_plan
 from ..protocol.liveness import HEARTBEAT_TIMEOUT, check_timeout
 from ..runtime.restore import IncompatibleCheckpointError
-from ..storage.checkpoints import CheckpointStorage
+from ..storage.checkpoints import CheckpointStorage, CheckpointStorageError
 from ..storage.lease import check_free
 from . import cds
 from .quiet import FAILED_STAGE_END_TIMEOUT, progress_bar_muted, wait_for_stage
@@ -34,9 +34,15 @@ log = logging.getLogger("cutline.spark")
 __all__ = ["run_pipeline", "run_threads", "JobResult", "JobCancelled", "JobFailed",
            "RunningJob", "EmbeddedSpark", "embedded_context", "embedded_session"]
 
-USER_ERRORS = (JobFailed, IncompatibleCheckpointError, KeyboardInterrupt)
-"""Errors whose message says it all: ``Pipeline.run`` raises them with a traceback that
-ends at the user's call (the task's traceback is in the log file the message names)."""
+USER_ERRORS = (JobFailed, IncompatibleCheckpointError, CheckpointStorageError,
+               KeyboardInterrupt)
+"""Errors whose message says it all: ``Pipeline.run`` (and ``RunningJob.result``) raises
+them with a traceback that ends at the user's call (the task's traceback is in the log
+file the message names): a failed or cancelled run (``JobFailed``, ``FinishedJobError``,
+``JobCancelled``), a checkpoint that does not fit the pipeline, and the checkpoint
+storage's refusals (``JobAlreadyRunningError``: another driver runs the job;
+``CheckpointNotFoundError``: no checkpoint at ``restore_from``; a corrupt one; storage
+that cannot be opened or written)."""
 
 RESTART_TIMEOUT = 180.0
 """Seconds a job waits for a new attempt of its stage after a loss before resubmitting it."""
@@ -344,6 +350,8 @@ class RunningJob:
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise TimeoutError(f"job {self.pipeline.name!r} still running after {timeout}s")
+        if isinstance(self._error, USER_ERRORS):  # its message says it all (Pipeline.run)
+            raise self._error.with_traceback(None) from None
         if self._error is not None:
             raise self._error
         assert self._result is not None
