@@ -94,19 +94,36 @@ class JobDriver(Driver):
                  restore_from: str | None = None, host: str = "127.0.0.1",
                  restart_timeout: float | None = None,
                  start_timeout: float | None = None, tls: bool = False,
-                 heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> None:
+                 heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
+                 lease: JobLease | None = None) -> None:
+        """``lease``: the job's lease, already held (``run_pipeline`` takes it before Spark
+        starts, so that of two drivers started at once the loser starts no Spark); the
+        driver owns it from here and releases it in :meth:`stop`, or when this fails.
+        None: the driver acquires it here (raising ``JobAlreadyRunningError``)."""
         self.plan, self.config, self.job = plan, config, job
-        self.storage = CheckpointStorage(config.storage, job, config.storage_options)
-        # the shell (listener, heartbeats, TLS, loop); its controller comes in _setup
-        super().__init__(None, host=host, tls=tls, heartbeat_timeout=heartbeat_timeout,
-                         name="cutline-driver")
-        # one job per storage: held from here to stop(); refused when another driver runs it
         self.dashboard_url: str | None = None  # the live dashboard's, with its token
         try:
-            self.lease = JobLease(self.storage, dashboard=lambda: self.dashboard_url,
-                                  on_lost=self.lease_lost)
-            self.lease.acquire()
+            self.storage = CheckpointStorage(config.storage, job, config.storage_options)
+            # the shell (listener, heartbeats, TLS, loop); its controller comes in _setup
+            super().__init__(None, host=host, tls=tls, heartbeat_timeout=heartbeat_timeout,
+                             name="cutline-driver")
         except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        # one job per storage: held from here to stop(); refused when another driver runs it
+        try:
+            if lease is None:
+                lease = JobLease(self.storage)
+                lease.acquire()
+            self.lease = lease
+            lease.dashboard = lambda: self.dashboard_url
+            lease.on_lost = self.lease_lost
+            if lease.lost is not None:  # taken over while Spark started: this run stops
+                raise JobFailed(lease.lost)
+        except BaseException:
+            if lease is not None:
+                lease.release()
             self._control.close()  # the run does not start: leave no listener behind
             raise
         try:
