@@ -165,6 +165,9 @@ class JobDriver(Driver):
         self.cancel_requested: str | None = None  # RunningJob.cancel(): why
         self._routes_of: tuple[int, dict] = (-1, {})  # an attempt's Start addresses, routed
         self.late = LateWarnings(lateness_of(plan))  # the console's word on late records
+        from .dashboard import operator_names
+
+        self._names = operator_names(plan)  # in each checkpoint's plan: show names them
         self._late_tick = 0.0
 
     # ------------------------------------------------------------------ what callers read
@@ -341,8 +344,18 @@ class JobDriver(Driver):
             "max_parallelism": self.plan.max_parallelism, "time": time.time(),
             # the last checkpoint of a bounded run (its input read to the end)
             "final": n == self.controller.final,
-            "plan": plan_summary(self.plan),
+            "plan": self._plan_summary(),
         }
+
+    def _plan_summary(self) -> dict:
+        """The plan as a checkpoint records it (:func:`plan_summary`), each operator that
+        cutline named with the name the dashboard shows (``per_sensor: results`` for the
+        results of window ``per_sensor``, uid ``window_results-3``)."""
+        out = plan_summary(self.plan)
+        for uid, op in out["operators"].items():
+            if uid in self._names:
+                op["name"] = self._names[uid]
+        return out
 
     def check_restore(self, allow_non_restored_state: bool = False) -> str | None:
         """Before the run: the checkpoint attempt 0 will restore (``restore_from``, else the
