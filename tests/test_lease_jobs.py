@@ -146,3 +146,49 @@ def test_a_driver_handed_a_lease_owns_it(tmp_path):
     with pytest.raises(JobFailed, match="another driver took over"):
         JobDriver(make_plan(p), p.checkpoint, p.name, lease=lease)
     assert lease.path is None and not list(storage.fs.glob(f"{storage.dir}/_lease-*"))
+
+
+def test_of_two_spark_graph_runs_started_at_once_the_loser_starts_no_spark(tmp_path,
+                                                                            monkeypatch):
+    """The same for process graphs (run_graph took its lease after the engine started)."""
+    import threading
+
+    from cutline.spark import graph as spark_graph
+    from graph_programs import ledger_graph
+
+    class NoSpark(Exception):
+        pass
+
+    asked: list[str] = []
+    refused = threading.Event()
+
+    def embedded_context(slots, *args, **kwargs):
+        asked.append(threading.current_thread().name)
+        refused.wait(10)
+        raise NoSpark("no Spark in this test")
+
+    monkeypatch.setattr(spark_graph, "embedded_context", embedded_context)
+    storage = f"file://{tmp_path}/graphs"
+    together = threading.Barrier(2)
+    outcome: dict[str, BaseException] = {}
+
+    def start(name: str) -> None:
+        g = ledger_graph(4, 10)
+        together.wait()
+        try:
+            g.run(engine="spark", tasks=2, storage=storage, timeout=60)
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            outcome[name] = exc
+            if isinstance(exc, JobAlreadyRunningError):
+                refused.set()
+
+    runs = [threading.Thread(target=start, args=(n,), name=n) for n in ("a", "b")]
+    for t in runs:
+        t.start()
+    for t in runs:
+        t.join(60)
+    assert sorted(type(e).__name__ for e in outcome.values()) == \
+        ["JobAlreadyRunningError", "NoSpark"], outcome
+    (winner,) = [n for n, e in outcome.items() if isinstance(e, NoSpark)]
+    assert asked == [winner]
+    assert not list((tmp_path / "graphs" / "ledger").glob("_lease-*"))
