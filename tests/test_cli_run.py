@@ -148,3 +148,41 @@ print(json.dumps(sorted(sink.results())))
 """)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout.splitlines()[-1]) == _want(300)
+
+
+def test_run_options_a_pipeline_does_not_take_are_refused_naming_them(tmp_path):
+    """Issue 29: `cutline run FILE` of a pipeline listed the process-graph options and
+    silently ignored them (--tasks, --snapshot-interval, --diagram ...)."""
+    p = cutline(tmp_path, PIPELINE.replace("RECORDS", "100") + """
+    def after_run(result):
+        print("RAN")
+        return 0
+    p.after_run = after_run
+    """, "--engine", "threads", "--tasks", "3", "--snapshot-interval=0.1", "--diag", "x.png")
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert p.stderr.startswith(f"cutline run {tmp_path / 'program.py'}: error: --tasks, "
+                               "--snapshot-interval, --diagram: options of process-graph "
+                               "runs"), p.stderr
+    assert "Pipeline(parallelism=...)" in p.stderr and "Traceback" not in p.stderr
+    assert "RAN" not in p.stdout
+    p = cutline(tmp_path, PIPELINE.replace("RECORDS", "100"), "--kill-after", "2")
+    assert p.returncode == 2 and "--kill-after says when --kill kills" in p.stderr, p.stderr
+
+
+def test_storage_is_the_pipelines_checkpoint_storage_and_a_refusal_is_one_line(tmp_path):
+    storage = f"file://{tmp_path}/elsewhere"
+    program = PIPELINE.replace("RECORDS", "300") + """
+    def after_run(result):
+        print(result.latest_checkpoint.path)
+        return 0
+    p.after_run = after_run
+    """
+    p = cutline(tmp_path, program, "--engine", "threads", "--storage", storage)
+    assert p.returncode == 0, p.stderr
+    final = p.stdout.splitlines()[-1]
+    assert final.startswith(f"{storage}/words/chk-"), final
+    # the same job on the same storage again: finished, refused in a line (no traceback)
+    p = cutline(tmp_path, program, "--engine", "threads", "--storage", storage)
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert p.stderr.startswith("cutline: error: job 'words' already finished"), p.stderr
+    assert "Traceback" not in p.stderr

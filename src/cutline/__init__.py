@@ -8,6 +8,11 @@ from .protocol.windows import TimeWindow, WindowResult, session, sliding, tumbli
 
 if TYPE_CHECKING:
     from .connectors.discard import DiscardSink
+    from .driver.dataflow import FinishedJobError, JobFailed, SavepointError
+    from .driver.run import JobCancelled
+    from .runtime.restore import IncompatibleCheckpointError
+    from .storage.checkpoints import CheckpointStorageError
+    from .storage.lease import JobAlreadyRunningError
 
 __version__ = "0.1.0"
 
@@ -18,9 +23,22 @@ __version__ = "0.1.0"
 warnings.filterwarnings("ignore", message=r"PySpark does not yet fully support pandas",
                         category=FutureWarning)
 
-__all__ = ["CheckpointConfig", "DiscardSink", "IterativeStream", "KeyedStream", "Pipeline",
-           "Stream", "TimeWindow", "WindowResult", "__version__", "session", "sliding",
-           "tumbling"]
+__all__ = ["CheckpointConfig", "CheckpointStorageError", "DiscardSink", "FinishedJobError",
+           "IncompatibleCheckpointError", "IterativeStream", "JobAlreadyRunningError",
+           "JobCancelled", "JobFailed", "KeyedStream", "Pipeline", "SavepointError", "Stream",
+           "TimeWindow", "WindowResult", "__version__", "session", "sliding", "tumbling"]
+
+# The errors a user catches (``except cutline.JobFailed``), by the module that defines them:
+# imported on first use, as DiscardSink is, so that ``import cutline`` stays light.
+_ERRORS = {
+    "JobFailed": "driver.dataflow",            # the job failed: its message is the cause
+    "FinishedJobError": "driver.dataflow",     # a JobFailed: the job's run already finished
+    "SavepointError": "driver.dataflow",       # RunningJob.savepoint() could not take one
+    "JobCancelled": "driver.run",              # a JobFailed: timeout, cancel() or Ctrl-C
+    "IncompatibleCheckpointError": "runtime.restore",  # the checkpoint does not fit the plan
+    "JobAlreadyRunningError": "storage.lease",  # another driver runs the job on its storage
+    "CheckpointStorageError": "storage.checkpoints",  # storage unusable, checkpoint missing
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -30,4 +48,13 @@ def __getattr__(name: str) -> Any:
         from .connectors.discard import DiscardSink
 
         return DiscardSink
+    module = _ERRORS.get(name)
+    if module is not None:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{module}"), name)
     raise AttributeError(f"module 'cutline' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

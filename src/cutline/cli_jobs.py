@@ -15,8 +15,15 @@ def add_parser(sub: Any) -> None:
     ck = sub.add_parser("checkpoints", help="list and show checkpoints and savepoints",
                         description="Inspect completed checkpoints and savepoints.")
     cs = ck.add_subparsers(dest="checkpoints_command", required=True, metavar="ACTION")
-    show = cs.add_parser("show", help="operators, sizes and key counts of one checkpoint")
-    show.add_argument("path", help="a checkpoint or savepoint directory (path or URL)")
+    show = cs.add_parser("show", help="operators, sizes and key counts of one checkpoint",
+                         description="Show one checkpoint or savepoint: its operators, "
+                                     "state sizes, keys, windows, source positions, pending "
+                                     "sink transactions, in-flight records, timers, "
+                                     "watermarks and late records dropped.  Given a job "
+                                     "directory (<storage>/<job>), its latest completed "
+                                     "checkpoint.")
+    show.add_argument("path", help="a checkpoint or savepoint directory, or a job directory "
+                                   "for its latest checkpoint (path or URL)")
     show.add_argument("--format", choices=["table", "json"], default="table")
     ls = cs.add_parser("list", help="the completed checkpoints and savepoints of a job")
     ls.add_argument("storage", help="the checkpoint storage URL (CheckpointConfig.storage)")
@@ -85,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     from . import terminal
 
     from .state.reader import summary
-    from .storage.checkpoints import CheckpointStorageError, open_checkpoint
+    from .storage.checkpoints import CheckpointStorageError
 
     console = terminal.console()  # piped: tables at their natural width, not cut at 80
     if args.command == "chaos":
@@ -104,37 +111,36 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.checkpoints_command == "show":
         try:
-            handle = open_checkpoint(args.path)
+            handle, picked = _checkpoint_to_show(args.path)
             info = summary(handle)
         except (CheckpointStorageError, OSError, ValueError) as exc:
             print(f"cutline: error: {exc}", file=sys.stderr)
             return 1
         info["logs"] = str(_logs(handle, info["job"]))
         if args.format == "json":
+            if picked:
+                print(f"cutline: {picked}", file=sys.stderr)
             print(json.dumps(info, indent=2, default=str))
             return 0
+        if picked:
+            console.print(picked, highlight=False, soft_wrap=True)
         kind = ("savepoint" if info["savepoint"] else
                 "final checkpoint" if info.get("final") else "checkpoint")
         console.print(f"[bold]{kind} {info['id']}[/] of job {info['job']!r} at {info['path']}"
                       f"  mode {info['mode']}, {info['tasks']} task states, "
                       f"{_size(info['state_bytes'])}")
-        t = Table()
-        # late records dropped: a column once a window dropped some (JSON: every window's)
-        late = any(op.get("late_records") for op in info["operators"])
-        for col in ("operator", "kind", "parallelism", "keyed state", "keys", "source position",
-                    "pending sink transactions", "in-flight", "timers", "watermark",
-                    *(["late dropped"] if late else [])):
-            t.add_column(col, justify="left" if col in ("operator", "kind") else "right")
-        for op in info["operators"]:
-            t.add_row(op["uid"], op["kind"] or "-", str(op["parallelism"] or "-"),
-                      _size(op["bytes"]) if op["tasks"] else "-",
-                      f"{op['keys']:,}" if op["tasks"] else "-",
-                      "yes" if op.get("source") else "-",
-                      str(op.get("pending_transactions", "-")),
-                      _size(op["in_flight_bytes"]) if op.get("in_flight_bytes") else "-",
-                      f"{op['timers']:,}" if op.get("timers") else "-", _watermark(op),
-                      *([_late(op)] if late else []))
-        console.print(t)
+        table = _show_table(info, with_uids=True)
+        natural = console.measure(table, options=console.options.update_width(10**6))
+        if natural.maximum > console.width:  # no room for the uids: the names alone
+            table = _show_table(info, with_uids=False)
+        console.print(table)
+        fired = sum(op.get("fired_at_end") or 0 for op in info["operators"])
+        if fired:
+            console.print(
+                "windows: held (open, or fired and kept for allowed_lateness: a row each in "
+                f"cutline.state.read) + fired at end: {fired:,} the end of input fired, only "
+                "remembered (no row, no key): a record for one in a run continued from here "
+                "is late", highlight=False, soft_wrap=True)
         console.print(f"run logs: {info['logs']}", highlight=False, soft_wrap=True)
         return 0
     try:
@@ -159,6 +165,125 @@ def run(args: argparse.Namespace) -> int:
     for r in corrupt:
         print(f"cutline: error: {r['error']}", file=sys.stderr)
     return 1 if corrupt else 0
+
+
+def _show_table(info: dict, *, with_uids: bool) -> Any:
+    """``checkpoints show``'s table: operators by the dashboard's names, with a ``uid``
+    column (``with_uids``) when cutline named some of them."""
+    from rich.table import Table
+
+    t = Table()
+    ops = info["operators"]
+    uids = with_uids and any(op["name"] != op["uid"] for op in ops)
+    # late records dropped: a column once a window dropped some (JSON: every window's)
+    late = any(op.get("late_records") for op in ops)
+    windows = any("windows" in op for op in ops)
+    for col in ("operator", *(["uid"] if uids else []), "kind", "parallelism", "keyed state",
+                "keys", *(["windows"] if windows else []), "source position",
+                "pending sink transactions", "in-flight", "timers", "watermark",
+                *(["late dropped"] if late else [])):
+        t.add_column(col, justify="left" if col in ("operator", "uid", "kind") else "right")
+    for op in ops:
+        t.add_row(op["name"], *([op["uid"] if op["uid"] != op["name"] else ""] if uids else []),
+                  op["kind"] or "-", str(op["parallelism"] or "-"),
+                  _size(op["bytes"]) if op["tasks"] else "-",
+                  f"{op['keys']:,}" if op["tasks"] else "-",
+                  *([_windows(op)] if windows else []),
+                  "yes" if op.get("source") else "-",
+                  str(op.get("pending_transactions", "-")),
+                  _size(op["in_flight_bytes"]) if op.get("in_flight_bytes") else "-",
+                  f"{op['timers']:,}" if op.get("timers") else "-", _watermark(op),
+                  *([_late(op)] if late else []))
+    return t
+
+
+def _windows(op: dict) -> str:
+    """A window operator's windows held, and those the end of input fired and it only
+    remembers (``+ N fired at end``)."""
+    if "windows" not in op:
+        return "-"
+    text = f"{op['windows']:,}"
+    if op.get("fired_at_end"):
+        text += f" + {op['fired_at_end']:,} fired at end"
+    return text
+
+
+_JOB_ENTRY = re.compile(r"^(chk-\d+|savepoint-\d+-.+|_lease-\d+|_job\.json|history\.jsonl|"
+                        r"report\.html|shared|logs)$")
+_CHECKPOINT_DIR = re.compile(r"^(chk-\d+|savepoint-\d+-.+)$")
+
+
+def _checkpoint_to_show(path: str) -> tuple[Any, str | None]:
+    """The checkpoint ``checkpoints show PATH`` shows, and a line saying which one it picked
+    when PATH is not a checkpoint: a job directory's latest completed checkpoint; a
+    storage root's only job's.  A storage root with several jobs, or a job without a
+    completed checkpoint, is an error saying so (the latter naming its run logs)."""
+    from fsspec.core import url_to_fs
+
+    from .storage.checkpoints import (
+        CheckpointNotFoundError,
+        CheckpointStorage,
+        open_checkpoint,
+    )
+
+    try:
+        return open_checkpoint(path), None
+    except CheckpointNotFoundError:
+        fs, root = url_to_fs(path)
+        root = fs._strip_protocol(root).rstrip("/") or "/"
+        name = root.rsplit("/", 1)[-1]
+        if _CHECKPOINT_DIR.match(name) or not fs.isdir(root):
+            raise  # a checkpoint not completed (yet), or no such directory: it says so
+    url = fs.unstrip_protocol(root)
+    jobs = [] if _is_job_dir(fs, root) else sorted(
+        p.rstrip("/").rsplit("/", 1)[-1] for p in _subdirs(fs, root) if _is_job_dir(fs, p))
+    if not _is_job_dir(fs, root) and len(jobs) != 1:
+        if jobs:
+            raise CheckpointNotFoundError(
+                f"{url} is a checkpoint storage with {len(jobs)} jobs ({', '.join(jobs)}): "
+                f"show one of them, e.g. cutline checkpoints show {url}/{jobs[0]}")
+        raise CheckpointNotFoundError(
+            f"{url} is no checkpoint, savepoint, job directory (<storage>/<job>) or "
+            "checkpoint storage: it holds no _metadata, checkpoints or jobs")
+    job_dir = root if not jobs else f"{root}/{jobs[0]}"
+    job = job_dir.rsplit("/", 1)[-1]
+    parent = job_dir.rsplit("/", 1)[0] or "/"
+    storage = CheckpointStorage(fs.unstrip_protocol(parent), job, read_only=True)
+    handle = storage.latest(deep=False)
+    job_url = fs.unstrip_protocol(job_dir)
+    if handle is None:
+        savepoints = sorted(n for n in storage._entries() if n.startswith("savepoint-"))
+        from .driver.logs import job_log_dir
+
+        raise CheckpointNotFoundError(
+            f"job {job!r} ({job_url}) has no completed checkpoint: its runs failed or "
+            "stopped before their first one, or its checkpoints were deleted"
+            + (f"; its savepoints: {', '.join(savepoints)} (show one: "
+               f"cutline checkpoints show {job_url}/{savepoints[-1]})" if savepoints else "")
+            + f". Its run logs: {job_log_dir(fs, job_dir, job)}")
+    where = (f"job directory {job_url}" if not jobs else
+             f"checkpoint storage {url}, its only job {job!r}")
+    return handle, (f"{where}: its latest completed checkpoint, "
+                    f"{handle.path.rsplit('/', 1)[-1]} (all of them: cutline checkpoints "
+                    f"list {fs.unstrip_protocol(parent)} {job})")
+
+
+def _subdirs(fs: Any, directory: str) -> list[str]:
+    try:
+        return [e["name"] for e in fs.ls(directory, detail=True)
+                if e.get("type") == "directory"]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _is_job_dir(fs: Any, directory: str) -> bool:
+    """Whether ``directory`` is a job's: it holds what a run writes there (checkpoints,
+    savepoints, its lease, its run logs, history.jsonl ...)."""
+    try:
+        names = fs.ls(directory, detail=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return any(_JOB_ENTRY.match(p.rstrip("/").rsplit("/", 1)[-1]) for p in names)
 
 
 def _logs(handle: Any, job: str) -> Any:

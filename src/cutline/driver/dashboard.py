@@ -426,6 +426,15 @@ def _combined(node: Any, by_id: dict[int, Any] | None) -> Any:
                 None)
 
 
+def operator_names(plan: Any) -> dict[str, str]:
+    """uid -> :func:`operator_name` of every operator of ``plan`` whose name is not its uid
+    (a checkpoint's ``_metadata`` records them: ``cutline checkpoints show`` and the report
+    name operators as the dashboard does)."""
+    by_id = {n.id: n for c in plan.chains for n in c.nodes}
+    names = {n.uid: operator_name(n, by_id) for n in by_id.values()}
+    return {uid: name for uid, name in names.items() if name != uid}
+
+
 def operator_name(node: Any, by_id: dict[int, Any] | None = None) -> str:
     """What the dashboard calls an operator: the user's uid when they gave one, else its
     kind and what it runs (``Map: parse``, ``Source: FileSource``, ``Window: tumbling 5 s,

@@ -94,19 +94,36 @@ class JobDriver(Driver):
                  restore_from: str | None = None, host: str = "127.0.0.1",
                  restart_timeout: float | None = None,
                  start_timeout: float | None = None, tls: bool = False,
-                 heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> None:
+                 heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
+                 lease: JobLease | None = None) -> None:
+        """``lease``: the job's lease, already held (``run_pipeline`` takes it before Spark
+        starts, so that of two drivers started at once the loser starts no Spark); the
+        driver owns it from here and releases it in :meth:`stop`, or when this fails.
+        None: the driver acquires it here (raising ``JobAlreadyRunningError``)."""
         self.plan, self.config, self.job = plan, config, job
-        self.storage = CheckpointStorage(config.storage, job, config.storage_options)
-        # the shell (listener, heartbeats, TLS, loop); its controller comes in _setup
-        super().__init__(None, host=host, tls=tls, heartbeat_timeout=heartbeat_timeout,
-                         name="cutline-driver")
-        # one job per storage: held from here to stop(); refused when another driver runs it
         self.dashboard_url: str | None = None  # the live dashboard's, with its token
         try:
-            self.lease = JobLease(self.storage, dashboard=lambda: self.dashboard_url,
-                                  on_lost=self.lease_lost)
-            self.lease.acquire()
+            self.storage = CheckpointStorage(config.storage, job, config.storage_options)
+            # the shell (listener, heartbeats, TLS, loop); its controller comes in _setup
+            super().__init__(None, host=host, tls=tls, heartbeat_timeout=heartbeat_timeout,
+                             name="cutline-driver")
         except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        # one job per storage: held from here to stop(); refused when another driver runs it
+        try:
+            if lease is None:
+                lease = JobLease(self.storage)
+                lease.acquire()
+            self.lease = lease
+            lease.dashboard = lambda: self.dashboard_url
+            lease.on_lost = self.lease_lost
+            if lease.lost is not None:  # taken over while Spark started: this run stops
+                raise JobFailed(lease.lost)
+        except BaseException:
+            if lease is not None:
+                lease.release()
             self._control.close()  # the run does not start: leave no listener behind
             raise
         try:
@@ -148,6 +165,9 @@ class JobDriver(Driver):
         self.cancel_requested: str | None = None  # RunningJob.cancel(): why
         self._routes_of: tuple[int, dict] = (-1, {})  # an attempt's Start addresses, routed
         self.late = LateWarnings(lateness_of(plan))  # the console's word on late records
+        from .dashboard import operator_names
+
+        self._names = operator_names(plan)  # in each checkpoint's plan: show names them
         self._late_tick = 0.0
 
     # ------------------------------------------------------------------ what callers read
@@ -324,8 +344,18 @@ class JobDriver(Driver):
             "max_parallelism": self.plan.max_parallelism, "time": time.time(),
             # the last checkpoint of a bounded run (its input read to the end)
             "final": n == self.controller.final,
-            "plan": plan_summary(self.plan),
+            "plan": self._plan_summary(),
         }
+
+    def _plan_summary(self) -> dict:
+        """The plan as a checkpoint records it (:func:`plan_summary`), each operator that
+        cutline named with the name the dashboard shows (``per_sensor: results`` for the
+        results of window ``per_sensor``, uid ``window_results-3``)."""
+        out = plan_summary(self.plan)
+        for uid, op in out["operators"].items():
+            if uid in self._names:
+                op["name"] = self._names[uid]
+        return out
 
     def check_restore(self, allow_non_restored_state: bool = False) -> str | None:
         """Before the run: the checkpoint attempt 0 will restore (``restore_from``, else the

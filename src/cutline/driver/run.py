@@ -81,14 +81,16 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
             allow_non_restored_state: bool, dashboard: Any = None,
             restart_timeout: float | None = None,
             start_timeout: float | None = None,
-            heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> JobResult:
+            heartbeat_timeout: float = HEARTBEAT_TIMEOUT, lease: Any = None) -> JobResult:
     """``engine``: :class:`~cutline.spark.stage.SparkStage` or
     :class:`~cutline.driver.threads.ThreadsEngine`.  ``dashboard``: serve the live
     dashboard (:func:`~cutline.driver.dashboard.dashboard_port` says when).
     ``restart_timeout`` / ``start_timeout``: the watchdog's deadlines after a loss and at
     the start (:class:`~cutline.protocol.job.JobController`), on an engine that can
     resubmit its stage.  ``heartbeat_timeout``: a task, driver or channel peer silent this
-    long is failed (:mod:`cutline.protocol.liveness`)."""
+    long is failed (:mod:`cutline.protocol.liveness`).  ``lease``: the job's
+    :class:`~cutline.storage.lease.JobLease`, already held (the driver takes it over and
+    releases it); None: the driver acquires it."""
     for node in pipeline.nodes:  # what a source can tell before anything runs
         check = getattr(node.fn, "check", None) if node.kind == "source" else None
         warning = check() if callable(check) else None
@@ -100,7 +102,7 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
                        restart_timeout=restart_timeout if engine.restarts else None,
                        start_timeout=start_timeout if engine.restarts else None,
                        tls=bool(engine.tls if tls is None else tls),
-                       heartbeat_timeout=heartbeat_timeout)
+                       heartbeat_timeout=heartbeat_timeout, lease=lease)
     driver.on_resubmit = engine.resubmit if engine.restarts else None
     try:  # this run's log file, in the job's folder (driver.logs)
         driver.run_log = RunLog(driver.storage, driver.lease.run, engine.log_path)

@@ -200,28 +200,32 @@ def _window(text: str) -> tuple[float, float]:
 def _parser(build: Callable, prog: str) -> tuple[argparse.ArgumentParser, list[str]]:
     doc = inspect.getdoc(build) or ""
     ap = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0] or None)
-    g = ap.add_argument_group("run")
+    g = ap.add_argument_group("run (a process graph's or a pipeline's)")
     g.add_argument("--engine", choices=["spark", "threads"], default="spark",
                    help="spark: one barrier stage on embedded Spark (default); threads: no Spark")
+    g.add_argument("--storage", metavar="URL",
+                   help="snapshot storage (default: a temp dir); a pipeline's checkpoint "
+                        "storage (default: its CheckpointConfig's)")
+    g.add_argument("--restore", metavar="PATH",
+                   help="start from this snapshot (a chk-N directory, or a job directory "
+                        "for its newest one); messages in transit are delivered again")
+    g.add_argument("--timeout", type=float, default=600, metavar="S")
+    g.add_argument("--kill", action="store_true",
+                   help="kill -9 a Spark Python worker after the first snapshot (spark)")
+    g.add_argument("--kill-after", type=int, default=1, metavar="N",
+                   help="with --kill: after N completed snapshots (default 1)")
+    g = ap.add_argument_group("process-graph runs (a pipeline's program sets these itself: "
+                              "refused for a pipeline)")
     g.add_argument("--tasks", type=int, default=2, help="Spark tasks (process groups); default 2")
     g.add_argument("--snapshot-interval", type=float, default=1.0, metavar="S",
                    help="start a snapshot every S seconds (0: only processes start them)")
     g.add_argument("--initiators", type=int, default=1, metavar="K",
                    help="processes that initiate each scheduled snapshot (default 1)")
     g.add_argument("--max-concurrent", type=int, default=4, metavar="N")
-    g.add_argument("--storage", metavar="URL", help="snapshot storage (default: a temp dir)")
     g.add_argument("--retain", type=int, default=20, metavar="N",
                    help="completed snapshots kept in storage (default 20)")
-    g.add_argument("--restore", metavar="PATH",
-                   help="start from this snapshot (a chk-N directory, or a job directory "
-                        "for its newest one); messages in transit are delivered again")
     g.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
-    g.add_argument("--timeout", type=float, default=600, metavar="S")
     g.add_argument("--seed", type=int)
-    g.add_argument("--kill", action="store_true",
-                   help="kill -9 a Spark Python worker after the first snapshot (spark)")
-    g.add_argument("--kill-after", type=int, default=1, metavar="N",
-                   help="with --kill: after N completed snapshots (default 1)")
     g.add_argument("--diagram", metavar="FILE.png|svg",
                    help="space-time diagram of a window of the run, with a snapshot's cut")
     g.add_argument("--view", metavar="FILE.png|svg", help="picture of a snapshot")
@@ -264,6 +268,9 @@ def run_main(build: Callable, argv: Sequence[str] | None = None, prog: str | Non
         return 2
     args = ap.parse_args(argv)
     try:
+        given = _given(build, prog, argv)
+        if "kill_after" in given and not args.kill:
+            raise _Usage("--kill-after says when --kill kills a worker: give --kill too")
         for what in ("diagram", "view"):
             v = getattr(args, what)
             if v and Path(v).suffix.lower() not in (".png", ".svg"):
@@ -275,6 +282,15 @@ def run_main(build: Callable, argv: Sequence[str] | None = None, prog: str | Non
         from .api import ProcessGraph
 
         if isinstance(graph, Pipeline):
+            refused = [f"--{dest.replace('_', '-')}" for dest in GRAPH_ONLY if dest in given]
+            if refused:
+                raise _Usage(
+                    f"{', '.join(refused)}: {'an option' if len(refused) == 1 else 'options'} "
+                    f"of process-graph runs, which a pipeline's run does not take: "
+                    "its program sets them (Pipeline(parallelism=...), "
+                    "CheckpointConfig(interval=..., retained=...)). A pipeline's run "
+                    "options: --engine, --storage, --restore, --timeout, --kill, "
+                    "--kill-after")
             return _run_pipeline(graph, args)
         if not isinstance(graph, ProcessGraph):
             raise _Usage(f"build() returned {type(graph).__name__}, not a ProcessGraph "
@@ -285,20 +301,60 @@ def run_main(build: Callable, argv: Sequence[str] | None = None, prog: str | Non
         return 2
 
 
+GRAPH_ONLY = ("tasks", "snapshot_interval", "initiators", "max_concurrent", "retain",
+              "duration", "seed", "diagram", "view", "snapshot", "window", "rows", "format")
+"""Run options a pipeline's run does not take (its program sets parallelism and checkpoint
+settings; no diagram, view or snapshot table): refused for a pipeline, naming them."""
+
+
+def _given(build: Callable, prog: str, argv: Sequence[str] | None) -> set[str]:
+    """The options given on the command line (their ``dest``), whatever their values: the
+    same parser, every default suppressed (abbreviations and ``--opt=value`` as argparse
+    reads them)."""
+    ap, _ = _parser(build, prog)
+    for action in ap._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(ap.parse_args(argv)))
+
+
+def _with_storage(pipeline: Any, url: str) -> Any:
+    """``pipeline`` with its checkpoints in ``url`` (``--storage``): the program's
+    ``storage_options`` are kept for a URL of the same scheme (its endpoint, its
+    credentials), dropped for another (they were another filesystem's)."""
+    def scheme(u: str) -> str:
+        return u.split("://", 1)[0] if "://" in u else "file"
+
+    cfg = pipeline.checkpoint
+    same = scheme(url) == scheme(cfg.storage)
+    return pipeline.with_checkpoint(storage=url,
+                                    storage_options=cfg.storage_options if same else None)
+
+
 def _run_pipeline(pipeline: Any, args: argparse.Namespace) -> int:
     """``cutline run`` of a program whose build() returns a Pipeline: run it (with a
-    ``--kill`` of a worker after ``--kill-after`` checkpoints), print its checkpoints, and
-    hand the result to the pipeline's ``after_run(result)`` if it has one (its exit code)."""
+    ``--kill`` of a worker after ``--kill-after`` checkpoints; ``--storage``: its checkpoint
+    storage), print its checkpoints, and hand the result to the pipeline's
+    ``after_run(result)`` if it has one (its exit code).  A run that fails or is refused
+    prints its message (exit status 1), as a process graph's does."""
     from ..report import checkpoint_table
+    from ..spark.launcher import USER_ERRORS
 
     console = terminal.console()
+    if args.storage:
+        pipeline = _with_storage(pipeline, args.storage)
     kill = None
     if args.kill:
         from ..spark.faults import Kill
 
         kill = Kill(after_checkpoint=args.kill_after, delay=0.2)
-    result = pipeline.run(engine=args.engine, on_start=kill, restore_from=args.restore,
-                          timeout=args.timeout, progress=console)
+    try:
+        result = pipeline.run(engine=args.engine, on_start=kill, restore_from=args.restore,
+                              timeout=args.timeout, progress=console)
+    except KeyboardInterrupt:
+        raise
+    except USER_ERRORS as exc:
+        print(f"cutline: error: {exc}", file=sys.stderr)
+        return 1
     if kill is not None and kill.killed:
         slot, pid, _ = kill.killed[0]
         console.print(f"killed Spark Python worker pid {pid} (slot {slot}) with SIGKILL; "

@@ -22,6 +22,7 @@ from ..driver.run import drive
 from ..driver.threads import ThreadsEngine
 from ..graph.host import GraphSpec, Host
 from ..graph.result import RunResult
+from ..storage.checkpoints import CheckpointStorage
 from ..storage.lease import JobLease
 from .launcher import embedded_context
 from .quiet import progress_bar_muted
@@ -59,6 +60,25 @@ def run_graph(graph: Any, opts: RunOptions, *, spark: Any = None, on_start: Any 
     temp = None if opts.storage else tempfile.mkdtemp(prefix=f"cutline-{graph.name}-")
     storage = opts.storage or f"file://{temp}"
     placement = _placement(names, hosts)
+    # one run per storage, as for pipelines (storage.lease): taken before Spark starts, so
+    # that of two runs started at once the loser starts no Spark session
+    lease: JobLease | None = None
+    try:
+        lease = JobLease(CheckpointStorage(storage, graph.name))
+        lease.acquire()
+        return _run(graph, opts, lease, spark=spark, on_start=on_start,
+                    on_snapshot=on_snapshot, names=names, hosts=hosts, temp=temp,
+                    storage=storage, placement=placement)
+    finally:  # (after a run: released and deleted already, nothing left to do)
+        if lease is not None:
+            lease.release()
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+def _run(graph: Any, opts: RunOptions, lease: JobLease, *, spark: Any, on_start: Any,
+         on_snapshot: Any, names: list[str], hosts: int, temp: str | None, storage: str,
+         placement: dict[str, int]) -> RunResult:
     engine: SparkStage | ThreadsEngine
     if opts.engine == "spark":
         from . import launcher
@@ -74,12 +94,10 @@ def run_graph(graph: Any, opts: RunOptions, *, spark: Any = None, on_start: Any 
     tls = bool(engine.tls if opts.tls is None else opts.tls)
     driver = GraphDriver(graph, opts, placement, hosts, storage, host=engine.driver_host,
                          on_snapshot=on_snapshot, tls=tls)
-    try:  # one run per storage, as for pipelines (storage.lease)
-        lease = JobLease(driver.storage, on_lost=driver.lease_lost)
-        lease.acquire()
-    except BaseException:
+    lease.on_lost = driver.lease_lost
+    if lease.lost is not None:  # taken over while the engine started: this run stops
         driver.close()
-        raise
+        raise JobFailed(lease.lost)
     spec = GraphSpec(job=graph.name, names=names, processes=processes, edges=list(graph.edges),
                      placement=placement, hosts=hosts, secret=driver.secret,
                      coordinator=driver.address, trace=opts.trace, seed=opts.seed,

@@ -23,8 +23,8 @@ from ..driver.threads import ThreadsEngine
 from ..plan import plan as make_plan
 from ..protocol.liveness import HEARTBEAT_TIMEOUT, check_timeout
 from ..runtime.restore import IncompatibleCheckpointError
-from ..storage.checkpoints import CheckpointStorage
-from ..storage.lease import check_free
+from ..storage.checkpoints import CheckpointStorage, CheckpointStorageError
+from ..storage.lease import JobLease
 from . import cds
 from .quiet import FAILED_STAGE_END_TIMEOUT, progress_bar_muted, wait_for_stage
 from .stage import SparkStage, ship_user_code
@@ -34,9 +34,15 @@ log = logging.getLogger("cutline.spark")
 __all__ = ["run_pipeline", "run_threads", "JobResult", "JobCancelled", "JobFailed",
            "RunningJob", "EmbeddedSpark", "embedded_context", "embedded_session"]
 
-USER_ERRORS = (JobFailed, IncompatibleCheckpointError, KeyboardInterrupt)
-"""Errors whose message says it all: ``Pipeline.run`` raises them with a traceback that
-ends at the user's call (the task's traceback is in the log file the message names)."""
+USER_ERRORS = (JobFailed, IncompatibleCheckpointError, CheckpointStorageError,
+               KeyboardInterrupt)
+"""Errors whose message says it all: ``Pipeline.run`` (and ``RunningJob.result``) raises
+them with a traceback that ends at the user's call (the task's traceback is in the log
+file the message names): a failed or cancelled run (``JobFailed``, ``FinishedJobError``,
+``JobCancelled``), a checkpoint that does not fit the pipeline, and the checkpoint
+storage's refusals (``JobAlreadyRunningError``: another driver runs the job;
+``CheckpointNotFoundError``: no checkpoint at ``restore_from``; a corrupt one; storage
+that cannot be opened or written)."""
 
 RESTART_TIMEOUT = 180.0
 """Seconds a job waits for a new attempt of its stage after a loss before resubmitting it."""
@@ -240,11 +246,27 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
     if engine != "spark":
         raise ValueError(f"engine must be 'spark' or 'threads', got {engine!r}")
     plan = make_plan(pipeline)
+    cfg = pipeline.checkpoint
+    storage = CheckpointStorage(cfg.storage, pipeline.name, cfg.storage_options)
     if restore_from is None:  # a finished job is refused at once, not after Spark started
-        cfg = pipeline.checkpoint
-        storage = CheckpointStorage(cfg.storage, pipeline.name, cfg.storage_options)
         refuse_finished(storage, storage.latest(deep=False))
-        check_free(storage)  # another driver runs this job here: say so before Spark starts
+    # One job per storage, decided before Spark starts: of two drivers started at once, the
+    # one that does not create the lease is refused at once (it starts no Spark session).
+    # The driver takes the lease over and releases it; if anything fails before, here.
+    lease = JobLease(storage)
+    lease.acquire()
+    try:
+        return _run_on_spark(pipeline, plan, spark, lease, restore_from=restore_from,
+                             timeout=timeout, on_start=on_start, progress=progress,
+                             faults=faults, allow_non_restored_state=allow_non_restored_state,
+                             dashboard=dashboard, restart_timeout=restart_timeout,
+                             start_timeout=start_timeout, heartbeat_timeout=heartbeat_timeout)
+    finally:
+        lease.release()  # (the driver released it when the run ended: nothing to do then)
+
+
+def _run_on_spark(pipeline: Any, plan: Any, spark: Any, lease: JobLease,
+                  **options: Any) -> JobResult:
     if spark is None:
         spark = embedded_context(plan.slots)
     stage = SparkStage(spark, plan.slots, f"pipeline {pipeline.name!r}",
@@ -256,11 +278,7 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
     users_session = spark is not _SESSION  # the user may stop it next: Spark ends first
     with progress_bar_muted(spark):  # the user's session draws one over the live line
         try:
-            result = run_job(pipeline, plan, stage, restore_from=restore_from,
-                             timeout=timeout, on_start=on_start, progress=progress,
-                             faults=faults, allow_non_restored_state=allow_non_restored_state,
-                             dashboard=dashboard, restart_timeout=restart_timeout,
-                             start_timeout=start_timeout, heartbeat_timeout=heartbeat_timeout)
+            result = run_job(pipeline, plan, stage, lease=lease, **options)
         except BaseException:
             if users_session:  # the stage was cancelled: its end, briefly (the error comes first)
                 wait_for_stage(stage, pipeline.name, FAILED_STAGE_END_TIMEOUT, failed=True)
@@ -344,6 +362,8 @@ class RunningJob:
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise TimeoutError(f"job {self.pipeline.name!r} still running after {timeout}s")
+        if isinstance(self._error, USER_ERRORS):  # its message says it all (Pipeline.run)
+            raise self._error.with_traceback(None) from None
         if self._error is not None:
             raise self._error
         assert self._result is not None

@@ -178,7 +178,17 @@ def _column(name: str) -> str:
 
 
 def summary(handle: Any) -> dict:
-    """Operators, tasks, bytes and key counts of a checkpoint (for the CLI)."""
+    """Operators, tasks, bytes and key counts of a checkpoint (for the CLI).
+
+    ``keys``: the keys that have state, the keys :func:`keyed_rows` / :func:`window_rows`
+    (``cutline.state.read``) return rows of.  A window operator's also has ``windows``:
+    its windows held (open, or fired and kept for ``allowed_lateness``), one row each in
+    :func:`window_rows`; and ``fired_at_end``: the windows the end of input fired that
+    are only remembered (no accumulator kept, no row), so that a record for one of them in
+    a run continued from this checkpoint is late (:mod:`cutline.runtime.windows`; those
+    whose accumulator is kept are among ``windows``).
+    ``name``: what the dashboard calls an operator cutline named (the checkpoint's plan
+    records it), else its uid."""
     states = read_task_states(handle)
     plan = (handle.metadata.get("plan") or {}).get("operators") or {}
     per_op: dict[str, dict] = defaultdict(lambda: {"tasks": 0, "keys": 0, "bytes": 0})
@@ -187,8 +197,17 @@ def summary(handle: Any) -> dict:
             op = per_op[uid]
             op["tasks"] += 1
             op["bytes"] += len(blob)
+            window = (plan.get(uid) or {}).get("kind") in WINDOW_KINDS
             keys: set = set()
+            held: dict[Any, Any] = {}  # a window operator's: key -> its windows held
+            fired: list[tuple[Any, Any]] = []  # (key, windows the end of input fired)
             for _, name, k, v in keyed_entries(blob):
+                if window and name == WINDOW_FIRED:  # marks: a key only for its held ones
+                    fired.append((_hashable(k), v or ()))
+                    continue
+                if window and name == WINDOWS:
+                    op["windows"] = op.get("windows", 0) + len(v or ())
+                    held[_hashable(k)] = v or {}
                 if name in TIMER_STATES:
                     op["timers"] = op.get("timers", 0) + 1
                     k = v[1]
@@ -202,6 +221,9 @@ def summary(handle: Any) -> dict:
                 if k.__hash__ is not None:
                     keys.add(k)
             op["keys"] += len(keys)
+            if fired:  # fired by the end of input and only remembered (no accumulator)
+                op["fired_at_end"] = op.get("fired_at_end", 0) + sum(
+                    1 for k, marks in fired for w in marks if w not in held.get(k, ()))
         if st.source is not None and st.source_uid is not None:
             per_op[st.source_uid]["source"] = True
         if st.sink and st.sink_uid is not None:
@@ -220,11 +242,14 @@ def summary(handle: Any) -> dict:
         info.setdefault("tasks", 0)
         info.setdefault("keys", 0)
         info.setdefault("bytes", 0)
-        if plan.get(uid, {}).get("kind") in ("window", "window_agg"):
+        if plan.get(uid, {}).get("kind") in WINDOW_KINDS:
             info.setdefault("late_records", 0)  # none dropped (or they go to .late())
+            info.setdefault("windows", 0)
+            info.setdefault("fired_at_end", 0)
         if "_wm" in info:  # None: no watermark yet, "inf": the end of input
             info["watermark"] = encode_ts(info.pop("_wm"))
-        operators.append({"uid": uid, "kind": plan.get(uid, {}).get("kind"),
+        operators.append({"uid": uid, "name": plan.get(uid, {}).get("name") or uid,
+                          "kind": plan.get(uid, {}).get("kind"),
                           "parallelism": plan.get(uid, {}).get("parallelism"), **info})
     return {"path": handle.path, "id": handle.id, "savepoint": handle.is_savepoint,
             "final": bool(handle.metadata.get("final")),

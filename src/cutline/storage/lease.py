@@ -154,6 +154,7 @@ class JobLease:
         self.started = time.time()
         self.n: int | None = None
         self.took_over: str | None = None  # whose lease this run took over, and why
+        self.lost: str | None = None  # why another driver took it over from this run
         self._stop = threading.Event()
         self._writing = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -265,9 +266,11 @@ class JobLease:
                 log.warning("cutline: job %r: cannot refresh its lease: %s", self.job, exc)
                 continue
             log.error("cutline: %s", lost)
+            self.lost = lost
             self._stop.set()
-            if self.on_lost is not None:
-                self.on_lost(lost)
+            on_lost = self.on_lost  # (None while the run starts: it reads ``lost`` then)
+            if on_lost is not None:
+                on_lost(lost)
             return
 
     def _lost(self) -> str | None:
