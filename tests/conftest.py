@@ -1,5 +1,7 @@
 import os
 import sys
+from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +45,16 @@ LONG_TIMEOUTS = {
     # kill tests whose own run timeouts are longer than the default
     "test_kafka_modes.py": 900, "test_user_session.py": 600,
 }
+
+
+# The lists above name test files by basename (the tests live in folders that mirror
+# src/cutline; every basename is unique, as pytest's default import mode needs without
+# __init__.py files): a file renamed or removed must not silently drop out of a list.
+_BASENAMES = Counter(p.name for p in Path(__file__).parent.rglob("test_*.py"))
+_TWICE = sorted(name for name, n in _BASENAMES.items() if n > 1)
+assert not _TWICE, f"test files share a basename (tests/conftest.py matches by it): {_TWICE}"
+_UNKNOWN = sorted({*LONGEST_FIRST, *SPARK_FILES, *LONG_TIMEOUTS} - set(_BASENAMES))
+assert not _UNKNOWN, f"tests/conftest.py lists test files that do not exist: {_UNKNOWN}"
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by the marks added here
