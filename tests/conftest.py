@@ -94,6 +94,23 @@ def spark():
     session.stop()
 
 
+@pytest.fixture
+def storage(tmp_path):
+    """A checkpoint storage on the test's tmp_path (the state and operator tests)."""
+    from cutline.storage.checkpoints import CheckpointStorage
+
+    return CheckpointStorage(str(tmp_path / "chk"), "job")
+
+
+@pytest.fixture
+def local_dirs(tmp_path, monkeypatch):
+    """Working directories of state backends (RocksDB's, also those built by operators) under
+    the test's tmp_path; returns where they go.  A module takes it for every test with
+    ``pytestmark = pytest.mark.usefixtures("local_dirs")``."""
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "local"))
+    return tmp_path / "local" / "cutline-state"
+
+
 @pytest.fixture(scope="session")
 def s3():
     """A real S3-compatible server (moto) on 127.0.0.1 with fault injection; stopped at the end."""

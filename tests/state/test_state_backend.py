@@ -16,19 +16,12 @@ from cutline.state import KeyedStateBackend, StateTable, ValueState, create_back
 from cutline.state.keygroups import key_group, key_group_range
 from cutline.state.memory import MemoryStateBackend
 from cutline.state.rocksdb import RocksDBStateBackend
-from cutline.storage.checkpoints import CheckpointStorage
 
 MAXP = 16
 
 
-@pytest.fixture
-def storage(tmp_path):
-    return CheckpointStorage(str(tmp_path / "chk"), "job")
-
-
-@pytest.fixture(autouse=True)
-def local_dirs(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "local"))
+# every test here: state backends' working directories under its tmp_path (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("local_dirs")
 
 
 def backend(kind, groups=range(MAXP), name="op.0") -> KeyedStateBackend:

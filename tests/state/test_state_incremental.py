@@ -17,10 +17,8 @@ from cutline.storage.checkpoints import CheckpointStorage, CheckpointStorageErro
 from pipelines import expected_rows, wordcount
 
 
-@pytest.fixture(autouse=True)
-def local_dirs(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "local"))
-    return tmp_path / "local" / "cutline-state"
+# every test here: state backends' working directories under its tmp_path (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("local_dirs")
 
 
 def shared_on_disk(st: CheckpointStorage) -> set[str]:

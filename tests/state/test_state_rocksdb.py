@@ -22,21 +22,13 @@ from cutline.state import create_backend
 from cutline.state.keys import decode_key, decode_slot, encode_key, encode_slot
 from cutline.state.memory import MemoryStateBackend
 from cutline.state.rocksdb import RocksDBStateBackend, is_rocksdb_snapshot
-from cutline.storage.checkpoints import CheckpointStorage, CorruptCheckpointError
+from cutline.storage.checkpoints import CorruptCheckpointError
 
 MAXP = 16
 
 
-@pytest.fixture
-def storage(tmp_path):
-    return CheckpointStorage(str(tmp_path / "chk"), "job")
-
-
-@pytest.fixture(autouse=True)
-def local_dirs(tmp_path, monkeypatch):
-    """Working directories of backends built by operators go under the test's tmp_path."""
-    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "local"))
-    return tmp_path / "local" / "cutline-state"
+# every test here: state backends' working directories under its tmp_path (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("local_dirs")
 
 
 def rocks(groups=range(MAXP), **kw) -> RocksDBStateBackend:

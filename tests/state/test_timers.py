@@ -18,19 +18,12 @@ from cutline.state.keys import encode_key
 from cutline.state.memory import MemoryStateBackend
 from cutline.state.rocksdb import RocksDBStateBackend
 from cutline.state.timers import EVENT_TIMERS, PROCESSING_TIMERS, time_key
-from cutline.storage.checkpoints import CheckpointStorage
 
 MAXP = 16
 
 
-@pytest.fixture
-def storage(tmp_path):
-    return CheckpointStorage(str(tmp_path / "chk"), "job")
-
-
-@pytest.fixture(autouse=True)
-def local_dirs(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "local"))
+# every test here: state backends' working directories under its tmp_path (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("local_dirs")
 
 
 def backend(kind, subtask=0, parallelism=1, name="op"):

@@ -10,20 +10,13 @@ from cutline.api import Node
 from cutline.runtime.operators import UserFunctionError
 from cutline.runtime.registry import build_operator
 from cutline.state.ttl import Expiring, StateTtl
-from cutline.storage.checkpoints import CheckpointStorage
 
 MAXP = 8
 BACKENDS = ["memory", "rocksdb"]
 
 
-@pytest.fixture
-def storage(tmp_path):
-    return CheckpointStorage(str(tmp_path / "chk"), "job")
-
-
-@pytest.fixture(autouse=True)
-def local_dirs(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "local"))
+# every test here: state backends' working directories under its tmp_path (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("local_dirs")
 
 
 class Clock:
