@@ -61,9 +61,10 @@ SPARK_WHEELS   ?= $(HOME)/.cache/cutline/pyspark
 # What touches Spark's API (the session, the barrier stage and its restarts, job groups,
 # createDataFrame, cloudpickle, the worker daemon, Spark's own streaming engine), a few
 # minutes per version: each file's Spark tests, listed here rather than marked.
-SPARK_VERSION_TESTS ?= tests/test_spark.py tests/test_spark_pins.py tests/test_state_read.py \
-	tests/test_savepoints.py tests/test_dashboard.py::test_spark_run_exact_counts \
-	"tests/test_windows_spark.py::test_window_counts_equal_spark_structured_streaming"
+SPARK_VERSION_TESTS ?= tests/spark/test_spark.py tests/spark/test_spark_pins.py \
+	tests/state/test_state_read.py tests/driver/test_savepoints.py \
+	tests/driver/test_dashboard.py::test_spark_run_exact_counts \
+	"tests/runtime/test_windows_spark.py::test_window_counts_equal_spark_structured_streaming"
 
 test-spark-versions: $(STAMP)
 	@set -e; for v in $(SPARK_VERSIONS); do \

@@ -7,7 +7,7 @@ distributions, 10,000 events per second of event time, out of order within group
 i.e. by less than 10 ms) in Parquet files of 50,000 events (at least 4), and a last file holding a
 far-future sentinel bid (Spark closes windows only when its watermark passes them).  One
 embedded Spark session (``local[2,8]``) runs both systems.  Every query
-(``examples/nexmark/queries.py``; ``tests/test_nexmark_queries.py`` checks that the two
+(``examples/nexmark/queries.py``; ``tests/examples/test_nexmark_queries.py`` checks that the two
 systems' results are equal) runs:
 
 - on cutline at parallelism 2 with checkpoints every 1 s into a ``DiscardSink`` (Nexmark's
@@ -1132,7 +1132,7 @@ def rows_disagree(runs: dict) -> list[dict]:
     """Throughput runs of one query whose output rows are not all the same number: cutline
     per record and columnar, every round, and for ``ROWS_COMPARED`` Spark's (the rows its
     ``noop`` sink was given).  The stateful queries' Spark rows are recorded, not compared
-    (update and complete modes, the sentinel's windows); ``tests/test_nexmark_queries.py``
+    (update and complete modes, the sentinel's windows); ``tests/examples/test_nexmark_queries.py``
     compares both systems' rows on a small input."""
     counts: dict[str, dict[int, list[str]]] = {}
     for name, rs in runs.items():

@@ -1,7 +1,7 @@
 """A Spark standalone cluster on 127.0.0.1 from the installed ``pyspark`` (no downloads):
 one master and workers of one core each, every process started by pid and stopped by pid.
 
-The test process starts it (tests/test_cluster.py); a job runs in a user script in a
+The test process starts it (tests/spark/test_cluster.py); a job runs in a user script in a
 subprocess that may start a worker too (capacity that comes back): every pid anybody
 started is appended to ``<root>/pids`` and :meth:`Cluster.stop` ends them all.
 """

@@ -1,5 +1,7 @@
 import os
 import sys
+from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -45,6 +47,16 @@ LONG_TIMEOUTS = {
 }
 
 
+# The lists above name test files by basename (the tests live in folders that mirror
+# src/cutline; every basename is unique, as pytest's default import mode needs without
+# __init__.py files): a file renamed or removed must not silently drop out of a list.
+_BASENAMES = Counter(p.name for p in Path(__file__).parent.rglob("test_*.py"))
+_TWICE = sorted(name for name, n in _BASENAMES.items() if n > 1)
+assert not _TWICE, f"test files share a basename (tests/conftest.py matches by it): {_TWICE}"
+_UNKNOWN = sorted({*LONGEST_FIRST, *SPARK_FILES, *LONG_TIMEOUTS} - set(_BASENAMES))
+assert not _UNKNOWN, f"tests/conftest.py lists test files that do not exist: {_UNKNOWN}"
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by the marks added here
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
@@ -80,6 +92,23 @@ def spark():
     session = embedded_session(slots=3, max_failures=8)
     yield session
     session.stop()
+
+
+@pytest.fixture
+def storage(tmp_path):
+    """A checkpoint storage on the test's tmp_path (the state and operator tests)."""
+    from cutline.storage.checkpoints import CheckpointStorage
+
+    return CheckpointStorage(str(tmp_path / "chk"), "job")
+
+
+@pytest.fixture
+def local_dirs(tmp_path, monkeypatch):
+    """Working directories of state backends (RocksDB's, also those built by operators) under
+    the test's tmp_path; returns where they go.  A module takes it for every test with
+    ``pytestmark = pytest.mark.usefixtures("local_dirs")``."""
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "local"))
+    return tmp_path / "local" / "cutline-state"
 
 
 @pytest.fixture(scope="session")

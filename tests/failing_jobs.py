@@ -1,6 +1,6 @@
 """Jobs that fail, as a user's script would run them: ``python failing_jobs.py CASE ENGINE DIR``.
 
-tests/test_failures.py runs each in a subprocess and reads what the user would see.
+tests/driver/test_failures.py runs each in a subprocess and reads what the user would see.
 CASES: the failure each one meets.  ``interrupt`` runs long (the test sends Ctrl-C).
 """
 

@@ -1,0 +1,84 @@
+"""The pure parts of ``bench/nexmark.py``'s latency and kill measurements: whether a run kept
+up with its input, and when a system caught up after a kill.  No Spark."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def nx():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import nexmark
+
+        yield nexmark
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_growth_is_zero_when_keeping_up_and_the_lag_rate_when_falling_behind(nx):
+    # every commit 1 s apart; keeping up: the same latency throughout (several rows each)
+    steady = [(t, lat) for t in range(10) for lat in (0.2, 0.3, 0.4)]
+    assert nx.growth(steady) == pytest.approx(0.0)
+    # capacity 0.6 x the rate: a result's latency grows by 0.4 s per s of run
+    behind = [(t, 1.0 + 0.4 * t) for t in range(10)]
+    assert nx.growth(behind) == pytest.approx(0.4)
+    assert nx.growth(behind) > nx.KEEPS_UP >= nx.growth(steady)
+    # per commit the median counts, not a slow outlier row
+    outliers = [(t, lat) for t in range(6) for lat in (0.2, 0.3, 9.0 if t > 2 else 0.3)]
+    assert nx.growth(outliers) == pytest.approx(0.0)
+    assert nx.growth(behind[:3]) is None  # too few commits to tell
+
+
+def test_caught_up_is_the_first_commit_from_which_results_stay_fast_for_a_while(nx):
+    kill = 100.0
+    points = [(99.0, 0.1), (101.0, 0.2), (103.0, 4.0), (104.0, 2.5), (105.0, 0.3),
+              (106.0, 0.2), (106.0, 0.1)]
+    assert nx.caught_up(points, kill, bound=1.0) == pytest.approx(5.0)
+    assert nx.caught_up(points, kill, bound=5.0) == pytest.approx(1.0)
+    assert nx.caught_up(points + [(107.0, 3.0)], kill, bound=1.0) is None  # slow to the end
+    # a slow result more than 10 s after the recovery is noise, not the recovery; but a
+    # stall with no commit for 10 s is not recovered: its first commit counts
+    assert nx.caught_up([(100.5, 0.1), (112.0, 11.0), (113.0, 0.1)], kill, bound=1.0) == \
+        pytest.approx(13.0)
+    assert nx.caught_up(points + [(115.5, 0.1), (117.0, 3.0)], kill, bound=1.0) == \
+        pytest.approx(5.0)
+    assert nx.caught_up(points + [(114.0, 3.0), (115.0, 0.1)], kill, bound=1.0) == \
+        pytest.approx(15.0)
+    side = {"caught_up": None, "after_kill": [7.0]}
+    assert nx.caught_up_text(side) == "> 7"
+    assert nx.caught_up_text(side | {"caught_up": 5.0}) == "5.00"
+
+
+def test_a_merged_run_replaces_its_queries_runs_and_rows_and_keeps_the_rest(nx):
+    settings = {"quick": False, "rate": 500.0, "latency_seconds": 25.0, "kill_seconds": 50.0,
+                "warmup": 5.0}
+    old = settings | {
+        "runs": {"warm-up spark": [1], "lat q7 cutline EO 0.1 s": ["q7"],
+                 "lat q8 cutline EO 0.1 s": ["old"], "lat q8 spark processingTime 100 ms":
+                 ["old"], "kill q8 cutline": ["old"], "q8 spark": ["kept"]},
+        "latency": [{"query": "q7", "p99": 1}, {"query": "q8", "p99": 2}],
+        "kills": [{"query": "q8", "s": 9}], "summary": [{"query": "q8", "ratio": 3}]}
+    new = settings | {
+        "runs": {"warm-up spark": [0], "lat q8 cutline EO 0.1 s": ["new"],
+                 "lat q8 spark default trigger": ["new"]},
+        "latency": [{"query": "q8", "p99": 0.1}], "kills": [], "summary": [],
+        "stamp": {"when": "now"}, "git": {"commit": "c"}, "load": {"p50": 1.0}, "errors": [],
+        "rounds": 3}
+    got = nx.merge_into(old, new)
+    assert got["runs"] == {"warm-up spark": [1], "q8 spark": ["kept"],
+                           "lat q7 cutline EO 0.1 s": ["q7"],
+                           "lat q8 cutline EO 0.1 s": ["new"],
+                           "lat q8 spark default trigger": ["new"],
+                           "kill q8 cutline": ["old"]}
+    assert list(got["runs"])[-1] == "kill q8 cutline"  # in part, then query order
+    assert got["latency"] == [{"query": "q7", "p99": 1}, {"query": "q8", "p99": 0.1}]
+    assert got["kills"] == old["kills"] and got["summary"] == old["summary"]
+    assert got["merged"] == [{"runs": ["lat q8"], "rounds": 3, "stamp": {"when": "now"},
+                              "git": {"commit": "c"}, "load": {"p50": 1.0}, "errors": []}]
+    with pytest.raises(SystemExit, match="rate 500.0 there, 250.0 here"):
+        nx.merge_into(old, new | {"rate": 250.0})
