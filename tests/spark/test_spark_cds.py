@@ -1,6 +1,6 @@
 """cutline.spark.cds: the class-data archive of the embedded Spark's JVM.  Which archive a
 start maps, writes or leaves alone is decided from files alone (tested here as data, with
-processes for writers); tests/test_spark_cds_runs.py starts real JVMs with it."""
+processes for writers); tests/spark/test_spark_cds_runs.py starts real JVMs with it."""
 
 from __future__ import annotations
 
