@@ -127,3 +127,10 @@ def test_the_least_recently_used_archives_go_beyond_keep(folder):
     kept = sorted(p.name for p in folder.glob("*.jsa"))
     assert kept == ["k0.jsa", *[f"k{k}.jsa" for k in range(cds.KEEP + 2)][-(cds.KEEP - 1):]]
     assert len(list(folder.glob("*.seal"))) == cds.KEEP
+
+
+def test_off_where_a_writer_cannot_be_told(folder, monkeypatch):
+    """Without /proc (not Linux) no archive would ever be adopted: none is written."""
+    monkeypatch.setattr(cds.sys, "platform", "darwin")
+    assert cds.java_options("-Xss4m") == ("-Xss4m", None)
+    assert not folder.exists()

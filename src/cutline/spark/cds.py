@@ -27,6 +27,7 @@ How cutline goes about it, once per Java and Spark installation (:func:`java_opt
   from then on (:func:`note_use` removes one a JVM refused, so a later run writes anew).
 * The JVM's own messages about archives are kept off the console (``-Xlog:cds=off``).
   ``CUTLINE_SPARK_CDS=0`` turns it all off; a cache folder that cannot be written does too.
+  Linux only (a writer's JVM is told by its command line in ``/proc``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -68,7 +70,10 @@ def archive_dir() -> Path:
 
 
 def _enabled() -> bool:
-    return os.environ.get(ENV_OFF, "1").strip().lower() not in ("0", "false", "off", "no")
+    """On unless turned off; Linux only: a writer's JVM is told by its command line in
+    ``/proc``, without which no archive would ever be adopted (each run would write one)."""
+    return sys.platform.startswith("linux") and \
+        os.environ.get(ENV_OFF, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
 def _java() -> Path | None:
