@@ -67,8 +67,7 @@ def test_a_merged_run_replaces_its_queries_runs_and_rows_and_keeps_the_rest(nx):
         "runs": {"warm-up spark": [0], "lat q8 cutline EO 0.1 s": ["new"],
                  "lat q8 spark default trigger": ["new"]},
         "latency": [{"query": "q8", "p99": 0.1}], "kills": [], "summary": [],
-        "stamp": {"when": "now"}, "git": {"commit": "c"}, "load": {"p50": 1.0}, "errors": [],
-        "rounds": 3}
+        "stamp": {"when": "now"}, "git": {"commit": "c"}, "load": {"p50": 1.0}, "failures": []}
     got = nx.merge_into(old, new)
     assert got["runs"] == {"warm-up spark": [1], "q8 spark": ["kept"],
                            "lat q7 cutline EO 0.1 s": ["q7"],
@@ -78,7 +77,7 @@ def test_a_merged_run_replaces_its_queries_runs_and_rows_and_keeps_the_rest(nx):
     assert list(got["runs"])[-1] == "kill q8 cutline"  # in part, then query order
     assert got["latency"] == [{"query": "q7", "p99": 1}, {"query": "q8", "p99": 0.1}]
     assert got["kills"] == old["kills"] and got["summary"] == old["summary"]
-    assert got["merged"] == [{"runs": ["lat q8"], "rounds": 3, "stamp": {"when": "now"},
-                              "git": {"commit": "c"}, "load": {"p50": 1.0}, "errors": []}]
+    assert got["merged"] == [{"runs": ["lat q8"], "stamp": {"when": "now"},
+                              "git": {"commit": "c"}, "load": {"p50": 1.0}, "failures": []}]
     with pytest.raises(SystemExit, match="rate 500.0 there, 250.0 here"):
         nx.merge_into(old, new | {"rate": 250.0})
