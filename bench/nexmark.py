@@ -18,8 +18,9 @@ What limits the size is time and disk, not memory: the columnar stateless querie
 10-25 M events/s) would need 0.3-0.75 G events (30-80 GB) for a 30 s run; their runs are
 shorter and marked ``< 30 s`` in the table.
 
-**Cases** (every query of ``examples/nexmark/queries.py``; ``tests/examples/test_nexmark_queries.py``
-checks that the two systems' rows are equal on a small input):
+**Cases** (every query of ``examples/nexmark/queries.py``;
+``tests/examples/test_nexmark_queries.py`` checks that the two systems' rows are equal on a
+small input):
 
 - ``cutline``: per record, at parallelism 2, checkpoints every 1 s, from
   ``FileSource(parquet)``, run as a user runs it (``Pipeline.run()``, its embedded session);
