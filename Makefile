@@ -3,7 +3,7 @@
 #   make test   - create .venv if needed, run the test suite
 #   make test-fast - the tests that start no Spark (tests/conftest.py marks the others
 #                 `spark`) and are not marked slow, on two workers: protocol, runtime on
-#                 threads, state, storage, connectors (about 1,030 tests, 330 CPU-seconds:
+#                 threads, state, storage, connectors (about 1,120 tests, 330 CPU-seconds:
 #                 meant to take under 3 minutes on two idle cores).  Every test has a time
 #                 limit (pytest-timeout: 300 s unless it says otherwise)
 #   make lint   - ruff, mypy and the import-layering contracts (lint-imports)
