@@ -480,3 +480,35 @@ def test_checkpoints_show_names_each_operator_s_watermark(tmp_path, capsys):
     assert main(["checkpoints", "show", path]) == 0
     cells = " ".join(capsys.readouterr().out.split())
     assert "input" in cells  # "end of input", wrapped over lines in the table
+
+
+def test_a_per_split_assigner_goes_idle_only_when_its_reader_says_every_split_is():
+    """A Kafka partition whose first records have not come yet (a slow first fetch under
+    load) is not idle: were the task's output idle meanwhile, the other subtasks'
+    watermarks would pass its records downstream and they would come late (seen: 2,797
+    records of two partitions late from offset 0 in 1 of 10 runs at load)."""
+    import time
+
+    class Reader:  # the reader's side of per-split reading, as KafkaSource's
+        quiet = False
+
+        def split_key(self):
+            return "t/0"
+
+        def split_keys(self):
+            return ["t/0"]
+
+        def all_idle(self):
+            return self.quiet
+
+    op = AssignTimestamps(Node(0, "ts", "assign_timestamps",
+                               TimestampSpec(lambda r: r, BoundedOutOfOrderness(0), 0.5)))
+    reader = Reader()
+    op.read_splits_of(reader)
+    later = time.monotonic() + 10  # the idle timeout long past
+    assert op.check_idle(later) is False and not op.idle  # a partition still to be read
+    reader.quiet = True
+    assert op.check_idle(later) is True and op.idle
+    plain = AssignTimestamps(Node(0, "ts", "assign_timestamps",
+                                  TimestampSpec(lambda r: r, BoundedOutOfOrderness(0), 0.5)))
+    assert plain.check_idle(later) is True  # no splits: quiet input is idle, as before

@@ -452,8 +452,7 @@ class KafkaReader:
             return keys
         now = time.monotonic()
         last = self._last_data
-        active = [k for k in keys if self._buf.get(k) or not self._eof.get(k)
-                  or now - last.get(k, now) < t]
+        active = [k for k in keys if self._active(k, now, t)]
         if active or not keys:
             return active
         # all idle: the one(s) that had a record last, as if the partitions had gone idle
@@ -461,6 +460,24 @@ class KafkaReader:
         # only it was active; and it holds while the subtask is idle)
         latest = max(last.get(k, 0.0) for k in keys)
         return [k for k in keys if last.get(k, 0.0) == latest]
+
+    def _active(self, k: str, now: float, t: float) -> bool:
+        """Partition ``k`` is not idle: records buffered, not read to its end yet, or
+        one came less than the idle timeout ``t`` ago."""
+        return bool(self._buf.get(k)) or not self._eof.get(k) or \
+            now - self._last_data.get(k, now) < t
+
+    def all_idle(self) -> bool:
+        """Every partition this subtask reads is idle (read to its end, nothing buffered,
+        nothing new for the idle timeout): only then may the task's output go idle.  A
+        partition whose first records have not come yet is not (a slow first fetch, a
+        loaded machine): were the task idle meanwhile, the other subtasks' watermarks
+        would pass them downstream and they would come late."""
+        t = self._idle_timeout
+        if t is None:
+            return True
+        now = time.monotonic()
+        return not any(self._active(k, now, t) for k in self._offsets if not self._finished(k))
 
     def watermark_per_split(self, watermarks: Any = None) -> None:
         """Read the partitions aligned: each batch from the one whose watermark is lowest."""

@@ -273,10 +273,16 @@ class AssignTimestamps(Operator):
         self.emitted = math.inf
 
     def check_idle(self, now: float) -> bool:
-        """True once when input has been quiet for ``idle_timeout`` (then :attr:`idle`)."""
+        """True once when input has been quiet for ``idle_timeout`` (then :attr:`idle`) and,
+        reading per split from a reader that tells (``all_idle()``: a Kafka source), every
+        split is idle too: a partition still to be read is not quiet, only slow."""
         t = self.idle_timeout
         if t is None or self.idle or now - self.last_input < t:
             return False
+        if self.splits is not None:
+            all_idle = getattr(self.reader, "all_idle", None)
+            if callable(all_idle) and not all_idle():
+                return False
         self.idle = True
         return True
 
