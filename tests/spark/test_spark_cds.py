@@ -134,3 +134,21 @@ def test_off_where_a_writer_cannot_be_told(folder, monkeypatch):
     monkeypatch.setattr(cds.sys, "platform", "darwin")
     assert cds.java_options("-Xss4m") == ("-Xss4m", None)
     assert not folder.exists()
+
+
+def test_other_installations_leftovers_go_once_stale(folder):
+    """A temporary archive of another key (a venv deleted since) whose writer is gone is
+    removed after STALE; one whose writer lives, or a recent one, stays."""
+    folder.mkdir(parents=True)
+    old = time.time() - cds.STALE - 10
+    dead, live = _dead_pid(), os.getpid()
+    for name, pid, when in (("gone", dead, old), ("alive", live, old), ("recent", dead, None)):
+        tmp = folder / f"other-{name}.x.tmp"
+        _written(tmp, pid)
+        if when is not None:
+            for p in (tmp, tmp.with_suffix(".pid")):
+                os.utime(p, (when, when))
+    cds.java_options("")
+    left = sorted(p.name for p in folder.iterdir() if p.name.startswith("other-"))
+    assert left == ["other-alive.x.pid", "other-alive.x.tmp", "other-recent.x.pid",
+                    "other-recent.x.tmp"]

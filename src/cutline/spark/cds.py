@@ -2,9 +2,9 @@
 
 The embedded context's JVM loads, parses and verifies Spark's classes from its jars at
 every start.  Java's application class-data sharing keeps those classes, parsed and
-verified, in an archive (about 70 MB) that later JVMs map at start: the context starts
-1.6 s sooner on 2 cores, 3.0 s against 4.6 s (``bench/startup.py --cds``).  Java 17
-writes one when a JVM started with ``-XX:ArchiveClassesAtExit=FILE`` exits, and maps it with
+verified, in an archive (70-90 MB; 200 MB with a SparkSession's classes) that later JVMs
+map at start: the context starts 1.6 s sooner on 2 cores, 3.0 s against 4.6 s
+(``bench/startup.py --cds``).  Java 17 writes one when a JVM started with ``-XX:ArchiveClassesAtExit=FILE`` exits, and maps it with
 ``-XX:SharedArchiveFile=FILE``; the JVM itself checks that the archive fits (its own
 binary, the same jars with the same sizes and times) and runs without it when not.
 
@@ -210,6 +210,27 @@ def _starts_like_an_archive(path: Path) -> bool:
         return False
 
 
+STALE = 3600.0
+"""Seconds after which another key's temporary archive whose writer is gone is removed:
+its installation's next run would have adopted it (a venv deleted since never will)."""
+
+
+def _sweep(folder: Path, key: str, now: float) -> None:
+    """Other keys' writers' leftovers: a temporary archive (and its marker) whose writer is
+    gone and that is older than :data:`STALE`; a marker older than that without one."""
+    for marker in folder.glob("*.pid"):
+        if marker.name.startswith(key + "."):
+            continue
+        tmp = marker.with_suffix(".tmp")
+        pid, _ = _writer(tmp)
+        try:
+            age = now - max(p.stat().st_mtime for p in (marker, tmp) if p.exists())
+        except (OSError, ValueError):
+            continue
+        if age > STALE and (pid is None or not _alive(pid)):
+            _remove(tmp, marker)
+
+
 def _prune(folder: Path, keep: Path) -> None:
     """At most :data:`KEEP` archives: the least recently used others go."""
     def used(archive: Path) -> float:  # its seal is touched at each use
@@ -239,7 +260,9 @@ def java_options(options: str, kind: str = "context") -> tuple[str, Path | None]
         folder = archive_dir()
         folder.mkdir(parents=True, exist_ok=True)
         key = f"{kind}-{_key(java, jars, options)}"
-        archive, writing = _settle(folder, key, time.time())
+        now = time.time()
+        _sweep(folder, key, now)
+        archive, writing = _settle(folder, key, now)
         if archive is not None:
             os.utime(archive.with_suffix(".seal"))  # recently used: kept by _prune
             _prune(folder, archive)
