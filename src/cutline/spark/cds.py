@@ -4,9 +4,10 @@ The embedded context's JVM loads, parses and verifies Spark's classes from its j
 every start.  Java's application class-data sharing keeps those classes, parsed and
 verified, in an archive (70-90 MB; 200 MB with a SparkSession's classes) that later JVMs
 map at start: the context starts 1.6 s sooner on 2 cores, 3.0 s against 4.6 s
-(``bench/startup.py --cds``).  Java 17 writes one when a JVM started with ``-XX:ArchiveClassesAtExit=FILE`` exits, and maps it with
-``-XX:SharedArchiveFile=FILE``; the JVM itself checks that the archive fits (its own
-binary, the same jars with the same sizes and times) and runs without it when not.
+(``bench/startup.py --cds``).  Java 17 writes one when a JVM started with
+``-XX:ArchiveClassesAtExit=FILE`` exits, and maps it with ``-XX:SharedArchiveFile=FILE``;
+the JVM itself checks that the archive fits (its own binary, the same jars with the same
+sizes and times) and runs without it when not.
 
 How cutline goes about it, once per Java and Spark installation (:func:`java_options`):
 
