@@ -63,9 +63,12 @@ def cmdline(pid: int) -> str:
 
 def pyspark_daemon(worker_pid: int) -> int | None:
     """The PySpark daemon that forked the Python worker ``worker_pid`` (its parent running
-    ``pyspark.daemon``), or None (no daemon: gone, or workers not forked by one)."""
+    ``pyspark.daemon``, or :mod:`cutline.spark.daemon` on an embedded session), or None
+    (no daemon: gone, or workers not forked by one)."""
     daemon = parent(worker_pid)
-    return daemon if daemon and "pyspark.daemon" in cmdline(daemon) else None
+    line = cmdline(daemon) if daemon else ""
+    return daemon if daemon and ("pyspark.daemon" in line or "cutline.spark.daemon" in line) \
+        else None
 
 
 def executor_of(worker_pid: int) -> int | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import threading
 import time
@@ -159,8 +160,28 @@ def _python_env() -> None:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
+PRELOAD_ENV = "CUTLINE_SPARK_PRELOAD"
+"""Set to ``0`` to start an embedded session's Python workers from PySpark's own daemon
+(:mod:`cutline.spark.daemon` otherwise)."""
+
+
+def _daemon() -> dict[str, str]:
+    """An embedded session's Python daemon: :mod:`cutline.spark.daemon`, which imports
+    cutline's task runtime before it forks workers, when the workers run this interpreter
+    (a ``PYSPARK_PYTHON`` of the user's own may not have cutline: PySpark's then)."""
+    if os.environ.get(PRELOAD_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
+        return {}
+    worker = os.environ.get("PYSPARK_PYTHON", sys.executable)
+    try:
+        same = os.path.samefile(shutil.which(worker) or worker, sys.executable)
+    except OSError:
+        same = False
+    return {"spark.python.daemon.module": "cutline.spark.daemon"} if same else {}
+
+
 def _settings(slots: int, max_failures: int, stage_attempts: int) -> dict[str, str]:
-    return {"spark.master": f"local[{max(slots, 2)},{max_failures}]",
+    return {**_daemon(),
+            "spark.master": f"local[{max(slots, 2)},{max_failures}]",
             "spark.app.name": "cutline",
             "spark.ui.enabled": "false",
             "spark.ui.showConsoleProgress": "false",
