@@ -23,6 +23,9 @@ record) on the embedded Spark session, as ``Pipeline.run()`` does, with each pha
 rounds.  ``--cds``: Spark runs with and without the JVM's class-data archive
 (``cutline.spark.cds``; ``CUTLINE_SPARK_CDS=0``) beside each other, the archive written by
 two warm-up runs first (in the bench's own folder: the user's cache is left alone).
+``--preload``: the embedded session's Python workers forked by ``cutline.spark.daemon``
+(cutline's task runtime imported before the fork, the default) and by PySpark's own daemon
+(``CUTLINE_SPARK_PRELOAD=0``) beside each other.
 Prints the median of every phase and its share of the whole; writes
 ``bench/results/startup.json``.  Not a speed target: a map of where the seconds go.
 """
@@ -41,6 +44,7 @@ from _common import (
     RESULTS,
     AttemptWatcher,
     RunFailed,
+    rotated,
     Workdir,
     bench_parser,
     conditions,
@@ -180,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the threads engine beside it (no Spark)")
     ap.add_argument("--cds", action="store_true",
                     help="Spark with and without the JVM's class-data archive, side by side")
+    ap.add_argument("--preload", action="store_true",
+                    help="Spark's Python workers forked by cutline's daemon (cutline's runtime "
+                         "imported before the fork) and by PySpark's, side by side")
     args = parse_bench_args(ap, argv)
     con = console()
     runs: list[dict] = []
@@ -189,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cds:
             cases = {"spark": ("spark", {**os.environ, "CUTLINE_CDS_DIR": str(d / "cds")}),
                      "spark, no CDS": ("spark", {**os.environ, "CUTLINE_SPARK_CDS": "0"})}
+        if args.preload:
+            cases["spark, PySpark's daemon"] = ("spark", {**os.environ,
+                                                          "CUTLINE_SPARK_PRELOAD": "0"})
         if args.threads:
             cases["threads"] = ("threads", None)
         (d / "in").mkdir()
@@ -198,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             for k in range(2):
                 warm_up(d / f"warm-{k}", d, args.columnar, cases["spark"][1])
         for r in range(args.rounds):
-            for case, (engine, env) in cases.items():
+            for case, (engine, env) in rotated(list(cases.items()), r):
                 run_dir = d / f"run-{r}-{case.replace(', ', '-').replace(' ', '-')}"
                 run_dir.mkdir()
                 _spec(engine, args.columnar, d, run_dir)
