@@ -16,9 +16,10 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from ..driver.dataflow import JobDriver, JobFailed, refuse_finished
+from ..driver.dataflow import DataflowRun, JobFailed, refuse_finished
 from ..driver.logs import new_log_file, redirect_output
 from ..driver.run import JobCancelled, JobResult, run_job
+from ..driver.shell import Driver
 from ..driver.threads import ThreadsEngine
 from ..plan import plan as make_plan
 from ..protocol.liveness import HEARTBEAT_TIMEOUT, check_timeout
@@ -294,7 +295,7 @@ class RunningJob:
 
     def __init__(self, pipeline: Any, spark: Any = None, **kwargs: Any) -> None:
         self.pipeline = pipeline
-        self._driver: JobDriver | None = None
+        self._driver: Driver[DataflowRun] | None = None
         self._ready = threading.Event()
         self._result: JobResult | None = None
         self._error: BaseException | None = None
@@ -303,7 +304,7 @@ class RunningJob:
         # whatever the caller prints meanwhile)
         kwargs.setdefault("progress", False)
 
-        def on_start(driver: JobDriver) -> None:
+        def on_start(driver: Driver[DataflowRun]) -> None:
             self._driver = driver
             self._ready.set()
             if user_on_start is not None:
@@ -321,11 +322,11 @@ class RunningJob:
                                         daemon=True)
         self._thread.start()
 
-    def _running_driver(self, timeout: float) -> JobDriver:
+    def _running_driver(self, timeout: float) -> Driver[DataflowRun]:
         deadline = time.monotonic() + timeout
         self._ready.wait(timeout)
         driver = self._driver
-        while driver is not None and not driver.attempt.started and not driver.done.is_set() \
+        while driver is not None and not driver.run.attempt.started and not driver.done.is_set() \
                 and time.monotonic() < deadline:
             time.sleep(0.02)
         if driver is None or driver.done.is_set() or self._error is not None:
@@ -335,12 +336,12 @@ class RunningJob:
 
     def savepoint(self, timeout: float = 600.0) -> str:
         """Take a savepoint of the running job; returns its path."""
-        return self._running_driver(timeout).savepoint().result(timeout)
+        return self._running_driver(timeout).run.savepoint().result(timeout)
 
     def stop_with_savepoint(self, timeout: float = 600.0) -> str:
         """Take a savepoint, commit the sinks' transactions up to it, stop; returns its path.
         ``Pipeline.run(restore_from=path)`` continues exactly once."""
-        path = self._running_driver(timeout).savepoint(stop=True).result(timeout)
+        path = self._running_driver(timeout).run.savepoint(stop=True).result(timeout)
         self.result(timeout)
         return path
 
@@ -351,7 +352,7 @@ class RunningJob:
             self._driver.cancel_requested = why
 
     @property
-    def driver(self) -> JobDriver | None:
+    def driver(self) -> Driver[DataflowRun] | None:
         return self._driver
 
     def done(self) -> bool:
