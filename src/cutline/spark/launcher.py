@@ -206,7 +206,10 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
 
     ``restore_from`` starts from a checkpoint or savepoint path; otherwise the job resumes
     from the latest completed checkpoint under its storage, if any.  ``on_start(driver)``
-    is called once the driver is up (tests use it to inject faults).
+    is called once the driver is up (tests use it to inject faults): a
+    :class:`~cutline.driver.shell.Driver` whose ``run`` (a
+    :class:`~cutline.driver.dataflow.DataflowRun`) holds what there is to read of the job
+    (``driver.run.checkpoints``, ``driver.run.attempt``, ``driver.run.task_pids``).
 
     State is matched to operators by uid; a pipeline whose parallelism changed is rescaled
     (keyed state by key groups, source positions and sink transactions redistributed).  A
