@@ -424,7 +424,7 @@ class AttemptWatcher:
 
     def _run(self, driver: Any) -> None:
         while not driver.done.is_set():
-            a = driver.attempt
+            a = driver.run.attempt
             if a.started and a.number not in self.starts:
                 self.starts[a.number] = time.monotonic()
                 if self.then is not None and len(self.starts) == 1:

@@ -1013,7 +1013,7 @@ def cutline_live(ctx: dict, query: str, kill_at: float | None = None) -> dict:
 
         def kill(driver: Any) -> None:
             time.sleep(max(0.0, inp.t0 + kill_at - time.time()))
-            pids = driver.task_pids
+            pids = driver.run.task_pids
             slot = sorted(pids)[0]
             killed.update(time=time.time(), slot=slot, pid=pids[slot],
                           what=f"the Spark Python worker running task {slot} of "

@@ -130,13 +130,13 @@ class Sampler:
         executors = [p for w in workers for p in descendants(w)
                      if "CoarseGrainedExecutorBackend" in cmdline(p)]
         d = self.driver
-        tasks = list(d.task_pids.values()) if d is not None else []
+        tasks = list(d.run.task_pids.values()) if d is not None else []
         return {"t": round(time.monotonic() - self.t0, 1), "driver": per_process([me]),
                 "driver_jvm": per_process(jvm), "executors": per_process(executors),
                 "tasks": per_process(tasks),
                 "cluster_procs": procs_under(self.cluster.root),
-                "attempt": d.attempt.number if d is not None else None,
-                "checkpoints": len(d.checkpoints) if d is not None else 0}
+                "attempt": d.run.attempt.number if d is not None else None,
+                "checkpoints": len(d.run.checkpoints) if d is not None else 0}
 
 
 # ---------------------------------------------------------------- checks
@@ -265,8 +265,8 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             if args.verbose and time.monotonic() - t0 >= 60 * minute:
                 d = drivers[0] if drivers else None
                 print(f"soak: {minute} min, {len(chaos.killed)} kills, attempt "
-                      f"{d.attempt.number if d else '-'}, "
-                      f"{len(d.checkpoints) if d else 0} checkpoints", flush=True)
+                      f"{d.run.attempt.number if d else '-'}, "
+                      f"{len(d.run.checkpoints) if d else 0} checkpoints", flush=True)
                 minute += 1
         chaos.stop.set()
         savepoint = stop_with_savepoint(job)

@@ -184,7 +184,7 @@ def child(spec: dict) -> dict:
     def watch(driver: Any) -> None:
         def poll() -> None:
             while not driver.done.is_set():
-                if driver.attempt.started and not starts:
+                if driver.run.attempt.started and not starts:
                     starts.append(time.monotonic())
                 time.sleep(0.005)
         threading.Thread(target=poll, daemon=True).start()

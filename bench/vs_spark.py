@@ -1236,7 +1236,7 @@ def profile_cutline(ctx: dict, console: Console, workdir: Path) -> dict:
         raws: list[Path] = []
 
         def attach(driver: Any, label: str = label) -> None:
-            for slot, pid in sorted(driver.attempt.pids.items()):
+            for slot, pid in sorted(driver.run.attempt.pids.items()):
                 raw = workdir / f"profile-{label.replace(' ', '-')}-{slot}.txt"
                 raws.append(raw)
                 procs.append(subprocess.Popen(

@@ -72,7 +72,7 @@ class Kill:
 
     def __call__(self, driver) -> None:
         def run() -> None:
-            while not driver.attempt.started and not driver.done.is_set():
+            while not driver.run.attempt.started and not driver.done.is_set():
                 time.sleep(0.02)
             time.sleep(self.delay)
             if driver.done.is_set():
@@ -89,7 +89,7 @@ class Kill:
 
     def _kill_during_recovery(self, driver) -> None:
         while not driver.done.is_set():
-            a = driver.attempt
+            a = driver.run.attempt
             if a.number >= 1 and a.started:
                 break
             time.sleep(0.002)
@@ -100,7 +100,7 @@ class Kill:
             self.fired.append((what, pid))
         # checkpoints the new attempt had completed when it was hit (0: still restoring)
         self.during = {"attempt": a.number, "checkpoints": sum(
-            1 for c in driver.checkpoints if c.attempt == a.number)}
+            1 for c in driver.run.checkpoints if c.attempt == a.number)}
 
 
 class DieBeforeCommit:
@@ -111,11 +111,11 @@ class DieBeforeCommit:
     fired: list = []
 
     def __init__(self, n: int) -> None:
-        from cutline.driver.dataflow import JobDriver
+        from cutline.driver.shell import Driver
         from cutline.protocol import messages as m
         from cutline.protocol.job import Send
 
-        original = JobDriver._perform
+        original = Driver._perform
 
         def perform(driver, commands):
             for cmd in commands:
@@ -125,7 +125,7 @@ class DieBeforeCommit:
                     os.kill(os.getpid(), signal.SIGKILL)
             return original(driver, commands)
 
-        JobDriver._perform = perform
+        Driver._perform = perform
 
     def __call__(self, driver) -> None:
         pass
@@ -146,7 +146,7 @@ class Resubmissions(logging.Handler):
 
 def executor(slot: int):
     def target(driver):
-        pid = executor_of(driver.task_pids[slot])
+        pid = executor_of(driver.run.task_pids[slot])
         return [("executor", pid)] if pid else []
     return target
 
@@ -154,7 +154,7 @@ def executor(slot: int):
 def worker(slot: int):
     """The Worker daemon hosting ``slot``'s executor, and the executor: capacity gone."""
     def target(driver):
-        ex = executor_of(driver.task_pids[slot])
+        ex = executor_of(driver.run.task_pids[slot])
         w = parent(ex) if ex else None
         if not w or "deploy.worker.Worker" not in cmdline(w):
             return []

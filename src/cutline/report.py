@@ -90,28 +90,30 @@ class Progress:
                 self.console.print()
 
     def update(self, driver: Any) -> None:
+        """``driver``: a dataflow job's (its ``run``, a ``DataflowRun``, is what is shown)."""
+        run = driver.run
         now = time.monotonic()
-        total = driver.source_records_before + driver.source_records()
+        total = run.source_records_before + run.source_records()
         t_last, n_last = self.last
         if now - t_last >= 0.5:
             self.rate = max(0.0, (total - n_last) / (now - t_last))
             self.last = (now, total)
-        ckpts = driver.checkpoints
+        ckpts = run.checkpoints
         latest = f"#{ckpts[-1].id} ({ckpts[-1].duration * 1000:.0f} ms)" if ckpts else "-"
-        text = (f"[bold]{driver.job}[/] {now - self.t0:5.1f}s  "
+        text = (f"[bold]{run.job}[/] {now - self.t0:5.1f}s  "
                 f"read {total:>10,} records  [cyan]{self.rate:>9,.0f} records/s[/]  "
-                f"checkpoints {driver.controller.checkpoints_completed} latest {latest}  "
-                f"attempt {driver.attempt.number}")
-        wm = driver.watermark() if hasattr(driver, "watermark") else None
+                f"checkpoints {run.controller.checkpoints_completed} latest {latest}  "
+                f"attempt {run.attempt.number}")
+        wm = run.watermark()
         if wm is not None:
             text += f"  watermark {format_event_time(wm)}"
-        late = sum(driver.late_records().values()) if hasattr(driver, "late_records") else 0
+        late = sum(run.late_records().values())
         if late:
             text += f"  [yellow]late dropped {late:,}[/]"
-        lag = driver.source_lag() if hasattr(driver, "source_lag") else {}
+        lag = run.source_lag()
         if lag:
             text += f"  lag {sum(lag.values()):,}"
-        stalled = driver.stalled_sources() if hasattr(driver, "stalled_sources") else {}
+        stalled = run.stalled_sources()
         if stalled:
             task, why = sorted(stalled.items())[0]
             more = f" (+{len(stalled) - 1} more)" if len(stalled) > 1 else ""

@@ -93,7 +93,7 @@ def test_rescale_2_to_1_to_2_mid_stream_on_spark(spark, tmp_path):
         running = p.start(spark=spark, timeout=120, restore_from=savepoint)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not (
-                running.driver is not None and len(running.driver.checkpoints) >= 2):
+                running.driver is not None and len(running.driver.run.checkpoints) >= 2):
             time.sleep(0.05)
         savepoint = running.stop_with_savepoint(timeout=60)
         assert running.result(60).savepoint == savepoint

@@ -299,10 +299,10 @@ def test_a_followed_file_that_arrives_behind_the_watermark_is_late_and_counted(t
     job = p.start(engine="threads")
     wait("driver", lambda: job.driver is not None)
     put("f1.jsonl", range(100, 200))  # watermark 199: windows up to [180, 190) fire
-    wait("watermark", lambda: job.driver.late_records() == {"counts": 0} and any(
+    wait("watermark", lambda: job.driver.run.late_records() == {"counts": 0} and any(
         r.start == 180 for r in out.results()))
     put("f0.jsonl", range(0, 100))  # all behind the watermark: late
-    wait("late records", lambda: job.driver.late_records().get("counts") == 100)
+    wait("late records", lambda: job.driver.run.late_records().get("counts") == 100)
     put("f2.jsonl", range(200, 230))  # on time again
     wait("windows of f2", lambda: any(r.start == 210 for r in out.results()))
     job.cancel()

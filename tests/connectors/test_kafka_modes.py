@@ -83,14 +83,14 @@ SCRIPT = textwrap.dedent("""
     import os, signal, sys
     sys.path[:0] = {tests!r}
     from pathlib import Path
-    from cutline.driver.dataflow import JobDriver
+    from cutline.driver.shell import Driver
     from cutline.protocol import messages as m
     from cutline.protocol.job import Send
     from cutline.spark.launcher import embedded_session
     from types import SimpleNamespace
     from test_kafka_modes import kafka_counts
 
-    original = JobDriver._perform
+    original = Driver._perform
 
     def perform(self, commands):
         # die the moment checkpoint 3 is complete in storage, before any sink commits it
@@ -99,7 +99,7 @@ SCRIPT = textwrap.dedent("""
                 os.kill(os.getpid(), signal.SIGKILL)
         return original(self, commands)
 
-    JobDriver._perform = perform
+    Driver._perform = perform
     broker = SimpleNamespace(bootstrap={bootstrap!r})  # (the test's broker)
     p = kafka_counts(broker, Path({tmp!r}), {source!r}, {out!r}, delivery="exactly_once")
     p.run(spark=embedded_session(2))

@@ -320,7 +320,7 @@ def test_lag_and_a_stalled_broker_show_in_the_live_line_dashboard_and_metrics(
     try:
         wait(lambda: len(out.results()) == sum(want.values()), "the first records")
         driver = job.driver
-        wait(lambda: driver.source_lag() == {"kafka": 0}, "lag 0 once all is read")
+        wait(lambda: driver.run.source_lag() == {"kafka": 0}, "lag 0 once all is read")
         assert "lag 0" in live_line(driver)
         board = Dashboard(JobView(driver, "threads"))
         try:
@@ -336,15 +336,15 @@ def test_lag_and_a_stalled_broker_show_in_the_live_line_dashboard_and_metrics(
 
         kafka_broker.pause()
         try:
-            wait(lambda: driver.stalled_sources(), "a stalled source", timeout=20)
-            stalled = driver.stalled_sources()
+            wait(lambda: driver.run.stalled_sources(), "a stalled source", timeout=20)
+            stalled = driver.run.stalled_sources()
             assert all(kafka_broker.bootstrap in why and "not answering" in why
                        for why in stalled.values()), stalled
             live = live_line(driver)
             assert "stalled: kafka." in live and "not answering" in live, live
         finally:
             kafka_broker.resume()
-        wait(lambda: not driver.stalled_sources(), "no longer stalled", timeout=20)
+        wait(lambda: not driver.run.stalled_sources(), "no longer stalled", timeout=20)
         more, _ = keyed_topic_append(kafka_broker, topic, 600, want)
         wait(lambda: len(out.results()) == sum(want.values()), "the records after the stall")
     finally:
@@ -456,13 +456,13 @@ def test_the_broker_paused_20_s_on_spark_stalls_visibly_and_loses_nothing(spark,
     def pause(driver):
         def run():
             deadline = time.monotonic() + 120
-            while not driver.checkpoints and time.monotonic() < deadline:
+            while not driver.run.checkpoints and time.monotonic() < deadline:
                 time.sleep(0.05)
             kafka_broker.pause()
             try:
                 end = time.monotonic() + 20
                 while time.monotonic() < end:
-                    seen.extend(driver.stalled_sources().values())
+                    seen.extend(driver.run.stalled_sources().values())
                     time.sleep(0.2)
             finally:
                 kafka_broker.resume()

@@ -399,11 +399,11 @@ def test_a_sink_stall_shows_in_the_live_line_and_metrics_and_ends(own_broker, tm
         wait(lambda: job.driver is not None, "the job started", timeout=60)
         driver = job.driver
         time.sleep(2.0)  # running, acknowledged (a loaded machine may lag: wait for it)
-        wait(lambda: not driver.stalled_sources(), "running without a stall", timeout=30)
+        wait(lambda: not driver.run.stalled_sources(), "running without a stall", timeout=30)
         own_broker.pause()
         try:
-            wait(lambda: driver.stalled_sources(), "a stalled sink", timeout=15)
-            stalled = driver.stalled_sources()
+            wait(lambda: driver.run.stalled_sources(), "a stalled sink", timeout=15)
+            stalled = driver.run.stalled_sources()
             assert all(own_broker.bootstrap in why and "not acknowledging" in why
                        for why in stalled.values()), stalled
             line = live()
@@ -418,7 +418,7 @@ def test_a_sink_stall_shows_in_the_live_line_and_metrics_and_ends(own_broker, tm
             time.sleep(max(0.0, 9.0 - 5.0))
         finally:
             own_broker.resume()
-        wait(lambda: not driver.stalled_sources(), "no longer stalled", timeout=20)
+        wait(lambda: not driver.run.stalled_sources(), "no longer stalled", timeout=20)
         result = job.result(timeout=120)
     finally:
         job.cancel("the test is over")
@@ -618,7 +618,7 @@ def test_spark_pipeline_with_the_broker_paused_20s(spark, own_broker, tmp_path):
 
     def pause_once(driver):
         def run():
-            while not driver.attempt.started and not driver.done.is_set():
+            while not driver.run.attempt.started and not driver.done.is_set():
                 time.sleep(0.05)
             time.sleep(2.0)
             own_broker.pause()

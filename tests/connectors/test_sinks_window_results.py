@@ -318,5 +318,5 @@ def test_an_unconvertible_record_fails_at_once_on_spark_never_retried(spark, tmp
         p.run(spark=spark, timeout=240, on_start=drivers.append)
     msg = str(info.value)
     assert f"sink 'out' ({sink!r}) cannot write a record of type set ({{37, 38}})" in msg, msg
-    assert drivers and drivers[0].attempts == 1  # Spark never ran the stage again
+    assert drivers and drivers[0].run.attempts == 1  # Spark never ran the stage again
     assert time.monotonic() - t0 < 60

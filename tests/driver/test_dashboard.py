@@ -90,10 +90,10 @@ def _wait_for(url: str, done, timeout: float = 60) -> dict:
 def _url_of(job) -> str:
     """A started job's dashboard URL, once it serves."""
     deadline = time.monotonic() + 30
-    while job.driver is None or job.driver.dashboard_url is None:
+    while job.driver is None or job.driver.run.dashboard_url is None:
         assert time.monotonic() < deadline, "the job's dashboard never started"
         time.sleep(0.01)
-    return job.driver.dashboard_url
+    return job.driver.run.dashboard_url
 
 
 def _prometheus(text: str) -> dict[str, float]:
@@ -192,7 +192,7 @@ def test_spark_run_exact_counts(spark, tmp_path):
     def watch(driver) -> None:
         def main() -> None:
             try:
-                seen["job"] = _check_held_job(driver.dashboard_url, "dash-spark", tmp_path,
+                seen["job"] = _check_held_job(driver.run.dashboard_url, "dash-spark", tmp_path,
                                               "spark local")
             except BaseException as exc:  # noqa: BLE001 - reported below
                 seen["error"] = exc

@@ -420,7 +420,7 @@ def test_report_of_a_job_stopped_with_a_savepoint_and_of_a_cancelled_one(tmp_pat
     assert all(h["type"] == "aligned" for h in snap["checkpoints"]["history"][1:])
 
     job = p.start(engine="threads", restore_from=savepoint)
-    while job.driver is None or not job.driver.attempt.started:
+    while job.driver is None or not job.driver.run.attempt.started:
         time.sleep(0.02)
     job.cancel()
     with pytest.raises(JobFailed, match="cancelled"):
@@ -489,9 +489,9 @@ def test_the_recorder_records_each_checkpoint_once_in_any_order(tmp_path):
     from cutline.storage.checkpoints import CheckpointStorage
 
     c = NS(attempt_log=[], checkpoints=[], failed_checkpoints=[])
-    driver = NS(storage=CheckpointStorage(str(tmp_path), "j"), job="j", controller=c,
-                restored_from=None, stopped_with_savepoint=None)
-    view = NS(driver=driver, engine="test", config={}, graph={},
+    run = NS(storage=CheckpointStorage(str(tmp_path), "j"), job="j", controller=c,
+             restored_from=None, stopped_with_savepoint=None)
+    view = NS(driver=NS(run=run, run_log=None), run=run, engine="test", config={}, graph={},
               checkpoint_entry=lambda r, now, wall: {"id": r.id},
               failed_entry=lambda f, now, wall: {"id": f.id, "why": f.reason})
     rec = Recorder(view, every=3600)
@@ -509,7 +509,7 @@ def test_the_recorder_records_each_checkpoint_once_in_any_order(tmp_path):
     finally:
         rec._stop.set()
     got = [(e["event"], e.get("id", e.get("number"))) for e in
-           HistoryFile(driver.storage.fs, driver.storage.dir).read()]
+           HistoryFile(run.storage.fs, run.storage.dir).read()]
     assert got == [("run", None), ("attempt", 0), ("checkpoint", 8), ("failed", 6),
                    ("checkpoint", 7), ("checkpoint", 9)]
 
@@ -551,9 +551,9 @@ def test_an_attempt_collected_when_a_checkpoint_changed_meanwhile_is_recorded(tm
         return {"id": r.id}
 
     c = NS(attempt_log=[], checkpoints=[], failed_checkpoints=[])
-    driver = NS(storage=CheckpointStorage(str(tmp_path), "j"), job="j", controller=c,
-                restored_from=None, stopped_with_savepoint=None)
-    view = NS(driver=driver, engine="test", config={}, graph={},
+    run = NS(storage=CheckpointStorage(str(tmp_path), "j"), job="j", controller=c,
+             restored_from=None, stopped_with_savepoint=None)
+    view = NS(driver=NS(run=run, run_log=None), run=run, engine="test", config={}, graph={},
               checkpoint_entry=checkpoint_entry,
               failed_entry=lambda f, now, wall: {"id": f.id, "why": f.reason})
     rec = Recorder(view, every=3600)
@@ -566,5 +566,5 @@ def test_an_attempt_collected_when_a_checkpoint_changed_meanwhile_is_recorded(tm
     finally:
         rec._stop.set()
     got = [(e["event"], e.get("id", e.get("number"))) for e in
-           HistoryFile(driver.storage.fs, driver.storage.dir).read()]
+           HistoryFile(run.storage.fs, run.storage.dir).read()]
     assert got == [("run", None), ("attempt", 0), ("checkpoint", 1)]

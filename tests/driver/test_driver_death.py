@@ -26,13 +26,13 @@ SCRIPT = textwrap.dedent("""
     from pathlib import Path
     sys.path.insert(0, {tests!r})
     from pipelines import wordcount
-    from cutline.driver.dataflow import JobDriver
+    from cutline.driver.shell import Driver
     from cutline.protocol import messages as m
     from cutline.protocol.job import Send
     from cutline.spark.launcher import embedded_session
 
     tmp, when = Path({tmp!r}), {when!r}
-    original = JobDriver._perform
+    original = Driver._perform
 
     def perform(self, commands):
         # die the moment checkpoint 2 is complete in storage, before any sink commits it
@@ -42,7 +42,7 @@ SCRIPT = textwrap.dedent("""
                 os.kill(os.getpid(), signal.SIGKILL)
         return original(self, commands)
 
-    JobDriver._perform = perform
+    Driver._perform = perform
     p, _ = wordcount(tmp, {n}, "aligned", rate=6_000, interval=0.3)
     if when == "later":
         import threading, time

@@ -21,7 +21,7 @@ def _wait_checkpoints(job, n=1, timeout=30):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         d = job.driver
-        if d is not None and len([c for c in d.checkpoints if not c.final]) >= n:
+        if d is not None and len([c for c in d.run.checkpoints if not c.final]) >= n:
             return
         time.sleep(0.02)
     raise AssertionError("no checkpoint completed")

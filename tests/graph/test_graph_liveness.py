@@ -118,8 +118,8 @@ def test_a_sigstopped_host_fails_the_run_naming_it_on_spark(spark):
     def freeze(driver) -> None:
         def run() -> None:
             while not driver.done.is_set():
-                a = driver.attempt
-                if a.started and len(driver.snapshots) >= 3 and 1 in a.pids:
+                a = driver.run.attempt
+                if a.started and len(driver.run.snapshots) >= 3 and 1 in a.pids:
                     os.kill(a.pids[1], signal.SIGSTOP)
                     stopped.append(a.pids[1])
                     return

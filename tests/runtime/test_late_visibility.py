@@ -223,7 +223,7 @@ def test_late_count_goes_on_after_a_restore_from_a_savepoint(tmp_path, caplog, p
     p, out = pipeline(tmp_path, name="resumed", rate=4_000)
     job = p.start(engine="threads")
     deadline = time.monotonic() + 60
-    while job.driver is None or not job.driver.late_records().get("counts"):
+    while job.driver is None or not job.driver.run.late_records().get("counts"):
         assert time.monotonic() < deadline, "no late record dropped in 60 s"
         time.sleep(0.05)
     savepoint = job.stop_with_savepoint(60)
@@ -256,7 +256,7 @@ def test_on_late_fail_fails_at_once_naming_the_record(tmp_path):
     assert is_late(ts + BEHIND) and event(ts + BEHIND) == (key, ts)
     assert named.group(3) == str(ts)
     assert "on_late='fail'" in text and "allowed_lateness" in text and ".late()" in text
-    assert drivers[0].attempts == 1
+    assert drivers[0].run.attempts == 1
     assert time.monotonic() - t0 < 30
 
 
@@ -366,7 +366,7 @@ def test_on_late_fail_on_spark_is_not_retried(spark, tmp_path):
                                         r"\('k\d', \d+\): LateRecordError: its time \d+ is "
                                         r"behind the watermark"):
         p.run(spark, on_start=drivers.append, progress=False, timeout=300)
-    assert drivers[0].attempts == 1  # fatal: no new attempt, no stage retry
+    assert drivers[0].run.attempts == 1  # fatal: no new attempt, no stage retry
     assert time.monotonic() - t0 < 60
 
 
@@ -385,12 +385,12 @@ def test_dashboard_shows_late_records_in_headless_chromium(tmp_path):
     job = p.start(engine="threads", dashboard=True)
     try:
         deadline = time.monotonic() + 60
-        while job.driver is None or job.driver.dashboard_url is None or \
+        while job.driver is None or job.driver.run.dashboard_url is None or \
                 job.driver.controller.checkpoints_completed < 3 or \
-                not job.driver.late_records().get("counts"):
+                not job.driver.run.late_records().get("counts"):
             assert time.monotonic() < deadline, "no late record dropped in 60 s"
             time.sleep(0.05)
-        url = job.driver.dashboard_url
+        url = job.driver.run.dashboard_url
         browser = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu",
                    "--hide-scrollbars", "--virtual-time-budget=3000"]
         dom = subprocess.run([*browser, "--dump-dom", url], capture_output=True, text=True,

@@ -156,7 +156,7 @@ def test_faults_past_the_heartbeat_timeout_fail_the_run_and_the_next_resumes_exa
         # found within the timeout (or the handshake's, for a blackhole) plus slack
         assert took < fault.after + HB + 6, (fault, took)
         if what != "control" and fault.kind != "blackhole":  # mid-run
-            assert driver.checkpoints, f"{fault}: no progress before the fault"
+            assert driver.run.checkpoints, f"{fault}: no progress before the fault"
     error, fired, _ = _run(p, monkeypatch, {})
     assert error is None
     assert collections.Counter(sink.results()) == expected_rows(records)

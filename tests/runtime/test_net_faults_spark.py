@@ -35,14 +35,14 @@ class Freeze:
 
     def _run(self, driver) -> None:
         while not driver.done.is_set():
-            a = driver.attempt
+            a = driver.run.attempt
             if a.number == self.attempt and a.started:
                 break
             time.sleep(0.02)
         else:
             return
         time.sleep(self.delay)
-        pid = driver.task_pids.get(self.slot)
+        pid = driver.run.task_pids.get(self.slot)
         if pid is not None and not driver.done.is_set():
             os.kill(pid, signal.SIGSTOP)
             self.frozen.append((pid, time.monotonic()))

@@ -33,7 +33,7 @@ def _cancel_midway(p, timeout=1.2, checkpoints=1):
     t0 = time.monotonic()
     while time.monotonic() - t0 < 60 and not (
             time.monotonic() - t0 >= timeout and job.driver is not None
-            and len(job.driver.checkpoints) >= checkpoints):
+            and len(job.driver.run.checkpoints) >= checkpoints):
         time.sleep(0.02)
     job.cancel("the test resumes it")
     with pytest.raises(JobCancelled):
@@ -278,7 +278,7 @@ def test_rescale_2_to_1_to_2_on_spark_with_a_kill(spark, tmp_path):
         job = p.start(spark=spark, timeout=120)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not (
-                job.driver is not None and len(job.driver.checkpoints) >= 2):
+                job.driver is not None and len(job.driver.run.checkpoints) >= 2):
             time.sleep(0.05)
         job.cancel("the test moves on to the next parallelism")
         with pytest.raises(JobCancelled):

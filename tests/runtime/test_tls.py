@@ -129,7 +129,7 @@ def test_a_stranger_is_refused_and_logged_on_every_port(tmp_path, caplog, tls):
     gate = InputGate("t", ["a"], secret)
     storage = CheckpointStorage(str(tmp_path), "job")
     driver = _Driver(storage, secret)
-    admin = AdminServer(driver, "127.0.0.1")
+    admin = AdminServer(driver, "127.0.0.1", driver.secret)
     admin.start()
     board = Dashboard(SimpleNamespace(driver=driver, rates=SimpleNamespace(every=60.0)))
     caplog.set_level(logging.WARNING)
@@ -231,14 +231,14 @@ def test_spark_job_with_tls_survives_a_failed_upload_and_a_kill_exactly(spark, t
     def watch(driver) -> None:
         def look() -> None:
             deadline = time.monotonic() + 60
-            while not driver.attempt.addresses and time.monotonic() < deadline:
+            while not driver.run.attempt.addresses and time.monotonic() < deadline:
                 time.sleep(0.05)
             seen["key"] = driver.secret.key
             try:
                 connect(driver.address, driver.secret.key, timeout=T)
             except HandshakeError as exc:
                 seen["control"] = str(exc)
-            address = next(a for a in driver.attempt.addresses.values() if a)
+            address = next(a for a in driver.run.attempt.addresses.values() if a)
             try:
                 OutputChannel("sentences.0->count.0", tuple(address), driver.secret.key,
                               connect_timeout=T)
@@ -247,7 +247,7 @@ def test_spark_job_with_tls_survives_a_failed_upload_and_a_kill_exactly(spark, t
             seen["ps"] = subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True,
                                         text=True).stdout
             seen["proc"] = b""
-            for pid in driver.task_pids.values():
+            for pid in driver.run.task_pids.values():
                 for part in ("environ", "cmdline"):
                     try:
                         with open(f"/proc/{pid}/{part}", "rb") as f:

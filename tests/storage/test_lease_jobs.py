@@ -120,11 +120,11 @@ def test_of_two_spark_runs_started_at_once_the_loser_starts_no_spark(tmp_path, m
 
 
 def test_a_driver_handed_a_lease_owns_it(tmp_path):
-    """run_pipeline takes the lease and hands it to the JobDriver: the driver refreshes it
+    """run_pipeline takes the lease and hands it to the driver (job_driver): its run refreshes it
     with its dashboard, releases it when it stops, and a lease another driver took over
     while Spark was starting stops the run before it starts."""
     from cutline import JobFailed
-    from cutline.driver.dataflow import JobDriver
+    from cutline.driver.dataflow import job_driver
     from cutline.plan import plan as make_plan
     from cutline.storage.checkpoints import CheckpointStorage
     from cutline.storage.lease import JobLease
@@ -133,10 +133,10 @@ def test_a_driver_handed_a_lease_owns_it(tmp_path):
     storage = CheckpointStorage(p.checkpoint.storage, p.name)
     lease = JobLease(storage)
     lease.acquire()
-    driver = JobDriver(make_plan(p), p.checkpoint, p.name, lease=lease)
-    assert driver.lease is lease and lease.on_lost == driver.lease_lost
-    driver.dashboard_url = "http://127.0.0.1:1/?token=x"
-    assert lease._body()["dashboard"] == driver.dashboard_url
+    driver = job_driver(make_plan(p), p.checkpoint, p.name, lease=lease)
+    assert driver.run.lease is lease and lease.on_lost == driver.lease_lost
+    driver.run.dashboard_url = "http://127.0.0.1:1/?token=x"
+    assert lease._body()["dashboard"] == driver.run.dashboard_url
     driver.stop()
     assert lease.path is None and not list(storage.fs.glob(f"{storage.dir}/_lease-*"))
 
@@ -144,7 +144,7 @@ def test_a_driver_handed_a_lease_owns_it(tmp_path):
     lease.acquire()
     lease.lost = "job 'wordcount': another driver took over its storage"
     with pytest.raises(JobFailed, match="another driver took over"):
-        JobDriver(make_plan(p), p.checkpoint, p.name, lease=lease)
+        job_driver(make_plan(p), p.checkpoint, p.name, lease=lease)
     assert lease.path is None and not list(storage.fs.glob(f"{storage.dir}/_lease-*"))
 
 

@@ -35,28 +35,30 @@ ADMIN = "admin"  # the handshake's purpose: a control-port answer is refused her
 
 
 class AdminServer:
-    """Answers :class:`~cutline.protocol.messages.SavepointRequest` for one driver."""
+    """Answers :class:`~cutline.protocol.messages.SavepointRequest` for one running job:
+    ``run`` has its ``storage``, its name (``job``) and ``savepoint(stop)`` (a
+    :class:`~cutline.driver.dataflow.DataflowRun`); ``secret``: the driver's
+    :class:`~cutline.runtime.tls.JobSecret`, whose TLS certificate the port uses when on."""
 
-    def __init__(self, driver: Any, host: str) -> None:
-        self.driver = driver
+    def __init__(self, run: Any, host: str, secret: JobSecret | None = None) -> None:
+        self.run = run
         self.token = secrets.token_bytes(32)
-        job = getattr(driver, "secret", None)
-        self._cert = job.cert if isinstance(job, JobSecret) else None
+        self._cert = secret.cert if secret is not None else None
         key: JobSecret | bytes = self.token
-        if isinstance(job, JobSecret) and job.tls:
-            key = job.sibling(self.token, mutual=False)
+        if secret is not None and secret.tls:
+            key = secret.sibling(self.token, mutual=False)
         self._listener = net.Listener(host, key, admit=net.only(ADMIN), serve=self._serve,
                                       name="cutline-admin", log=log,
                                       refusal="refused admin connection")
         self.address = self._listener.address
-        self._path = f"{driver.storage.dir}/{JOB_FILE}"
+        self._path = f"{run.storage.dir}/{JOB_FILE}"
 
     def start(self) -> None:
-        info = {"job": self.driver.job, "host": self.address[0], "port": self.address[1],
+        info = {"job": self.run.job, "host": self.address[0], "port": self.address[1],
                 "token": self.token.hex(), "pid": os.getpid()}
         if self._cert is not None:
             info["cert"] = self._cert.decode()
-        fs = self.driver.storage.fs
+        fs = self.run.storage.fs
         try:
             fs.pipe_file(self._path, json.dumps(info).encode())
             if "file" in fs.protocol:  # an object store's own permissions guard the rest
@@ -73,7 +75,7 @@ class AdminServer:
         threading.Thread(target=self._listener.close, kwargs={"wait": 10.0}, daemon=True,
                          name="cutline-admin-close").start()
         try:
-            fs = self.driver.storage.fs
+            fs = self.run.storage.fs
             raw = fs.cat_file(self._path)
             if json.loads(raw).get("token") == self.token.hex():  # ours, not a newer run's
                 fs.rm_file(self._path)
@@ -93,7 +95,7 @@ class AdminServer:
                 log.error("admin request from %s refused: unexpected %r", raw.peer, msg)
                 conn.send(m.SavepointReply(False, error=f"unknown request {type(msg).TAG!r}"))
                 return
-            future = self.driver.savepoint(stop=msg.stop)
+            future = self.run.savepoint(stop=msg.stop)
             try:
                 path = future.result(timeout=msg.timeout)
                 conn.send(m.SavepointReply(True, path=path))

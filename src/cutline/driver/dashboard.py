@@ -115,21 +115,23 @@ def _wall(mono: float, now_mono: float, now_wall: float) -> float:
 
 
 class JobView:
-    """What the page and ``/metrics`` show of a running job, read from its driver
-    (:class:`~cutline.driver.dataflow.JobDriver`) without stopping it."""
+    """What the page and ``/metrics`` show of a running job, read from its driver (a
+    :class:`~cutline.driver.shell.Driver` whose run is a
+    :class:`~cutline.driver.dataflow.DataflowRun`) without stopping it."""
 
     def __init__(self, driver: Any, engine: str) -> None:
         self.driver, self.engine = driver, engine
+        self.run = driver.run  # the DataflowRun: the job's plan, config, controller
         self.rates = _Rates()
         self.started = time.monotonic()
-        plan = driver.plan
+        plan = self.run.plan
         self.chain_of = {c.task_id(i): c.uid for c, i in plan.tasks()}
         self.graph = _graph(plan)
-        self.config = config_of(driver.config, driver.storage, plan)
+        self.config = config_of(self.run.config, self.run.storage, plan)
         self.tasks_total = len(list(plan.tasks()))
 
     def sample(self) -> dict[str, tuple[float, float]]:
-        c = self.driver.controller
+        c = self.run.controller
         counters = {t: (x.records, x.backpressured) for t, x in list(c.metrics.items())}
         return self.rates.sample(time.monotonic(), c.attempt.number, counters)
 
@@ -157,7 +159,7 @@ class JobView:
     def history(self, now: float, wall: float) -> tuple[list[dict[str, Any]], dict[int, Any]]:
         """Every checkpoint the driver remembers (completed and failed, newest first, without
         their per-task rows), and the completed ones' records by id."""
-        c = self.driver.controller
+        c = self.run.controller
         records = {r.id: r for r in list(c.checkpoints)}
         out = [self.checkpoint_entry(r, now, wall, tasks=False) for r in records.values()]
         out += [self.failed_entry(f, now, wall) for f in list(c.failed_checkpoints)]
@@ -166,12 +168,12 @@ class JobView:
 
     def _snapshot(self, offset: int, limit: int, selected: int | None,
                   upto: int | None) -> dict[str, Any]:
-        d, c = self.driver, self.driver.controller
+        d, run, c = self.driver, self.run, self.run.controller
         now, wall = time.monotonic(), time.time()
         rates = self.sample()
         metrics = dict(c.metrics)
         operators = []
-        for chain, node in zip(d.plan.chains, self.graph["nodes"]):
+        for chain, node in zip(run.plan.chains, self.graph["nodes"]):
             subtasks = [_subtask(chain.task_id(i), metrics.get(chain.task_id(i)),
                                  rates.get(chain.task_id(i), (0.0, 0.0)))
                         for i in range(chain.parallelism)]
@@ -212,12 +214,12 @@ class JobView:
                   else "running" if c.attempt.started
                   else "restarting" if c.attempt.number else "starting")
         return {
-            "job": d.job, "engine": self.engine, "status": status,
+            "job": run.job, "engine": self.engine, "status": status,
             "error": c.error or d.error,
             "uptime": now - self.started, "time": wall,
-            "mode": d.config.protocol_mode.value, "interval": d.config.interval,
+            "mode": run.config.protocol_mode.value, "interval": run.config.interval,
             "config": self.config,
-            "restored_from": d.restored_from,
+            "restored_from": run.restored_from,
             "attempt": c.attempt.number, "restarts": max(0, c.started_attempts - 1),
             "attempts": [attempt_entry(a, now, wall) for a in list(c.attempt_log)],
             "last_failure": c.last_failure,
@@ -700,7 +702,7 @@ class Dashboard:
             t.join(2)
 
     def announce(self, out: Any = None) -> None:
-        print(f"cutline: dashboard of job {self.view.driver.job!r}: {self.url}  "
+        print(f"cutline: dashboard of job {self.view.run.job!r}: {self.url}  "
               f"(Prometheus: {self.url.replace('/?', '/metrics?')})",
               file=out or sys.stderr, flush=True)
         if self.fingerprint:

@@ -1,12 +1,17 @@
-"""The dataflow job's driver: the one driver shell (:class:`~cutline.driver.shell.Driver`)
-around a :class:`~cutline.protocol.job.JobController`.
+"""The dataflow job's kind of run: :class:`DataflowRun`, the
+:class:`~cutline.driver.shell.RunKind` that the one :class:`~cutline.driver.shell.Driver`
+carries out for a :class:`~cutline.protocol.job.JobController` (:func:`job_driver` builds
+both).
 
 Tasks connect (per-job secret) and talk typed messages (:mod:`cutline.protocol.messages`).
-The shell's thread takes what arrives, hands it to the controller, and carries out the
-commands it returns; this class adds the dataflow's own: write a checkpoint's
+The driver's thread takes what arrives, hands it to the controller, and carries out the
+commands it returns; the dataflow's own go to :class:`DataflowRun`: write a checkpoint's
 ``_metadata`` (the commit point) and apply retention, resolve a savepoint's waiter,
-resubmit the stage.  Every decision (attempts, triggers, the final checkpoint, iteration
-probes, savepoints) is the controller's, tested as data.
+resubmit the stage.  It also holds the job's lease and admin port, warns of late records on
+the console, and is what callers read of the job (``driver.run.checkpoints``,
+``.attempt``, ``.watermark()``, ``.late_records()``, ``.source_lag()``...).  Every decision
+(attempts, triggers, the final checkpoint, iteration probes, savepoints) is the
+controller's, tested as data.
 """
 
 from __future__ import annotations
@@ -41,8 +46,8 @@ from .shell import Driver
 
 log = logging.getLogger("cutline.driver")
 
-__all__ = ["CheckpointRecord", "FinishedJobError", "JobDriver", "JobFailed", "SavepointError",
-           "refuse_finished"]
+__all__ = ["CheckpointRecord", "DataflowRun", "FinishedJobError", "JobFailed", "SavepointError",
+           "job_driver", "refuse_finished"]
 
 ROUTE: Callable[[str, tuple[str, int]], tuple[str, int] | None] | None = None
 """Test-only: where tasks connect.  Called with what a connection is for (``"control"``,
@@ -89,24 +94,43 @@ class SavepointError(RuntimeError):
     """A savepoint could not be taken (job not running, finishing, restarted, or aborted)."""
 
 
-class JobDriver(Driver):
+def job_driver(plan: PhysicalPlan, config: CheckpointConfig, job: str,
+               restore_from: str | None = None, host: str = "127.0.0.1",
+               restart_timeout: float | None = None,
+               start_timeout: float | None = None, tls: bool = False,
+               heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
+               lease: JobLease | None = None) -> Driver[DataflowRun]:
+    """The driver of dataflow job ``job``: a :class:`~cutline.driver.shell.Driver` whose
+    run is a :class:`DataflowRun` (see there for ``lease``).  Nothing is left behind when
+    this raises: no listener, the lease released."""
+    run = DataflowRun(plan, config, job, restore_from, restart_timeout=restart_timeout,
+                      start_timeout=start_timeout, lease=lease)
+    try:
+        return Driver(run, host=host, tls=tls, heartbeat_timeout=heartbeat_timeout,
+                      name="cutline-driver")
+    except BaseException:
+        run.lease.release()
+        raise
+
+
+class DataflowRun:
+    """What a dataflow job adds to the driver (a :class:`~cutline.driver.shell.RunKind`):
+    its checkpoint storage, lease, controller and admin port, the commands of a
+    :class:`~cutline.protocol.job.JobController` of its own, and what callers read."""
+
     def __init__(self, plan: PhysicalPlan, config: CheckpointConfig, job: str,
-                 restore_from: str | None = None, host: str = "127.0.0.1",
-                 restart_timeout: float | None = None,
-                 start_timeout: float | None = None, tls: bool = False,
-                 heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
-                 lease: JobLease | None = None) -> None:
+                 restore_from: str | None = None, *, restart_timeout: float | None = None,
+                 start_timeout: float | None = None, lease: JobLease | None = None) -> None:
         """``lease``: the job's lease, already held (``run_pipeline`` takes it before Spark
         starts, so that of two drivers started at once the loser starts no Spark); the
-        driver owns it from here and releases it in :meth:`stop`, or when this fails.
-        None: the driver acquires it here (raising ``JobAlreadyRunningError``)."""
+        run owns it from here and releases it when its driver stops, or when this fails.
+        None: acquired here (raising ``JobAlreadyRunningError``)."""
         self.plan, self.config, self.job = plan, config, job
         self.dashboard_url: str | None = None  # the live dashboard's, with its token
+        self._driver: Driver[DataflowRun] | None = None  # the driver, once attached
+        self.admin: Any = None  # the admin port (driver.admin.AdminServer), while running
         try:
             self.storage = CheckpointStorage(config.storage, job, config.storage_options)
-            # the shell (listener, heartbeats, TLS, loop); its controller comes in _setup
-            super().__init__(None, host=host, tls=tls, heartbeat_timeout=heartbeat_timeout,
-                             name="cutline-driver")
         except BaseException:
             if lease is not None:
                 lease.release()
@@ -118,19 +142,16 @@ class JobDriver(Driver):
                 lease.acquire()
             self.lease = lease
             lease.dashboard = lambda: self.dashboard_url
-            lease.on_lost = self.lease_lost
             if lease.lost is not None:  # taken over while Spark started: this run stops
                 raise JobFailed(lease.lost)
         except BaseException:
             if lease is not None:
                 lease.release()
-            self._control.close()  # the run does not start: leave no listener behind
             raise
         try:
             self._setup(plan, config, job, restore_from, restart_timeout, start_timeout)
         except BaseException:
             self.lease.release()
-            self._control.close()
             raise
 
     def _setup(self, plan: PhysicalPlan, config: CheckpointConfig, job: str,
@@ -154,15 +175,14 @@ class JobDriver(Driver):
             max_concurrent=config.max_concurrent,
             tolerable_failures=config.tolerable_failures)
         self.controller = JobController(shape, policy, job=job, restore=restore_from,
-                                         first_id=max(first_id, self.storage.next_id()),
-                                         metadata=self._metadata,
-                                         restart_timeout=restart_timeout,
-                                         start_timeout=start_timeout)
+                                        first_id=max(first_id, self.storage.next_id()),
+                                        metadata=self._metadata,
+                                        restart_timeout=restart_timeout,
+                                        start_timeout=start_timeout)
         # the engine's resubmit (cancel the stage, submit it again): the watchdog's remedy
         self.on_resubmit: Any = None
         self._restore_checked = restore_from is not None
         self._restore_from = restore_from
-        self.cancel_requested: str | None = None  # RunningJob.cancel(): why
         self._routes_of: tuple[int, dict] = (-1, {})  # an attempt's Start addresses, routed
         self.late = LateWarnings(lateness_of(plan))  # the console's word on late records
         from .dashboard import operator_names
@@ -236,25 +256,46 @@ class JobDriver(Driver):
 
     # ------------------------------------------------------------------ running
 
-    def start(self) -> None:
-        from .admin import AdminServer
-
-        if not self._restore_checked:  # no check_restore(): resume from the latest, if any
-            latest = self.storage.latest()
-            self.controller.restore = latest.path if latest is not None else None
-        self.admin = AdminServer(self, self.address[0])  # cutline savepoint from outside
-        self.admin.start()
-        super().start()
+    @property
+    def driver(self) -> Driver[DataflowRun]:
+        """The driver that carries this run out."""
+        if self._driver is None:
+            raise RuntimeError(f"job {self.job!r}: no driver carries this run out yet")
+        return self._driver
 
     def savepoint(self, stop: bool = False) -> Future:
         """Trigger a savepoint; the future's result is its path.  With ``stop``, the job stops
         once the savepoint is complete and its sink transactions are committed (Flink's
         stop-with-savepoint): a run restored from it continues exactly once."""
         future: Future = Future()
-        self.call(lambda now: self.controller.request_savepoint(future, stop, now))
+        self.driver.call(lambda now: self.controller.request_savepoint(future, stop, now))
         return future
 
-    # ------------------------------------------------------------------ the shell's hooks
+    # ------------------------------------------------------------------ the driver's hooks
+
+    def attach(self, driver: Driver[Any]) -> None:
+        self._driver = driver
+        self.lease.on_lost = driver.lease_lost
+        if self.lease.lost is not None:  # taken over since __init__ looked: the run fails
+            driver.lease_lost(self.lease.lost)
+
+    def before_start(self) -> None:
+        from .admin import AdminServer
+
+        if not self._restore_checked:  # no check_restore(): resume from the latest, if any
+            latest = self.storage.latest()
+            self.controller.restore = latest.path if latest is not None else None
+        driver = self.driver
+        # cutline savepoint from outside
+        self.admin = AdminServer(self, driver.address[0], driver.secret)
+        self.admin.start()
+
+    def before_stop(self) -> None:
+        if self.admin is not None:
+            self.admin.stop()
+
+    def after_stop(self) -> None:
+        self.lease.release()
 
     def observe(self, conn: Any, msg: Any, now: float) -> None:
         if type(msg) is m.Metrics and msg.first_late:
@@ -287,7 +328,7 @@ class JobDriver(Driver):
             if self.on_resubmit is not None:
                 self.on_resubmit()
         else:
-            return super().effect(cmd)
+            raise TypeError(f"{type(self).__name__} cannot carry out {cmd!r}")
         return []
 
     @staticmethod
@@ -362,33 +403,20 @@ class JobDriver(Driver):
         latest under the job's storage) must fit the pipeline; raises
         :class:`~cutline.runtime.restore.IncompatibleCheckpointError` naming what changed,
         and :class:`FinishedJobError` when the latest one ended a finished run (resume it
-        with ``restore_from``)."""
-        try:
-            chosen = self.controller.restore
-            handle = (self.storage.open(chosen) if chosen is not None
-                      else self.storage.latest())
-            self._restore_checked = True
-            self.controller.restore = handle.path if handle is not None else None
-            if handle is None:
-                return None
-            for warning in check_compatible(handle.metadata, read_states(handle), self.plan,
-                                            handle.path, allow_non_restored_state):
-                log.warning("%s", warning)
-            if chosen is None:
-                refuse_finished(self.storage, handle)
-            return handle.path
-        except BaseException:
-            self._control.close()  # the run does not start: leave no listener behind
-            self.lease.release()
-            raise
-
-    def stop(self, why: str = "the job stopped") -> None:
-        self.done.set()
-        if getattr(self, "admin", None) is not None:
-            self.admin.stop()
-        super().stop(why)  # and every task connection, of this attempt or older ones
-        self.lease.release()
-
+        with ``restore_from``).  The caller stops the driver when this raises."""
+        chosen = self.controller.restore
+        handle = (self.storage.open(chosen) if chosen is not None
+                  else self.storage.latest())
+        self._restore_checked = True
+        self.controller.restore = handle.path if handle is not None else None
+        if handle is None:
+            return None
+        for warning in check_compatible(handle.metadata, read_states(handle), self.plan,
+                                        handle.path, allow_non_restored_state):
+            log.warning("%s", warning)
+        if chosen is None:
+            refuse_finished(self.storage, handle)
+        return handle.path
 
 
 def align_groups(plan: Any) -> dict[str, tuple[str, ...]]:

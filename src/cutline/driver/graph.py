@@ -2,7 +2,8 @@
 
 Hosts (Spark tasks, or threads) connect with the run's secret, register their channel
 address, and get ``start``: the address map, the attempt number and the snapshot to
-restore.  Then the :class:`GraphDriver`:
+restore.  Then the driver (:func:`graph_driver`: the one
+:class:`~cutline.driver.shell.Driver`, whose run is a :class:`GraphRun`):
 
 * starts a snapshot every ``snapshot_interval`` at random initiators, plus the processes no
   marker could reach from them; hands out snapshot ids to processes that start their own;
@@ -15,8 +16,10 @@ restore.  Then the :class:`GraphDriver`:
   completed last; a host that goes silent (a frozen process: its heartbeats stop) fails
   the run, naming it.
 
-The connections, heartbeats, TLS, clock and event loop are the one driver shell's
-(:class:`~cutline.driver.shell.Driver`).  It imports nothing from pyspark:
+The connections, heartbeats, TLS, clock and event loop are the driver's own; what is a
+process graph's (snapshot assembly and storage, predicates, ``on_snapshot``, the
+:class:`~cutline.graph.result.RunResult`) is :class:`GraphRun`'s, the
+:class:`~cutline.driver.shell.RunKind` it carries out.  It imports nothing from pyspark:
 :mod:`cutline.spark.graph` launches the hosts.
 """
 
@@ -41,7 +44,7 @@ from .shell import Driver
 
 log = logging.getLogger("cutline.graph.driver")
 
-__all__ = ["GraphDriver", "RunOptions"]
+__all__ = ["GraphRun", "RunOptions", "graph_driver"]
 
 
 @dataclass(frozen=True)
@@ -93,15 +96,24 @@ class RunOptions:
                              f"own traffic), got {self.tls!r}")
 
 
-class GraphDriver(Driver):
-    """The snapshot service of one run, in the driver process: the
-    :class:`~cutline.driver.shell.Driver` of a
-    :class:`~cutline.protocol.graphjob.GraphController`, plus storage, predicates and
-    callbacks."""
+def graph_driver(graph: Any, opts: RunOptions, placement: dict[str, int], hosts: int,
+                 storage_url: str, host: str = "127.0.0.1", on_snapshot: Any = None,
+                 tls: bool = False) -> Driver[GraphRun]:
+    """The driver of one process-graph run: a :class:`~cutline.driver.shell.Driver` whose
+    run is a :class:`GraphRun`."""
+    run = GraphRun(graph, opts, placement, hosts, storage_url, on_snapshot=on_snapshot)
+    return Driver(run, host=host, tls=tls, heartbeat_timeout=opts.heartbeat_timeout,
+                  name="cutline-graph", peer="the host")
+
+
+class GraphRun:
+    """The snapshot service of one run, in the driver process (a
+    :class:`~cutline.driver.shell.RunKind`): a
+    :class:`~cutline.protocol.graphjob.GraphController`, the commands of its own, storage,
+    predicates and callbacks, and what callers read (the snapshots, the result)."""
 
     def __init__(self, graph: Any, opts: RunOptions, placement: dict[str, int], hosts: int,
-                 storage_url: str, host: str = "127.0.0.1",
-                 on_snapshot: Any = None, tls: bool = False) -> None:
+                 storage_url: str, on_snapshot: Any = None) -> None:
         self.graph, self.opts = graph, opts
         self.names = list(graph.processes)
         self.edges = [tuple(e) for e in graph.edges]
@@ -119,16 +131,12 @@ class GraphDriver(Driver):
             self.restore_path = restore.path
             first_id = max(first_id, (restore.snapshot_id or 0) + 1)
         # the driver's clock is monotonic; the hosts and the result see wall-clock times
-        self.clock_offset = time.time() - self.clock()
-        controller = GraphController(
+        self.clock_offset = time.time() - Driver.clock()
+        self.controller = GraphController(
             self.names, self.edges, placement, hosts, interval=opts.snapshot_interval,
             initiators=opts.initiators, max_concurrent=opts.max_concurrent,
             duration=opts.duration, first_id=first_id, restore=restore,
             rng=random.Random(opts.seed), clock_offset=self.clock_offset)
-        super().__init__(controller, host=host, tls=tls,
-                         heartbeat_timeout=opts.heartbeat_timeout, name="cutline-graph",
-                         peer="the host")
-        self.controller: GraphController = controller
         self.snapshots: list = []  # GraphSnapshot, completion order
         self.checkpoints = self.snapshots  # spark.faults.Kill counts these
         self.stopped_by: Any = None  # the GraphSnapshot that ended the run
@@ -185,7 +193,25 @@ class GraphDriver(Driver):
     def task_pids(self) -> dict[int, int]:
         return dict(self.controller.attempt.pids)
 
-    # ------------------------------------------------------------------ the shell's hooks
+    # ------------------------------------------------------------------ the driver's hooks
+
+    def attach(self, driver: Driver[Any]) -> None:
+        pass  # (the run needs nothing of its driver)
+
+    def before_start(self) -> None:
+        pass
+
+    def before_stop(self) -> None:
+        pass
+
+    def after_stop(self) -> None:
+        pass
+
+    def idle(self, now: float) -> float | None:
+        return None
+
+    def outgoing(self, msg: Any) -> Any:
+        return msg
 
     def observe(self, conn: Any, msg: Any, now: float) -> None:
         """Keep the current attempt's metrics and trace events."""
@@ -205,7 +231,7 @@ class GraphDriver(Driver):
     def effect(self, cmd: GraphCommand) -> list[GraphCommand]:
         if type(cmd) is StoreSnapshot:
             return self._store(cmd)
-        return super().effect(cmd)
+        raise TypeError(f"{type(self).__name__} cannot carry out {cmd!r}")
 
     # ------------------------------------------------------------------ snapshots
 
@@ -215,10 +241,10 @@ class GraphDriver(Driver):
         snap.initiators = list(cmd.initiators)
         snap.by_driver = cmd.by_driver
         snap.attempt = cmd.attempt
-        t_run = c.t_run if c.t_run is not None else self.clock()
+        t_run = c.t_run if c.t_run is not None else Driver.clock()
         base = c.attempts[-1].started - t_run if c.attempts else 0.0
         snap.started = round(base + min(snap.taken_at.values(), default=0.0), 6)
-        snap.completed = round(self.clock() - t_run, 6)
+        snap.completed = round(Driver.clock() - t_run, 6)
         snap.checks = [p.evaluate(snap) for p in self.predicates]
         files: dict[str, dict] = {}
         for name, part in cmd.parts.items():
@@ -257,10 +283,7 @@ class GraphDriver(Driver):
             if stop is not None:
                 self.stopped_by = snap
         return c.stored(n, path=snap.path, in_transit=snap.in_transit, kept=kept, stop=stop,
-                        now=self.clock())
-
-    def close(self) -> None:
-        self.stop("the run ended")
+                        now=Driver.clock())
 
     # ------------------------------------------------------------------ the result
 

@@ -182,14 +182,15 @@ class Recorder:
     logged (once) and the next flush tries again."""
 
     def __init__(self, view: Any, every: float | None = None) -> None:
-        self.view, self.driver = view, view.driver
-        storage = self.driver.storage
+        # the job's driver (its log file) and its run (driver.dataflow.DataflowRun)
+        self.view, self.driver, self.dataflow = view, view.driver, view.run
+        storage = self.dataflow.storage
         self.fs, self.dir = storage.fs, storage.dir
         self.file = HistoryFile(storage.fs, storage.dir)
         self.every = every if every is not None else (
             LOCAL_EVERY if self.file.local else REMOTE_EVERY)
         # the run's id: its lease's (the log file's name has it too), else one of its own
-        lease = getattr(self.driver, "lease", None)
+        lease = getattr(self.dataflow, "lease", None)
         self.run = str(getattr(lease, "run", None) or time.strftime(
             "%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3))
         self._completed: set[int] = set()  # ids recorded, of those the driver remembers
@@ -203,13 +204,13 @@ class Recorder:
         self.report: str | None = None  # the report's URL (a path for local storage)
 
     def start(self) -> None:
-        d = self.driver
+        d = self.dataflow
         self._pending.append({
             "event": "run", "run": self.run, "time": time.time(), "job": d.job,
             "engine": self.view.engine, "config": self.view.config, "graph": self.view.graph,
             # what attempt 0 restores (chosen before the run: the latest, or restore_from)
             "restored_from": d.restored_from or getattr(d.controller, "restore", None),
-            "host": os.uname().nodename, "pid": os.getpid(), "log": _log_path(d)})
+            "host": os.uname().nodename, "pid": os.getpid(), "log": _log_path(self.driver)})
         self.flush()
         self._thread = threading.Thread(target=self._loop, name="cutline-history",
                                         daemon=True)
@@ -220,7 +221,7 @@ class Recorder:
             self.flush()
 
     def _collect(self) -> list[dict[str, Any]]:
-        c = self.driver.controller
+        c = self.dataflow.controller
         now, wall = time.monotonic(), time.time()
         out: list[dict[str, Any]] = []
         attempts = self._attempts  # advanced once everything was collected (a RuntimeError
@@ -261,7 +262,7 @@ class Recorder:
             except Exception as exc:  # noqa: BLE001 - the history never fails a job
                 if not self._warned:
                     log.warning("cutline: job %r: cannot write its history %s (%s: %s); "
-                                "trying again", self.driver.job, self.file.url,
+                                "trying again", self.dataflow.job, self.file.url,
                                 type(exc).__name__, exc)
                     self._warned = True
 
@@ -275,20 +276,20 @@ class Recorder:
         try:
             return self._finish(exc)
         except Exception as e:  # noqa: BLE001 - the report never fails (or hides) anything
-            log.warning("cutline: job %r: no report for this run (%s: %s)", self.driver.job,
+            log.warning("cutline: job %r: no report for this run (%s: %s)", self.dataflow.job,
                         type(e).__name__, e)
             return None
 
     def _finish(self, exc: BaseException | None) -> str | None:
-        status, error = outcome(exc, self.driver)
+        status, error = outcome(exc, self.dataflow)
         snap = self.view.snapshot(limit=1)
         end = {"event": "end", "run": self.run, "time": time.time(), "status": status,
                "error": error, "last_failure": snap["last_failure"], "uptime": snap["uptime"],
                "source_records": snap["source_records"], "late_records": snap["late_records"],
                "watermark_text": snap["watermark_text"], "attempt": snap["attempt"],
                "restarts": snap["restarts"],
-               "savepoint": self.driver.stopped_with_savepoint,
-               "restored_from": self.driver.restored_from,
+               "savepoint": self.dataflow.stopped_with_savepoint,
+               "restored_from": self.dataflow.restored_from,
                "checkpoints_completed": snap["checkpoints"]["completed"],
                "checkpoints_failed": snap["checkpoints"]["failed"],
                "operators": [{**o, "records_per_s": 0.0, "backpressure": 0.0,
@@ -302,14 +303,14 @@ class Recorder:
             except Exception:  # noqa: BLE001 - unreadable: what this run still holds
                 entries = list(self._pending)
             self.report = write_report(self.fs, self.dir, build_snapshot(
-                entries, _handles(self.driver.storage), self.fs.unstrip_protocol(self.dir),
+                entries, _handles(self.dataflow.storage), self.fs.unstrip_protocol(self.dir),
                 self.file.url))
         except Exception as e:  # noqa: BLE001 - the report never fails a job
             log.warning("cutline: job %r: cannot write its report to %s (%s: %s)",
-                        self.driver.job, self.fs.unstrip_protocol(self.dir),
+                        self.dataflow.job, self.fs.unstrip_protocol(self.dir),
                         type(e).__name__, e)
             return None
-        print(f"cutline: report of job {self.driver.job!r}: {self.report}", file=sys.stderr,
+        print(f"cutline: report of job {self.dataflow.job!r}: {self.report}", file=sys.stderr,
               flush=True)
         if exc is not None:  # JobFailed.report, as JobResult.report
             try:
@@ -335,17 +336,18 @@ def start_recording(driver: Any, engine: str) -> Recorder | None:
         return recorder
     except Exception as exc:  # noqa: BLE001 - the history never fails a job
         log.warning("cutline: job %r: no history or report for this run (%s: %s)",
-                    driver.job, type(exc).__name__, exc)
+                    driver.run.job, type(exc).__name__, exc)
         return None
 
 
-def outcome(exc: BaseException | None, driver: Any) -> tuple[str, str | None]:
-    """How a run ended, for the report: ``(status, error)``."""
+def outcome(exc: BaseException | None, run: Any) -> tuple[str, str | None]:
+    """How a run (a :class:`~cutline.driver.dataflow.DataflowRun`) ended, for the report:
+    ``(status, error)``."""
     from .run import JobCancelled
 
     if exc is None:
-        if driver.stopped_with_savepoint:
-            return "stopped", f"stopped with savepoint {driver.stopped_with_savepoint}"
+        if run.stopped_with_savepoint:
+            return "stopped", f"stopped with savepoint {run.stopped_with_savepoint}"
         return "finished", None
     if isinstance(exc, JobCancelled):
         return "cancelled", str(exc)

@@ -22,7 +22,7 @@ from ..protocol.job import CheckpointRecord
 from ..protocol.liveness import HEARTBEAT_TIMEOUT
 from ..runtime.failures import SetupError, report_setup_failure
 from ..runtime.task import JobSpec, Slot
-from .dataflow import JobDriver, JobFailed
+from .dataflow import DataflowRun, JobFailed, job_driver
 from .engine import Engine
 from .logs import RunLog, append, log_dir, new_log_file
 from .shell import Driver
@@ -98,21 +98,26 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
             log.warning("cutline: source %r: %s", node.uid, warning)
     cfg = pipeline.checkpoint
     tls = getattr(pipeline, "tls", None)
-    driver = JobDriver(plan, cfg, pipeline.name, restore_from, host=engine.driver_host,
-                       restart_timeout=restart_timeout if engine.restarts else None,
-                       start_timeout=start_timeout if engine.restarts else None,
-                       tls=bool(engine.tls if tls is None else tls),
-                       heartbeat_timeout=heartbeat_timeout, lease=lease)
-    driver.on_resubmit = engine.resubmit if engine.restarts else None
+    driver = job_driver(plan, cfg, pipeline.name, restore_from, host=engine.driver_host,
+                        restart_timeout=restart_timeout if engine.restarts else None,
+                        start_timeout=start_timeout if engine.restarts else None,
+                        tls=bool(engine.tls if tls is None else tls),
+                        heartbeat_timeout=heartbeat_timeout, lease=lease)
+    run = driver.run
+    run.on_resubmit = engine.resubmit if engine.restarts else None
     try:  # this run's log file, in the job's folder (driver.logs)
-        driver.run_log = RunLog(driver.storage, driver.lease.run, engine.log_path)
+        driver.run_log = RunLog(run.storage, run.lease.run, engine.log_path)
     except OSError as exc:
         log.warning("cutline: job %r: no run log (%s); failures go to %s", pipeline.name, exc,
                     log_dir())
-    try:  # check_restore and _start_dashboard stop the driver if they fail; the log closes here
-        driver.check_restore(allow_non_restored_state)
+    try:  # a failed check stops the driver here, _start_dashboard its own; the log closes here
+        try:
+            run.check_restore(allow_non_restored_state)
+        except BaseException:
+            driver.stop()  # the run does not start: leave no listener behind
+            raise
         spec = JobSpec(plan=plan, job=pipeline.name, secret=driver.secret,
-                       coordinator=driver.route("control", driver.address),
+                       coordinator=run.route("control", driver.address),
                        mode=cfg.protocol_mode.value,
                        aligned_timeout=cfg.aligned_timeout, storage_url=cfg.storage,
                        storage_options=cfg.storage_options, host=engine.task_host,
@@ -139,7 +144,7 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
         # bookkeeping of the stage (its shuffle and result stage, 0.3-2 s) may end after
         # the run returns; a next job's barrier stage simply waits for its slots.
         engine.join(_STAGE_GRACE)
-        driver.say_late_summary()
+        run.say_late_summary()
     except KeyboardInterrupt:
         _cancelled(pipeline, driver)
         raise _interrupted(pipeline, driver) from None
@@ -155,16 +160,16 @@ def run_job(pipeline: Any, plan: PhysicalPlan, engine: Any, *, restore_from: str
         if record is not None:
             record.finish(sys.exc_info()[1])
         _close_run_log(driver)
-    return JobResult(pipeline.name, driver.checkpoints, driver.attempts,
-                     time.monotonic() - t0, driver.restored_from, plan.describe(),
-                     task_pids=driver.task_pids, cpu_seconds=driver.cpu_seconds,
-                     savepoint=driver.stopped_with_savepoint,
-                     checkpoints_completed=driver.controller.checkpoints_completed,
-                     late_records=driver.late_records(),
+    return JobResult(pipeline.name, run.checkpoints, run.attempts,
+                     time.monotonic() - t0, run.restored_from, plan.describe(),
+                     task_pids=run.task_pids, cpu_seconds=run.cpu_seconds,
+                     savepoint=run.stopped_with_savepoint,
+                     checkpoints_completed=run.controller.checkpoints_completed,
+                     late_records=run.late_records(),
                      report=record.report if record is not None else None)
 
 
-def _start_dashboard(driver: JobDriver, option: Any, engine: Any) -> Any:
+def _start_dashboard(driver: Driver[DataflowRun], option: Any, engine: Any) -> Any:
     """The job's live dashboard, started and announced, or None (not wanted)."""
     from .dashboard import Dashboard, JobView, dashboard_port
 
@@ -176,15 +181,15 @@ def _start_dashboard(driver: JobDriver, option: Any, engine: Any) -> Any:
     except BaseException as exc:
         driver.stop()  # the run does not start: leave no listener behind
         if isinstance(exc, OSError):
-            raise OSError(exc.errno, f"cannot serve the dashboard of job {driver.job!r} on "
+            raise OSError(exc.errno, f"cannot serve the dashboard of job {driver.run.job!r} on "
                                      f"127.0.0.1:{port}: {exc.strerror}") from None
         raise
-    driver.dashboard_url = board.url
+    driver.run.dashboard_url = board.url
     board.announce()
     return board
 
 
-def drive(driver: Driver, engine: Engine, task_main: Any, spec: Any, what: str, *,
+def drive(driver: Driver[Any], engine: Engine, task_main: Any, spec: Any, what: str, *,
           timeout: float | None, on_start: Any = None, display: Any = None) -> float:
     """Start ``driver``, submit ``task_main(spec, k)`` on ``engine`` and wait for the end
     of the run ``what`` ("job 'name'", "graph 'name'"); returns when the tasks started
@@ -207,7 +212,7 @@ def drive(driver: Driver, engine: Engine, task_main: Any, spec: Any, what: str, 
             raise _failed(what, driver, engine)
         if timeout is not None and time.monotonic() - t0 > timeout:
             raise JobCancelled(f"{what} cancelled: not finished within {timeout}s")
-        cancel = getattr(driver, "cancel_requested", None)
+        cancel = driver.cancel_requested
         if cancel:
             raise JobCancelled(f"{what} cancelled: {cancel}")
     if display is not None:
@@ -217,7 +222,7 @@ def drive(driver: Driver, engine: Engine, task_main: Any, spec: Any, what: str, 
     return t0
 
 
-def _failed(what: str, driver: Driver, engine: Engine) -> JobFailed:
+def _failed(what: str, driver: Driver[Any], engine: Engine) -> JobFailed:
     """The run failed: one message with cutline's cause, and the long story (the task's
     Python traceback, Spark's error with its Java frames) in a log file it names."""
     c = driver.controller
@@ -235,7 +240,7 @@ def _failed(what: str, driver: Driver, engine: Engine) -> JobFailed:
         cause = engine_says or driver.error or "unknown"
     message = f"{what} failed: {cause}"
     story = "\n\n".join(t for t in (c.trace, engine.details()) if t)
-    run_log: RunLog | None = getattr(driver, "run_log", None)
+    run_log: RunLog | None = driver.run_log
     if run_log is not None:  # the run's own log: the story, then Spark's part of the run
         run_log.failure(f"cutline: {message}", story)
         path = run_log.path
@@ -257,12 +262,13 @@ def _close_run_log(driver: Any) -> None:
         run_log.close()
 
 
-def _interrupted(pipeline: Any, driver: JobDriver) -> KeyboardInterrupt:
+def _interrupted(pipeline: Any, driver: Driver[DataflowRun]) -> KeyboardInterrupt:
     """Ctrl-C: the job is cancelled; say where it can resume from."""
-    latest = driver.checkpoints[-1].path if driver.checkpoints else None
+    run = driver.run
+    latest = run.checkpoints[-1].path if run.checkpoints else None
     if latest is None:
         with suppress(Exception):
-            handle = driver.storage.latest()
+            handle = run.storage.latest()
             latest = handle.path if handle is not None else None
     name = pipeline.name
     if latest is None or not pipeline.checkpoint.retain_on_cancel:
@@ -274,9 +280,9 @@ def _interrupted(pipeline: Any, driver: JobDriver) -> KeyboardInterrupt:
     return KeyboardInterrupt(text)
 
 
-def _cancelled(pipeline: Any, driver: JobDriver) -> None:
+def _cancelled(pipeline: Any, driver: Driver[DataflowRun]) -> None:
     """Cancellation keeps the checkpoints unless ``retain_on_cancel=False``."""
     if not pipeline.checkpoint.retain_on_cancel:
         driver.stop()
-        deleted = driver.storage.discard_all()
+        deleted = driver.run.storage.discard_all()
         log.info("job %s cancelled: deleted checkpoints %s", pipeline.name, deleted)

@@ -10,8 +10,9 @@ clock and the event loop, and feeds a controller what happens: a message from a 
 (:meth:`Controller.on_stage_ended`), the passing of time (:meth:`Controller.tick`, next due
 at :meth:`Controller.next_due`).  Each returns the commands to carry out in order:
 :class:`Send` and :class:`Done` are the shell's; the others are the controller's own (write
-a checkpoint, store a snapshot, resolve a savepoint), carried out by the driver of that
-kind of run.
+a checkpoint, store a snapshot, resolve a savepoint), which the driver hands to the
+object of that kind of run it was given (``driver.dataflow.DataflowRun``,
+``driver.graph.GraphRun``).
 
 :class:`Done` carries a :class:`DoneCause`: the shell and the run function choose what to
 tell the user from it, never from the error's wording.

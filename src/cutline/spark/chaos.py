@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..driver.dataflow import JobDriver
+from ..driver.dataflow import DataflowRun
+from ..driver.shell import Driver
 from .faults import executor_of
 
 __all__ = ["Chaos", "ChaosReport", "load_example", "run_chaos"]
@@ -49,11 +50,11 @@ class Chaos:
     killed: list[dict] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
-    def __call__(self, driver: JobDriver) -> None:
+    def __call__(self, driver: Driver[DataflowRun]) -> None:
         threading.Thread(target=self._run, args=(driver,), name="cutline-chaos",
                          daemon=True).start()
 
-    def _run(self, driver: JobDriver) -> None:
+    def _run(self, driver: Driver[DataflowRun]) -> None:
         rng = random.Random(self.seed)
         attempt = -1
 
@@ -62,20 +63,21 @@ class Chaos:
 
         while len(self.killed) < self.kills and not over():
             # the next attempt, with at least one task registered (pids known)
-            while not over() and (driver.attempt.number <= attempt or not driver.task_pids
-                                  or (self.after_start and not driver.attempt.started)):
+            run = driver.run
+            while not over() and (run.attempt.number <= attempt or not run.task_pids
+                                  or (self.after_start and not run.attempt.started)):
                 time.sleep(0.005)
             if over():
                 return
-            attempt = driver.attempt.number
+            attempt = driver.run.attempt.number
             delay = (rng.uniform(0.0, 0.05) if rng.random() < self.early
                      else rng.uniform(0.05, 2 * self.mean_delay))
             # (no draw without executor kills: a seed kills as it always did)
             executor = self.executors > 0 and rng.random() < self.executors
             if self.stop.wait(delay):
                 return
-            pids = driver.task_pids
-            if driver.done.is_set() or driver.attempt.number != attempt or not pids:
+            pids = driver.run.task_pids
+            if driver.done.is_set() or driver.run.attempt.number != attempt or not pids:
                 continue
             slot = rng.choice(sorted(pids))
             target, pid = "worker", pids[slot]
@@ -87,7 +89,7 @@ class Chaos:
                 continue
             self.killed.append({"attempt": attempt, "slot": slot, "pid": pid,
                                 "target": target, "delay": delay,
-                                "started": driver.attempt.started, "time": time.time()})
+                                "started": driver.run.attempt.started, "time": time.time()})
 
 
 @dataclass

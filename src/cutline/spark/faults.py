@@ -9,8 +9,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from ..driver.dataflow import JobDriver
+from ..driver.shell import Driver
 
 
 @dataclass
@@ -22,18 +23,18 @@ class Kill:
     slot: int | None = None
     killed: list[tuple[int, int, float]] = field(default_factory=list)  # (slot, pid, time)
 
-    def __call__(self, driver: JobDriver) -> None:
+    def __call__(self, driver: Driver[Any]) -> None:
         threading.Thread(target=self._run, args=(driver,), daemon=True).start()
 
-    def _run(self, driver: JobDriver) -> None:
+    def _run(self, driver: Driver[Any]) -> None:
         while not driver.done.is_set():
-            if len(driver.checkpoints) >= self.after_checkpoint and driver.task_pids:
+            if len(driver.run.checkpoints) >= self.after_checkpoint and driver.run.task_pids:
                 break
             time.sleep(0.02)
         else:
             return
         time.sleep(self.delay)
-        pids = driver.task_pids
+        pids: dict[int, int] = driver.run.task_pids
         if driver.done.is_set() or not pids:
             return
         slot = self.slot if self.slot in pids else max(pids)
@@ -96,18 +97,18 @@ class KillDaemon:
     then: float = 0.5
     fired: list[tuple[str, int]] = field(default_factory=list)
 
-    def __call__(self, driver: JobDriver) -> None:
+    def __call__(self, driver: Driver[Any]) -> None:
         threading.Thread(target=self._run, args=(driver,), daemon=True).start()
 
     @property
     def frozen(self) -> list[int]:
         return [pid for what, pid in self.fired if what == "froze"]
 
-    def _run(self, driver: JobDriver) -> None:
-        while not driver.attempt.started and not driver.done.is_set():
+    def _run(self, driver: Driver[Any]) -> None:
+        while not driver.run.attempt.started and not driver.done.is_set():
             time.sleep(0.02)
         time.sleep(self.delay)
-        pids = driver.task_pids
+        pids: dict[int, int] = driver.run.task_pids
         # the daemon of a slot that survives the kill: Spark must end that slot's task
         daemon = next((d for slot, pid in sorted(pids.items()) if slot != self.kill
                        for d in [pyspark_daemon(pid)] if d), None)

@@ -2,7 +2,7 @@
 
 The hosts run as one barrier stage (:mod:`cutline.spark.stage`), resubmitted as a whole when
 a task fails; the rows it returns prove nothing (the
-:class:`~cutline.driver.graph.GraphDriver` knows what completed).  ``engine="threads"``
+:class:`~cutline.driver.graph.GraphRun` of the driver knows what completed).  ``engine="threads"``
 runs the same hosts on threads of this process, for tests and debugging.
 """
 
@@ -17,7 +17,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from ..driver.dataflow import JobFailed
-from ..driver.graph import GraphDriver, RunOptions
+from ..driver.graph import RunOptions, graph_driver
 from ..driver.run import drive
 from ..driver.threads import ThreadsEngine
 from ..graph.host import GraphSpec, Host
@@ -30,7 +30,7 @@ from .stage import SparkStage, ship_user_code
 
 log = logging.getLogger("cutline.graph")
 
-__all__ = ["GraphDriver", "JobFailed", "RunOptions", "run_graph"]
+__all__ = ["JobFailed", "RunOptions", "run_graph"]
 
 
 def _placement(names: list[str], hosts: int) -> dict[str, int]:
@@ -92,11 +92,11 @@ def _run(graph: Any, opts: RunOptions, lease: JobLease, *, spark: Any, on_start:
         engine = ThreadsEngine(hosts)
         processes = copy.deepcopy(graph.processes)
     tls = bool(engine.tls if opts.tls is None else opts.tls)
-    driver = GraphDriver(graph, opts, placement, hosts, storage, host=engine.driver_host,
-                         on_snapshot=on_snapshot, tls=tls)
+    driver = graph_driver(graph, opts, placement, hosts, storage, host=engine.driver_host,
+                          on_snapshot=on_snapshot, tls=tls)
     lease.on_lost = driver.lease_lost
     if lease.lost is not None:  # taken over while the engine started: this run stops
-        driver.close()
+        driver.stop("the run ended")
         raise JobFailed(lease.lost)
     spec = GraphSpec(job=graph.name, names=names, processes=processes, edges=list(graph.edges),
                      placement=placement, hosts=hosts, secret=driver.secret,
@@ -116,12 +116,12 @@ def _run(graph: Any, opts: RunOptions, lease: JobLease, *, spark: Any, on_start:
             driver.done.wait(5.0)
         if not driver.done.is_set() or driver.error:
             engine.cancel()
-        driver.close()
+        driver.stop("the run ended")
         lease.release()
         if temp is not None:
             engine.join(5)
             shutil.rmtree(temp, ignore_errors=True)
-    result = driver.result(time.monotonic() - t0)
+    result = driver.run.result(time.monotonic() - t0)
     if temp is not None:  # nothing on disk to point at
         result.storage = ""
         for snap in result.snapshots:

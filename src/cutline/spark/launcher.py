@@ -17,9 +17,10 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from ..driver.dataflow import JobDriver, JobFailed, refuse_finished
+from ..driver.dataflow import DataflowRun, JobFailed, refuse_finished
 from ..driver.logs import new_log_file, redirect_output
 from ..driver.run import JobCancelled, JobResult, run_job
+from ..driver.shell import Driver
 from ..driver.threads import ThreadsEngine
 from ..plan import plan as make_plan
 from ..protocol.liveness import HEARTBEAT_TIMEOUT, check_timeout
@@ -226,7 +227,10 @@ def run_pipeline(pipeline: Any, spark: Any = None, *, restore_from: str | None =
 
     ``restore_from`` starts from a checkpoint or savepoint path; otherwise the job resumes
     from the latest completed checkpoint under its storage, if any.  ``on_start(driver)``
-    is called once the driver is up (tests use it to inject faults).
+    is called once the driver is up (tests use it to inject faults): a
+    :class:`~cutline.driver.shell.Driver` whose ``run`` (a
+    :class:`~cutline.driver.dataflow.DataflowRun`) holds what there is to read of the job
+    (``driver.run.checkpoints``, ``driver.run.attempt``, ``driver.run.task_pids``).
 
     State is matched to operators by uid; a pipeline whose parallelism changed is rescaled
     (keyed state by key groups, source positions and sink transactions redistributed).  A
@@ -315,7 +319,7 @@ class RunningJob:
 
     def __init__(self, pipeline: Any, spark: Any = None, **kwargs: Any) -> None:
         self.pipeline = pipeline
-        self._driver: JobDriver | None = None
+        self._driver: Driver[DataflowRun] | None = None
         self._ready = threading.Event()
         self._result: JobResult | None = None
         self._error: BaseException | None = None
@@ -324,7 +328,7 @@ class RunningJob:
         # whatever the caller prints meanwhile)
         kwargs.setdefault("progress", False)
 
-        def on_start(driver: JobDriver) -> None:
+        def on_start(driver: Driver[DataflowRun]) -> None:
             self._driver = driver
             self._ready.set()
             if user_on_start is not None:
@@ -342,11 +346,11 @@ class RunningJob:
                                         daemon=True)
         self._thread.start()
 
-    def _running_driver(self, timeout: float) -> JobDriver:
+    def _running_driver(self, timeout: float) -> Driver[DataflowRun]:
         deadline = time.monotonic() + timeout
         self._ready.wait(timeout)
         driver = self._driver
-        while driver is not None and not driver.attempt.started and not driver.done.is_set() \
+        while driver is not None and not driver.run.attempt.started and not driver.done.is_set() \
                 and time.monotonic() < deadline:
             time.sleep(0.02)
         if driver is None or driver.done.is_set() or self._error is not None:
@@ -356,12 +360,12 @@ class RunningJob:
 
     def savepoint(self, timeout: float = 600.0) -> str:
         """Take a savepoint of the running job; returns its path."""
-        return self._running_driver(timeout).savepoint().result(timeout)
+        return self._running_driver(timeout).run.savepoint().result(timeout)
 
     def stop_with_savepoint(self, timeout: float = 600.0) -> str:
         """Take a savepoint, commit the sinks' transactions up to it, stop; returns its path.
         ``Pipeline.run(restore_from=path)`` continues exactly once."""
-        path = self._running_driver(timeout).savepoint(stop=True).result(timeout)
+        path = self._running_driver(timeout).run.savepoint(stop=True).result(timeout)
         self.result(timeout)
         return path
 
@@ -372,7 +376,7 @@ class RunningJob:
             self._driver.cancel_requested = why
 
     @property
-    def driver(self) -> JobDriver | None:
+    def driver(self) -> Driver[DataflowRun] | None:
         return self._driver
 
     def done(self) -> bool:
