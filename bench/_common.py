@@ -406,6 +406,13 @@ def cutline_in_spark_task(spark: Any) -> str:
     return spark.sparkContext.parallelize([0], 1).mapPartitions(_cutline_file).collect()[0]
 
 
+def job_of(driver: Any) -> Any:
+    """What a driver given to ``on_start`` tells of its job (attempts, task pids,
+    checkpoints): its ``run`` since issue 26 made the driver one class, the driver itself in
+    older versions (``bench/ab.py`` runs this code against both)."""
+    return getattr(driver, "run", driver)
+
+
 class AttemptWatcher:
     """``on_start`` hook: polls the driver every 5 ms and stamps (``time.monotonic()``) when
     each attempt started; ``then(driver)`` runs once, when the first one has."""
@@ -424,7 +431,7 @@ class AttemptWatcher:
 
     def _run(self, driver: Any) -> None:
         while not driver.done.is_set():
-            a = driver.run.attempt
+            a = job_of(driver).attempt
             if a.started and a.number not in self.starts:
                 self.starts[a.number] = time.monotonic()
                 if self.then is not None and len(self.starts) == 1:

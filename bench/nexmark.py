@@ -144,6 +144,7 @@ from _common import (
     spark_session, stamp, stop_quietly, styled, table, tree_cpu, verdict, write_results,
 )
 from _common import console as make_console
+from _common import job_of
 from _common import input_files as input_dir_files
 
 HERE = Path(__file__).resolve().parent
@@ -1013,7 +1014,7 @@ def cutline_live(ctx: dict, query: str, kill_at: float | None = None) -> dict:
 
         def kill(driver: Any) -> None:
             time.sleep(max(0.0, inp.t0 + kill_at - time.time()))
-            pids = driver.run.task_pids
+            pids = job_of(driver).task_pids
             slot = sorted(pids)[0]
             killed.update(time=time.time(), slot=slot, pid=pids[slot],
                           what=f"the Spark Python worker running task {slot} of "

@@ -179,6 +179,7 @@ from _common import (
     table, verdict, write_results,
 )
 from _common import console as make_console
+from _common import job_of
 from rich.console import Console
 
 import cutline
@@ -1236,7 +1237,7 @@ def profile_cutline(ctx: dict, console: Console, workdir: Path) -> dict:
         raws: list[Path] = []
 
         def attach(driver: Any, label: str = label) -> None:
-            for slot, pid in sorted(driver.run.attempt.pids.items()):
+            for slot, pid in sorted(job_of(driver).attempt.pids.items()):
                 raw = workdir / f"profile-{label.replace(' ', '-')}-{slot}.txt"
                 raws.append(raw)
                 procs.append(subprocess.Popen(
