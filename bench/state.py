@@ -58,7 +58,7 @@ from _common import (
 from _common import console as make_console
 from _common import ms as _ms
 
-from cutline.api import Node
+from cutline.logical import make_node
 from cutline.runtime.registry import build_operator
 from cutline.state.memory import MemoryStateBackend
 from cutline.state.rocksdb import RocksDBStateBackend
@@ -293,7 +293,7 @@ def _group(key: str) -> int:
 def count_rate(backend: str, keys: int, records: int, seed: int, **cache: Any) -> float:
     rnd = random.Random(seed)
     recs = [f"k{rnd.randrange(keys)}" for _ in range(records)]
-    node = Node(0, "count", "count", key_fn=lambda r: r)
+    node = make_node(0, "count", "count", key_fn=lambda r: r)
     op = build_operator(node, 0, 1, MAXP, state_backend=backend)
     if cache:
         op.state.close()

@@ -55,20 +55,20 @@ def _count_in_value_state(ctx: Any, record: Any) -> list:
 
 def _run_case(op_kind: str, backend: str, keys: int, records: int, batch: int,
               seed: int) -> dict[str, float]:
-    from cutline.api import Node
+    from cutline.logical import make_node
     from cutline.runtime.registry import build_operator
 
     rnd = random.Random(seed)
     names = [f"k{i}" for i in range(keys)]
     picks = [names[rnd.randrange(keys)] for _ in range(records)]
     if op_kind == "count":
-        node = Node(0, "count", "count", key_fn=lambda r: r)
+        node = make_node(0, "count", "count", key_fn=lambda r: r)
         warm, recs = names, picks
     elif op_kind == "process":
-        node = Node(0, "process", "process", fn=_count_in_value_state, key_fn=lambda r: r)
+        node = make_node(0, "process", "process", fn=_count_in_value_state, key_fn=lambda r: r)
         warm, recs = names, picks
     else:
-        node = Node(0, "reduce", "reduce", fn=_add, key_fn=lambda r: r[0])
+        node = make_node(0, "reduce", "reduce", fn=_add, key_fn=lambda r: r[0])
         warm, recs = [(k, 1) for k in names], [(k, 1) for k in picks]
     op = build_operator(node, 0, 1, MAXP, state_backend=backend)
     try:

@@ -209,13 +209,13 @@ def per_batch(args: argparse.Namespace) -> list[dict]:
     import numpy as np
     import pyarrow as pa
 
-    from cutline.logical import AggSpec, ColumnKey, Node
+    from cutline.logical import AggSpec, ColumnKey, make_node
     from cutline.runtime.registry import build_operator
 
     rows, keys = args.batch_rows, args.users
     spec = AggSpec(("user",), (("n", None, "count"), ("total", "value", "sum"),
                                ("hi", "value", "max"), ("avg", "value", "mean")), "batch")
-    node = Node(0, "agg", "aggregate", spec, key_fn=ColumnKey(("user",)), columnar=True)
+    node = make_node(0, "agg", "aggregate", spec, key_fn=ColumnKey(("user",)), columnar=True)
     rng = np.random.default_rng(7)
     users = np.array([f"u{u:05d}" for u in range(keys)])
     batches = [pa.record_batch({"user": pa.array(users[rng.integers(0, keys, rows)]),

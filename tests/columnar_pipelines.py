@@ -130,12 +130,12 @@ def session_events(records: int) -> tuple[collections.Counter, collections.Count
     """The failure-free rows of :func:`late_sessions` (sessions, late rows), from the
     per-record window operator (``count()`` and ``sum("value")``) on the same rows, a
     watermark after every 500."""
-    from cutline.logical import ColumnKey, Node
+    from cutline.logical import ColumnKey, make_node
     from cutline.protocol.windows import WindowSpec, counting, summarizing
     from cutline.runtime.registry import build_operator
     from cutline.runtime.windows import LateRecord
 
-    ops = [build_operator(Node(0, "s", "window", WindowSpec(
+    ops = [build_operator(make_node(0, "s", "window", WindowSpec(
         session(GAP), LATENESS, lambda r: r["t"], agg, emit_late=True),
         key_fn=ColumnKey(("user",))), 0, 1, 128)
         for agg in (counting(), summarizing("sum", "value"))]

@@ -1,22 +1,36 @@
 """The logical graph's vocabulary: a :class:`Node` per operator and how records reach it.
 
-The user API (:mod:`cutline.api`) builds nodes, the planner (:mod:`cutline.plan`) chains
-them, and the runtime's operators run them; this module sits below all three and imports
-nothing else of cutline.  Users see :class:`Node` as ``cutline.api.Node``.
+Each :class:`Kind` of operator has its node class (:data:`NODE_CLASSES`: ``MapNode``,
+``WindowNode``, ...), whose ``fn`` is typed for what that kind runs and checked when the node
+is made; :func:`make_node` builds one by kind.  The user API (:mod:`cutline.api`) builds
+nodes, the planner (:mod:`cutline.plan`) chains them, and the runtime's operators run them;
+this module sits below all three and imports nothing else of cutline but the window spec
+(:mod:`cutline.protocol.windows`).  Users see :class:`Node` as ``cutline.api.Node``.
 """
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from .protocol.windows import WindowSpec
 
 __all__ = ["AGGREGATES", "AggSpec", "BatchFunction", "BatchWindowSpec", "CountSpec", "FORWARD",
            "REBALANCE", "HASH", "BROADCAST", "ColumnKey", "ColumnTime", "Kind", "Node", "kind_of",
            "Partial",
            "PartialKey", "TimestampSpec", "WindowPartial", "check_updates", "timestamp_fn_of",
-           "update_interval"]
+           "update_interval",
+           # a node class per kind
+           "NODE_CLASSES", "ON_ERROR", "make_node", "node_class", "Readable", "Writable",
+           "FallibleNode", "AggregateNode", "AssignTimestampsNode", "CombineNode", "CountNode",
+           "FilterBatchesNode", "FilterNode", "FlatMapNode", "IterateNode", "MapBatchesNode",
+           "MapNode", "OperatorNode", "ProcessNode", "ReduceNode", "SelectNode", "SinkNode",
+           "SourceNode", "ToBatchesNode", "ToRowsNode", "UnionNode", "WhereNode",
+           "WindowAggNode", "WindowLateNode", "WindowNode", "WindowResultsNode",
+           "WithColumnNode"]
 
 # Partitioning of an edge into an operator.
 FORWARD, REBALANCE, HASH, BROADCAST = "forward", "rebalance", "hash", "broadcast"
@@ -24,24 +38,25 @@ FORWARD, REBALANCE, HASH, BROADCAST = "forward", "rebalance", "hash", "broadcast
 
 class Kind(StrEnum):
     """What a logical operator does: the vocabulary of :attr:`Node.kind`.  A member equals
-    its string (``Kind.MAP == "map"``).  Which runtime operator runs each kind is
-    :data:`cutline.runtime.registry.OPERATORS`'s business; what each kind's ``Node.fn`` holds
-    is said per member."""
+    its string (``Kind.MAP == "map"``).  Each has its node class (:data:`NODE_CLASSES`),
+    whose ``fn`` holds what is said per member (and is checked: ``payload`` / ``takes``);
+    which runtime operator runs each kind is
+    :data:`cutline.runtime.registry.OPERATORS`'s business."""
 
     SOURCE = "source"  # fn: the Source
     MAP = "map"  # fn: record -> record
     FLAT_MAP = "flat_map"  # fn: record -> iterable of records
     FILTER = "filter"  # fn: record -> bool
     UNION = "union"  # fn: None (records pass through)
-    ITERATE = "iterate"  # fn: None (an iteration head; Node.feedback: its back edges)
+    ITERATE = "iterate"  # fn: None (an iteration head; IterateNode.feedback: its back edges)
     ASSIGN_TIMESTAMPS = "assign_timestamps"  # fn: TimestampSpec
     REDUCE = "reduce"  # fn: (acc, record) -> acc, per key
-    PROCESS = "process"  # fn: (ctx, record) -> records; keyed state, timers (on_timer)
+    PROCESS = "process"  # fn: (ctx, record) -> records; keyed state, timers (ProcessNode.on_timer)
     COUNT = "count"  # fn: CountSpec
-    WINDOW = "window"  # fn: the window spec (runtime/windows.py)
+    WINDOW = "window"  # fn: the WindowSpec (protocol/windows.py)
     WINDOW_RESULTS = "window_results"  # fn: its window's spec (the results as records)
     WINDOW_LATE = "window_late"  # fn: its window's spec (the late records)
-    COMBINE = "combine"  # fn: CountSpec / AggSpec / BatchWindowSpec: the planner's local
+    COMBINE = "combine"  # fn: Count/Agg/Window/BatchWindowSpec: the planner's local
     #                      half of a two-phase aggregation (:func:`cutline.plan.plan`)
     SINK = "sink"  # fn: the Sink
     OPERATOR = "operator"  # fn: builds an operator of its own (tests; no user API)
@@ -88,21 +103,25 @@ _BATCH = frozenset({Kind.MAP_BATCHES, Kind.FILTER_BATCHES, Kind.SELECT, Kind.WHE
 
 @dataclass
 class Node:
-    """One logical operator."""
+    """One logical operator: a vertex of the logical graph.  Every kind has its own subclass
+    (:data:`NODE_CLASSES`), whose ``kind`` is a class attribute and whose ``fn`` (what the
+    operator runs) is typed for that kind and checked when the node is made: a payload of
+    another type raises naming the node, its kind and what it needs.  Build one with
+    :func:`make_node` (by kind) or its class.  The fields only one kind uses are that kind's:
+    ``on_error`` / ``dead_letter`` (:class:`FallibleNode`), ``on_timer``
+    (:class:`ProcessNode`), ``feedback`` (:class:`IterateNode`)."""
+
+    kind: ClassVar[Kind]  # each subclass's own
+    payload: ClassVar[str] = "None"  # what ``fn`` holds, as an error message says it
+    takes: ClassVar[tuple[Any, ...]] = (type(None),)  # ``fn``'s types (isinstance)
 
     id: int
     uid: str
-    kind: Kind  # (a str naming a Kind is taken: it becomes the member)
     fn: Any = None
     parallelism: int | None = None
     inputs: list[int] = field(default_factory=list)
     partitioning: str = FORWARD  # how records reach this node from its inputs
     key_fn: Callable[[Any], Any] | None = None  # hash partitioning / keyed operators
-    on_timer: Callable[..., Any] | None = None  # process: the timers' callback
-    on_error: str = "fail"  # map / flat_map / filter: "fail" or "dead_letter"
-    # an iteration head: feedback input node id -> (partitioning, key_fn) of the back edge
-    feedback: dict[int, tuple[str, Any]] = field(default_factory=dict)
-    dead_letter: Any = None  # the pipeline's dead-letter sink, when on_error="dead_letter"
     # Event time: the ``ts_fn`` of the nearest upstream ``assign_timestamps`` (its own for
     # an assigner), filled in when the node is added (:func:`timestamp_fn_of`); ``None``
     # when no assigner is upstream, or the inputs' assigners differ.
@@ -116,11 +135,27 @@ class Node:
     auto_uid: bool = False
 
     def __post_init__(self) -> None:
-        self.kind = kind_of(self.kind, self.uid)
+        if getattr(type(self), "kind", None) is None:
+            raise TypeError(f"node {self.uid!r}: {type(self).__name__} is no kind's node: "
+                            f"make_node(id, uid, kind, fn) or a kind's class "
+                            f"({', '.join(c.__name__ for c in NODE_CLASSES.values())})")
+        if not self.accepts(self.fn):
+            raise TypeError(f"node {self.uid!r} ({self.kind}): fn must be {self.payload}, "
+                            f"got {_shown(self.fn)}")
+
+    @classmethod
+    def accepts(cls, fn: Any) -> bool:
+        """``fn`` is a payload of this kind: one of :attr:`takes`."""
+        return isinstance(fn, cls.takes)
 
     @property
     def keyed(self) -> bool:
         return self.kind.keyed
+
+
+def _shown(value: Any) -> str:
+    """A payload as an error message names it: its type and a short repr."""
+    return "None" if value is None else f"{type(value).__name__} {reprlib.repr(value)}"
 
 
 class ColumnKey:
@@ -374,3 +409,325 @@ def timestamp_fn_of(inputs: list[Node]) -> tuple[Callable[[Any], Any] | None, st
         return None, ""
     n = next(iter(found.values()))
     return n.timestamp_fn, n.timestamps_from
+
+
+
+# ------------------------------------------------------------------ a node class per kind
+#
+# Each class's ``fn`` is what its kind's operator runs (``payload`` says it in words,
+# ``takes`` by type); ``None`` where the kind runs nothing of the user's.
+
+
+@runtime_checkable
+class Readable(Protocol):
+    """What a ``source`` node reads (a ``cutline.connectors.base.Source``)."""
+
+    def create_reader(self) -> Any: ...
+
+
+@runtime_checkable
+class Writable(Protocol):
+    """What a ``sink`` node writes to (a ``cutline.connectors.base.Sink``)."""
+
+    def create_writer(self) -> Any: ...
+
+
+ON_ERROR = ("fail", "dead_letter")
+_FUNCTION: tuple[Any, ...] = (Callable,)  # (collections.abc.Callable: isinstance tells)
+
+
+@dataclass
+class SourceNode(Node):
+    kind = Kind.SOURCE
+    payload = "a source (with create_reader())"
+    takes = (Readable,)
+    fn: Readable
+
+
+@dataclass
+class SinkNode(Node):
+    kind = Kind.SINK
+    payload = "a sink (with create_writer())"
+    takes = (Writable,)
+    fn: Writable
+
+
+@dataclass
+class FallibleNode(Node):
+    """A node whose user function runs per record and may raise on one: ``on_error`` says
+    what happens then: ``"fail"`` the job, or ``"dead_letter"``: the record goes to the
+    pipeline's dead-letter sink (``dead_letter``, set when the pipeline is validated).  The
+    base of :class:`MapNode`, :class:`FlatMapNode`, :class:`FilterNode` and
+    :class:`AssignTimestampsNode`; no kind's class itself."""
+
+    on_error: str = field(default="fail", kw_only=True)
+    dead_letter: Any = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"node {self.uid!r} ({self.kind}): on_error must be 'fail' or "
+                             f"'dead_letter', got {self.on_error!r}")
+
+
+@dataclass
+class MapNode(FallibleNode):
+    kind = Kind.MAP
+    payload = "a function record -> record"
+    takes = _FUNCTION
+    fn: Callable[[Any], Any]
+
+
+@dataclass
+class FlatMapNode(FallibleNode):
+    kind = Kind.FLAT_MAP
+    payload = "a function record -> iterable of records"
+    takes = _FUNCTION
+    fn: Callable[[Any], Any]
+
+
+@dataclass
+class FilterNode(FallibleNode):
+    kind = Kind.FILTER
+    payload = "a function record -> bool"
+    takes = _FUNCTION
+    fn: Callable[[Any], Any]
+
+
+@dataclass
+class AssignTimestampsNode(FallibleNode):
+    kind = Kind.ASSIGN_TIMESTAMPS
+    payload = "a TimestampSpec"
+    takes = (TimestampSpec,)
+    fn: TimestampSpec
+
+
+@dataclass
+class UnionNode(Node):
+    kind = Kind.UNION  # (records pass through)
+
+
+@dataclass
+class IterateNode(Node):
+    """An iteration's head: records pass through; ``feedback``: its back edges, by the
+    feedback input's node id: ``(partitioning, key_fn)``."""
+
+    kind = Kind.ITERATE
+    feedback: dict[int, tuple[str, Any]] = field(default_factory=dict, kw_only=True)
+
+
+@dataclass
+class ReduceNode(Node):
+    kind = Kind.REDUCE
+    payload = "a function (acc, record) -> acc"
+    takes = _FUNCTION
+    fn: Callable[[Any, Any], Any]
+
+
+@dataclass
+class ProcessNode(Node):
+    """``process(fn, on_timer=...)``: ``fn(ctx, record)`` with keyed state; ``on_timer(ctx,
+    key, when)`` when a timer fires."""
+
+    kind = Kind.PROCESS
+    payload = "a function (ctx, record) -> records"
+    takes = _FUNCTION
+    fn: Callable[[Any, Any], Any]
+    on_timer: Callable[..., Any] | None = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.on_timer is not None and not callable(self.on_timer):
+            raise TypeError(f"node {self.uid!r} ({self.kind}): on_timer must be a function "
+                            f"(ctx, key, when) or None, got {_shown(self.on_timer)}")
+
+
+@dataclass
+class CountNode(Node):
+    kind = Kind.COUNT
+    payload = "a CountSpec (None: CountSpec(), an update per record)"
+    takes = (CountSpec,)
+    fn: CountSpec = field(default_factory=CountSpec)
+
+    def __post_init__(self) -> None:
+        if self.fn is None:
+            self.fn = CountSpec()
+        super().__post_init__()
+
+
+@dataclass
+class WindowNode(Node):
+    kind = Kind.WINDOW
+    payload = "a WindowSpec"
+    takes = (WindowSpec,)
+    fn: WindowSpec
+
+
+@dataclass
+class WindowResultsNode(Node):
+    """A window's results as records: ``fn`` is its window's spec."""
+
+    kind = Kind.WINDOW_RESULTS
+    payload = "its window's WindowSpec or BatchWindowSpec"
+    takes = (WindowSpec, BatchWindowSpec)
+    fn: WindowSpec | BatchWindowSpec
+
+
+@dataclass
+class WindowLateNode(Node):
+    """A window's late records: ``fn`` is its window's spec."""
+
+    kind = Kind.WINDOW_LATE
+    payload = "its window's WindowSpec or BatchWindowSpec"
+    takes = (WindowSpec, BatchWindowSpec)
+    fn: WindowSpec | BatchWindowSpec
+
+
+@dataclass
+class CombineNode(Node):
+    """The planner's local half of a two-phase aggregation (:func:`cutline.plan.plan`):
+    ``fn`` is the spec of the aggregation after the exchange."""
+
+    kind = Kind.COMBINE
+    payload = "a CountSpec, AggSpec, WindowSpec or BatchWindowSpec"
+    takes = (CountSpec, AggSpec, WindowSpec, BatchWindowSpec)
+    fn: CountSpec | AggSpec | WindowSpec | BatchWindowSpec
+
+
+@dataclass
+class OperatorNode(Node):
+    """An operator of its own (tests; no user API): ``fn(node, subtask, parallelism,
+    max_parallelism, state_backend=, storage=)`` builds it."""
+
+    kind = Kind.OPERATOR
+    payload = "a function building the operator"
+    takes = _FUNCTION
+    fn: Callable[..., Any]
+
+
+@dataclass
+class MapBatchesNode(Node):
+    kind = Kind.MAP_BATCHES
+    payload = "a BatchFunction"
+    takes = (BatchFunction,)
+    fn: BatchFunction
+
+
+@dataclass
+class FilterBatchesNode(Node):
+    kind = Kind.FILTER_BATCHES
+    payload = "a BatchFunction"
+    takes = (BatchFunction,)
+    fn: BatchFunction
+
+
+@dataclass
+class SelectNode(Node):
+    kind = Kind.SELECT
+    payload = "a list of column names"
+    fn: list[str]
+
+    @classmethod
+    def accepts(cls, fn: Any) -> bool:
+        return isinstance(fn, list) and bool(fn) and all(isinstance(c, str) for c in fn)
+
+
+def _expression(value: Any) -> bool:
+    """``value`` is a ``pyarrow.compute.Expression`` (pyarrow imported only to tell)."""
+    import pyarrow.compute as pc
+
+    return isinstance(value, pc.Expression)
+
+
+@dataclass
+class WhereNode(Node):
+    kind = Kind.WHERE
+    payload = "a pyarrow.compute expression"
+    fn: Any  # a pyarrow.compute.Expression
+
+    @classmethod
+    def accepts(cls, fn: Any) -> bool:
+        return _expression(fn)
+
+
+@dataclass
+class WithColumnNode(Node):
+    kind = Kind.WITH_COLUMN
+    payload = ("(name, expression): a column name and a pyarrow.compute expression or a "
+               "function of the batch")
+    fn: tuple[str, Any]
+
+    @classmethod
+    def accepts(cls, fn: Any) -> bool:
+        return (isinstance(fn, tuple) and len(fn) == 2 and isinstance(fn[0], str)
+                and bool(fn[0]) and (callable(fn[1]) or _expression(fn[1])))
+
+
+@dataclass
+class ToRowsNode(Node):
+    kind = Kind.TO_ROWS
+
+
+@dataclass
+class ToBatchesNode(Node):
+    kind = Kind.TO_BATCHES
+    payload = "a pyarrow.Schema or None (inferred)"
+    fn: Any = None  # a pyarrow.Schema
+
+    @classmethod
+    def accepts(cls, fn: Any) -> bool:
+        if fn is None:
+            return True
+        import pyarrow as pa
+
+        return isinstance(fn, pa.Schema)
+
+
+@dataclass
+class AggregateNode(Node):
+    kind = Kind.AGGREGATE
+    payload = "an AggSpec"
+    takes = (AggSpec,)
+    fn: AggSpec
+
+
+@dataclass
+class WindowAggNode(Node):
+    kind = Kind.WINDOW_AGG
+    payload = "a BatchWindowSpec"
+    takes = (BatchWindowSpec,)
+    fn: BatchWindowSpec
+
+
+NODE_CLASSES: dict[Kind, type[Node]] = {c.kind: c for c in (
+    SourceNode, MapNode, FlatMapNode, FilterNode, UnionNode, IterateNode,
+    AssignTimestampsNode, ReduceNode, ProcessNode, CountNode, WindowNode, WindowResultsNode,
+    WindowLateNode, CombineNode, SinkNode, OperatorNode, MapBatchesNode, FilterBatchesNode,
+    SelectNode, WhereNode, WithColumnNode, ToRowsNode, ToBatchesNode, AggregateNode,
+    WindowAggNode)}
+"""The node class of each :class:`Kind`."""
+
+
+def node_class(kind: Kind | str, uid: str | None = None) -> type[Node]:
+    """The node class of ``kind`` (:data:`NODE_CLASSES`); an unknown kind raises naming it,
+    the node and the known kinds."""
+    return NODE_CLASSES[kind_of(kind, uid)]
+
+
+def make_node(id: int, uid: str, kind: Kind | str, fn: Any = None, *args: Any,
+              **fields: Any) -> Node:
+    """A node of ``kind`` (a :class:`Kind` or its string): its class
+    (:data:`NODE_CLASSES`) with ``id``, ``uid``, ``fn`` and the other fields in
+    :class:`Node`'s order, or by name (a kind's own too: ``on_timer=`` of a ``process``).
+    A field another kind's (``on_timer`` of a ``map``) raises naming the node."""
+    cls = node_class(kind, uid)
+    try:
+        return cls(id, uid, fn, *args, **fields)
+    except TypeError as exc:
+        if "unexpected keyword argument" not in str(exc):
+            raise
+        names = {f for c in cls.__mro__ for f in getattr(c, "__dataclass_fields__", ())}
+        wrong = sorted(set(fields) - names)
+        raise TypeError(f"node {uid!r} ({cls.kind}): a {cls.kind} node has no "
+                        f"{', '.join(wrong)} (its fields: {', '.join(sorted(names))})"
+                        ) from None

@@ -28,7 +28,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from .logical import FORWARD, HASH, AggSpec, BatchWindowSpec, CountSpec, Kind, Node, PartialKey
+from .logical import (
+    FORWARD,
+    HASH,
+    AggSpec,
+    BatchWindowSpec,
+    CountSpec,
+    IterateNode,
+    Kind,
+    Node,
+    PartialKey,
+    make_node,
+)
 from .protocol.windows import WindowSpec
 from .storage.schema import ChannelId  # what checkpoints store: below the plan
 
@@ -176,9 +187,10 @@ def plan(pipeline: Pipeline) -> PhysicalPlan:
         combined = heads.get(n.id)
         if combined is not None:
             chain_of[n.id].nodes[0] = n = combined
+        feedback = n.feedback if isinstance(n, IterateNode) else {}
         for i in n.inputs:
-            if i in n.feedback:  # an iteration's back edge: logged, never chained
-                part, key_fn = n.feedback[i]
+            if i in feedback:  # an iteration's back edge: logged, never chained
+                part, key_fn = feedback[i]
                 edges.append(Edge(chain_of[i].id, chain_of[n.id].id, part,
                                   key_fn if part == HASH else None, back=True))
                 continue
@@ -234,17 +246,17 @@ def _two_phase(pipeline: Pipeline, chains: list[Chain], chain_of: dict[int, Chai
     own: dict[int, Chain] = {}
     for chain in list(chains):
         n = chain.head
-        if n.partitioning != HASH or len(n.inputs) != 1 or n.feedback or not combinable(n):
+        if n.partitioning != HASH or len(n.inputs) != 1 or not combinable(n):
             continue
         i = n.inputs[0]
         up = chain_of[i]
         last = up.nodes[-1]
         if up is chain or last.id != i:  # (an operator feeding others ends its chain)
             continue
-        local = Node(len(pipeline.nodes) + n.id, f"{n.uid}.combine", Kind.COMBINE, n.fn,
-                     up.parallelism, [i], FORWARD, n.key_fn,
-                     timestamp_fn=last.timestamp_fn, timestamps_from=last.timestamps_from,
-                     columnar=last.columnar)
+        local = make_node(len(pipeline.nodes) + n.id, f"{n.uid}.combine", Kind.COMBINE, n.fn,
+                          up.parallelism, [i], FORWARD, n.key_fn,
+                          timestamp_fn=last.timestamp_fn, timestamps_from=last.timestamps_from,
+                          columnar=last.columnar)
         if consumers[i] == [n.id]:
             up.nodes.append(local)
         else:  # the stream feeds other operators too: the combine in a chain of its own

@@ -282,12 +282,12 @@ def test_columnar_state_merges_as_merge_partial_does(batches, restart):
 def test_two_key_columns_and_a_batch_of_another_type(tmp_path):
     """Keys of two columns merge into columns as single keys do; a later batch whose
     aggregate has another type converts when exact, else fails naming the types."""
-    from cutline.logical import AggSpec, ColumnKey, Node
+    from cutline.logical import AggSpec, ColumnKey, make_node
     from cutline.runtime.operators import UserFunctionError
     from cutline.runtime.registry import build_operator
 
     spec = AggSpec(("a", "b"), (("n", None, "count"), ("s", "v", "sum")))
-    node = Node(0, "agg", "aggregate", spec, key_fn=ColumnKey(("a", "b")), columnar=True)
+    node = make_node(0, "agg", "aggregate", spec, key_fn=ColumnKey(("a", "b")), columnar=True)
     op = build_operator(node, 0, 1, 128)
     want: dict = collections.Counter()
     sums: dict = collections.Counter()
@@ -313,12 +313,12 @@ def test_a_batch_of_a_wider_float_type_converts_only_when_exact(tmp_path):
     """The first batch's max is float32, a later batch's float64: 0.5 converts exactly and
     merges; 0.1 has no float32 value (Arrow's cast rounded it to 0.10000000149011612, and
     the max came out as that, silently) and fails naming the types."""
-    from cutline.logical import AggSpec, ColumnKey, Node
+    from cutline.logical import AggSpec, ColumnKey, make_node
     from cutline.runtime.operators import UserFunctionError
     from cutline.runtime.registry import build_operator
 
     spec = AggSpec(("k",), (("hi", "v", "max"),))
-    node = Node(0, "agg", "aggregate", spec, key_fn=ColumnKey(("k",)), columnar=True)
+    node = make_node(0, "agg", "aggregate", spec, key_fn=ColumnKey(("k",)), columnar=True)
     op = build_operator(node, 0, 1, 128)
     assert op.process([pa.record_batch({"k": [1, 2], "v": pa.array([0.25, 0.0],
                                                                    pa.float32())})]) == []
@@ -334,7 +334,7 @@ def test_the_window_combine_names_windows_as_the_operator_does():
     """Fractional timestamps and an offset (a start computed as ``ts - (ts - offset) %
     size`` rounds): the same rows through the combine and the window operator, or through
     the operator alone, fire the same windows."""
-    from cutline.logical import BatchWindowSpec, ColumnKey, Node
+    from cutline.logical import BatchWindowSpec, ColumnKey, make_node
     from cutline.protocol.windows import columns
     from cutline.runtime.batch_windows import BatchWindowCombine
     from cutline.runtime.registry import build_operator
@@ -348,11 +348,11 @@ def test_the_window_combine_names_windows_as_the_operator_does():
     for combined in (False, True):
         spec = BatchWindowSpec(("user",), aggs, tumbling(2.5, offset=0.75), 0, "ts",
                                columns(aggs), partial=combined)
-        node = Node(0, "w", "window_agg", spec, key_fn=ColumnKey(("user",)), columnar=True)
+        node = make_node(0, "w", "window_agg", spec, key_fn=ColumnKey(("user",)), columnar=True)
         op = build_operator(node, 0, 1, 128)
         batch = [rb]
         if combined:
-            comb = BatchWindowCombine(Node(1, "w.combine", "combine", spec, columnar=True))
+            comb = BatchWindowCombine(make_node(1, "w.combine", "combine", spec, columnar=True))
             batch = comb.process([rb]) + comb.flush()
         assert op.process(batch) == []
         rows = pa.Table.from_batches(op.on_watermark(float("inf"))).to_pylist()
@@ -426,12 +426,13 @@ def test_per_record_windows_that_cannot_merge_or_keep_late_records_are_not_combi
 
 
 def test_the_record_window_combine_holds_open_windows_and_passes_due_records():
-    from cutline.logical import Node, WindowPartial
+    from cutline.logical import make_node, WindowPartial
     from cutline.protocol.windows import WindowSpec, counting
     from cutline.runtime.registry import build_operator
 
     spec = WindowSpec(tumbling(10), 0, lambda r: r[1], counting())
-    comb = build_operator(Node(1, "w.combine", "combine", spec, key_fn=lambda r: r[0]), 0, 1, 16)
+    comb = build_operator(make_node(1, "w.combine", "combine", spec, key_fn=lambda r: r[0]),
+                          0, 1, 16)
     assert comb.process([("a", 1), ("a", 2), ("b", 15), ("a", 12)]) == []
     assert comb.on_watermark(10) == [WindowPartial("a", 0, 10, 2, 2, 2)]
     # a record of a window the watermark passed goes on as it is; a failing key too
@@ -441,7 +442,7 @@ def test_the_record_window_combine_holds_open_windows_and_passes_due_records():
                                               WindowPartial("b", 10, 20, 1, 1, 15)]
     assert comb.flush() == []
     # the window operator merges partials as records, and counts a late partial's records
-    win = build_operator(Node(2, "w", "window", spec, key_fn=lambda r: r[0]), 0, 1, 16)
+    win = build_operator(make_node(2, "w", "window", spec, key_fn=lambda r: r[0]), 0, 1, 16)
     assert win.process([WindowPartial("a", 0, 10, 2, 2, 2), ("a", 5)]) == []
     assert [(r.key, r.start, r.value) for r in win.on_watermark(10)] == [("a", 0, 3)]
     assert win.process([WindowPartial("a", 0, 10, 4, 4, 9)]) == []
@@ -459,7 +460,7 @@ def test_per_record_tumbling_windows_name_each_window_once_exactly(size, offset,
     import random
     from fractions import Fraction
 
-    from cutline.logical import Node
+    from cutline.logical import make_node
     from cutline.protocol.windows import WindowSpec, counting
     from cutline.runtime.registry import build_operator
 
@@ -471,10 +472,10 @@ def test_per_record_tumbling_windows_name_each_window_once_exactly(size, offset,
             Fraction(size)
         want[(k, start, start + Fraction(size))] += 1
     spec = WindowSpec(tumbling(size, offset=offset), 0, lambda r: r[1], counting())
-    op = build_operator(Node(0, "w", "window", spec, key_fn=lambda r: r[0]), 0, 1, 16)
+    op = build_operator(make_node(0, "w", "window", spec, key_fn=lambda r: r[0]), 0, 1, 16)
     batch: list = records
     if combined:
-        comb = build_operator(Node(1, "w.combine", "combine", spec, key_fn=lambda r: r[0]),
+        comb = build_operator(make_node(1, "w.combine", "combine", spec, key_fn=lambda r: r[0]),
                               0, 1, 16)
         batch = comb.process(records) + comb.flush()
     assert op.process(batch) == []

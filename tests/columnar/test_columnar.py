@@ -22,7 +22,7 @@ from columnar_pipelines import columnar, events, expected, observed
 from cutline import CheckpointConfig, Pipeline, sliding, tumbling
 from cutline.connectors import FileSource, GeneratorSource, ParquetSink, RecordError
 from cutline.connectors.base import MissingColumnError
-from cutline.logical import HASH, ColumnKey, Node
+from cutline.logical import HASH, ColumnKey, make_node
 from cutline.runtime.batches import decode_batches, split_by_key
 from cutline.runtime.channels import ARROW, MARSHAL, RECORDS, encode_frame
 from cutline.runtime.operators import UserFunctionError
@@ -251,7 +251,7 @@ def test_columnar_pipeline_output_equals_the_expected_rows(tmp_path, backend):
 
 
 def _node(kind, fn, **kw):
-    return Node(0, f"{kind}-op", kind, fn, **kw)
+    return make_node(0, f"{kind}-op", kind, fn, **kw)
 
 
 @pytest.mark.parametrize("updates", ["checkpoint", "batch"])
@@ -358,10 +358,9 @@ def test_record_batches_travel_as_arrow_ipc():
 
 
 def test_user_function_error_names_the_batch_not_its_data():
-    node = _node("map_batches", None, columnar=True)
     from cutline.logical import BatchFunction
 
-    node.fn = BatchFunction(lambda b: 1 / 0)
+    node = _node("map_batches", BatchFunction(lambda b: 1 / 0), columnar=True)
     op = build_operator(node, 0, 1, 128)
     with pytest.raises(UserFunctionError, match=r"record batch of 5 rows: i: int64, user: "
                                                 r"string.*ZeroDivisionError"):

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from columnar_pipelines import late_sessions, observed_sessions, session_events
 from cutline import CheckpointConfig, Pipeline, session, sliding, tumbling
 from cutline.connectors import GeneratorSource, ParquetSink
-from cutline.logical import HASH, BatchWindowSpec, ColumnKey, Node
+from cutline.logical import HASH, BatchWindowSpec, ColumnKey, make_node
 from cutline.protocol.windows import WindowSpec, columns, counting, summarizing
 from cutline.runtime.registry import build_operator
 from cutline.runtime.windows import LateRecord
@@ -37,9 +37,9 @@ def _ops(assigner, lateness, keys):
     key = ColumnKey(tuple(keys))
     spec = BatchWindowSpec(tuple(keys), AGGS, assigner, lateness, "ts", columns(AGGS),
                            emit_late=True)
-    batch = build_operator(Node(0, "w", "window_agg", spec, key_fn=key, partitioning=HASH,
+    batch = build_operator(make_node(0, "w", "window_agg", spec, key_fn=key, partitioning=HASH,
                                 columnar=True), 0, 1, MAXP)
-    records = [build_operator(Node(0, "w", "window", WindowSpec(
+    records = [build_operator(make_node(0, "w", "window", WindowSpec(
         assigner, lateness, lambda r: r["ts"], agg, emit_late=True), key_fn=key), 0, 1, MAXP)
         for agg in (counting(), summarizing("sum", "v"), summarizing("max", "v"),
                     summarizing("mean", "v"))]

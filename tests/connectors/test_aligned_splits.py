@@ -222,7 +222,7 @@ def test_a_split_not_begun_holds_the_generator_watermark_back(tmp_path):
     """GeneratorSource splits (after a rescale a reader owns several) are read aligned
     too: the reader picks the split furthest behind, a split not begun first."""
     from cutline.connectors import GeneratorSource
-    from cutline.logical import Node, TimestampSpec
+    from cutline.logical import make_node, TimestampSpec
     from cutline.protocol.watermarks import BoundedOutOfOrderness
     from cutline.runtime.operators import AssignTimestamps
 
@@ -231,7 +231,7 @@ def test_a_split_not_begun_holds_the_generator_watermark_back(tmp_path):
     reader.open(0, 1)
     # the split of even and the split of odd indices; odd ones are stamped 10x slower
     reader.rescale([{"splits": [[0, 2], [1, 2]], "subtask": 0, "parallelism": 1}])
-    stamps = AssignTimestamps(Node(0, "stamps", "assign_timestamps", TimestampSpec(
+    stamps = AssignTimestamps(make_node(0, "stamps", "assign_timestamps", TimestampSpec(
         lambda i: i if i % 2 == 0 else i // 10, BoundedOutOfOrderness(0), None)))
     stamps.read_splits_of(reader)
     seen = []

@@ -12,7 +12,7 @@ import pytest
 
 from cutline import CheckpointConfig, Pipeline, tumbling
 from cutline.connectors import CollectSink, FileSource
-from cutline.logical import Node, TimestampSpec
+from cutline.logical import make_node, TimestampSpec
 from cutline.protocol.watermarks import BoundedOutOfOrderness
 from cutline.runtime.operators import AssignTimestamps
 
@@ -36,7 +36,7 @@ def t_of(e: dict) -> int:
 def _reader_and_stamps(directory):
     reader = FileSource(str(directory), files_at_once=2).create_reader()
     reader.open(0, 1)
-    stamps = AssignTimestamps(Node(0, "stamps", "assign_timestamps",
+    stamps = AssignTimestamps(make_node(0, "stamps", "assign_timestamps",
                                    TimestampSpec(t_of, BoundedOutOfOrderness(0), None)))
     stamps.read_splits_of(reader)
     return reader, stamps
@@ -109,7 +109,7 @@ def test_a_batch_comes_from_one_file_and_the_files_are_read_aligned(tmp_path):
     write_files(tmp_path / "in")
     reader = FileSource(str(tmp_path / "in")).create_reader()
     reader.open(0, 1)
-    stamps = AssignTimestamps(Node(0, "stamps", "assign_timestamps",
+    stamps = AssignTimestamps(make_node(0, "stamps", "assign_timestamps",
                                    TimestampSpec(t_of, BoundedOutOfOrderness(0), None)))
     stamps.read_splits_of(reader)
     got = []
@@ -134,7 +134,7 @@ def test_a_followed_directory_moves_the_watermark_with_each_new_file(tmp_path):
     directory.mkdir()
     reader = FileSource(str(directory), follow=True, poll_interval=0.001).create_reader()
     reader.open(0, 1)
-    stamps = AssignTimestamps(Node(0, "stamps", "assign_timestamps",
+    stamps = AssignTimestamps(make_node(0, "stamps", "assign_timestamps",
                                    TimestampSpec(t_of, BoundedOutOfOrderness(0), None)))
     stamps.read_splits_of(reader)
     got = []

@@ -30,7 +30,7 @@ from cutline import CheckpointConfig, Pipeline, session, sliding, tumbling
 from cutline.connectors import CollectSink, FileSource
 from cutline.protocol.watermarks import WatermarkTracker, restored_ts
 from cutline.protocol.windows import WindowSpec, counting
-from cutline.logical import Node
+from cutline.logical import make_node
 from cutline.runtime.registry import build_operator
 from cutline.runtime.windows import LateRecord
 from cutline.storage.checkpoints import CheckpointStorage
@@ -317,7 +317,7 @@ def test_the_window_operator_remembers_what_the_end_of_input_fired(tmp_path, mon
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "local"))
     def op():
         spec = WindowSpec(tumbling(5), 0, lambda r: r[1], counting(), emit_late=True)
-        return build_operator(Node(0, "w", "window", spec, key_fn=lambda r: r[0]), 0, 1, 16,
+        return build_operator(make_node(0, "w", "window", spec, key_fn=lambda r: r[0]), 0, 1, 16,
                               state_backend=backend)
 
     first = op()

@@ -1,10 +1,12 @@
-"""The operator registry and the logical graph's kinds (issue 26: a typed graph)."""
+"""The operator registry: which operator runs each kind of the logical graph (issue 26; the
+kinds and their node classes: tests/api/test_logical.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from cutline.logical import Kind, Node
+from cutline.connectors import CollectSink
+from cutline.logical import Kind, make_node
 from cutline.runtime.operators import Keyed, Operator
 from cutline.runtime.registry import NOT_OPERATORS, OPERATORS, _resolve, build_operator
 
@@ -25,26 +27,13 @@ def test_each_entry_resolves_and_keyed_kinds_build_keyed_operators(kind):
         assert callable(made) and not kind.keyed
 
 
-def test_a_kind_is_its_string_and_a_node_takes_either():
-    assert Kind.MAP == "map" and f"{Kind.WINDOW_AGG}" == "window_agg"
-    node = Node(0, "m", "map", fn=str)
-    assert node.kind is Kind.MAP and not node.keyed
-    assert Node(1, "c", Kind.COUNT).keyed
-    assert Kind.AGGREGATE.batch and Kind.AGGREGATE.keyed and not Kind.MAP.batch
-
-
-def test_an_unknown_kind_is_refused_naming_it_and_the_known_ones():
-    with pytest.raises(ValueError, match=r"node 'x': unknown kind 'mapp' \(one of source, map,"):
-        Node(0, "x", "mapp")
-
-
 def test_sources_and_sinks_are_not_built_as_operators():
     with pytest.raises(ValueError, match="no operator runs kind 'sink' \\(the task reads"):
-        build_operator(Node(0, "out", Kind.SINK, fn=None), 0, 1, 128)
+        build_operator(make_node(0, "out", Kind.SINK, fn=CollectSink()), 0, 1, 128)
 
 
 def test_a_built_operator_runs():
-    op = build_operator(Node(0, "m", Kind.MAP, fn=lambda r: r * 2), 0, 1, 128)
+    op = build_operator(make_node(0, "m", Kind.MAP, fn=lambda r: r * 2), 0, 1, 128)
     assert op.process([1, 2]) == [2, 4]
-    count = build_operator(Node(0, "c", Kind.COUNT, key_fn=lambda r: r), 0, 1, 128)
+    count = build_operator(make_node(0, "c", Kind.COUNT, key_fn=lambda r: r), 0, 1, 128)
     assert count.process(["a", "b", "a"]) == [("a", 1), ("b", 1), ("a", 2)]

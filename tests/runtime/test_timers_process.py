@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from cutline.api import Node
+from cutline.logical import make_node
 from cutline.runtime.operators import UserFunctionError
 from cutline.runtime.registry import build_operator
 
@@ -42,7 +42,7 @@ def alert(ctx, key, when):
 
 
 def op(fn=silence, on_timer=alert, backend="memory", subtask=0, parallelism=1, timed=True):
-    node = Node(0, "p", "process", fn=fn, key_fn=lambda r: r[0], on_timer=on_timer)
+    node = make_node(0, "p", "process", fn=fn, key_fn=lambda r: r[0], on_timer=on_timer)
     if timed:
         node.timestamp_fn, node.timestamps_from = ts, "ts"
     return build_operator(node, subtask, parallelism, MAXP, state_backend=backend)

@@ -15,7 +15,7 @@ from cutline.connectors import CollectSink, GeneratorSource
 from cutline.spark.launcher import JobCancelled
 from cutline.storage.checkpoints import CheckpointStorage
 from cutline.storage.schema import read_task_states
-from cutline.logical import Node, TimestampSpec
+from cutline.logical import make_node, TimestampSpec
 from cutline.plan import plan
 from cutline.protocol.watermarks import IDLE, BoundedOutOfOrderness, Watermark
 from cutline.runtime.chain import EventTime, OperatorChain
@@ -40,7 +40,7 @@ class Recorder(Operator):
     ``("fired", name, ts)``."""
 
     def __init__(self, name: str, log: list, scale: bool = False) -> None:
-        super().__init__(Node(0, name, "map"))
+        super().__init__(make_node(0, name, "map", lambda r: r))
         self.name, self.log, self.scale = name, log, scale
 
     def process(self, batch: list) -> list:
@@ -53,7 +53,7 @@ class Recorder(Operator):
 
 
 def assigner(delay: float = 0, idle_timeout: float | None = None) -> AssignTimestamps:
-    node = Node(0, "stamps", "assign_timestamps",
+    node = make_node(0, "stamps", "assign_timestamps",
                 TimestampSpec(lambda r: r if isinstance(r, int) else 0,
                               BoundedOutOfOrderness(delay), idle_timeout))
     return AssignTimestamps(node)
@@ -105,7 +105,7 @@ def test_an_assigner_behind_a_filter_that_drops_everything_goes_idle(monkeypatch
     now = [100.0]
     monkeypatch.setattr("cutline.runtime.chain.time.monotonic", lambda: now[0])
     monkeypatch.setattr("cutline.runtime.operators.time.monotonic", lambda: now[0])
-    et, out, _ = make([DropAll(Node(0, "drop", "filter")), assigner(idle_timeout=5)], [])
+    et, out, _ = make([DropAll(make_node(0, "drop", "filter", bool)), assigner(idle_timeout=5)], [])
     et.deliver([1, 2], None)  # the source reads, the filter drops: the assigner sees nothing
     now[0] += 4.9
     et.deliver([3], None)
@@ -152,7 +152,7 @@ def test_a_watermark_generated_mid_chain_follows_the_records_of_its_batch():
 
 
 def test_a_bad_timestamp_names_the_operator_the_record_and_where():
-    a = AssignTimestamps(Node(0, "stamps", "assign_timestamps",
+    a = AssignTimestamps(make_node(0, "stamps", "assign_timestamps",
                               TimestampSpec(lambda r: r["ts"], BoundedOutOfOrderness(0))))
     et, _, chain = make([a], ["x"])
     chain.origin = "x"
@@ -186,7 +186,7 @@ class Punctuated:
 
 
 def custom(gen) -> AssignTimestamps:
-    return AssignTimestamps(Node(0, "stamps", "assign_timestamps",
+    return AssignTimestamps(make_node(0, "stamps", "assign_timestamps",
                                  TimestampSpec(lambda r: r, gen, None)))
 
 
@@ -501,7 +501,7 @@ def test_a_per_split_assigner_goes_idle_only_when_its_reader_says_every_split_is
         def all_idle(self):
             return self.quiet
 
-    op = AssignTimestamps(Node(0, "ts", "assign_timestamps",
+    op = AssignTimestamps(make_node(0, "ts", "assign_timestamps",
                                TimestampSpec(lambda r: r, BoundedOutOfOrderness(0), 0.5)))
     reader = Reader()
     op.read_splits_of(reader)
@@ -509,6 +509,6 @@ def test_a_per_split_assigner_goes_idle_only_when_its_reader_says_every_split_is
     assert op.check_idle(later) is False and not op.idle  # a partition still to be read
     reader.quiet = True
     assert op.check_idle(later) is True and op.idle
-    plain = AssignTimestamps(Node(0, "ts", "assign_timestamps",
+    plain = AssignTimestamps(make_node(0, "ts", "assign_timestamps",
                                   TimestampSpec(lambda r: r, BoundedOutOfOrderness(0), 0.5)))
     assert plain.check_idle(later) is True  # no splits: quiet input is idle, as before

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cutline.api import Node
+from cutline.logical import make_node
 from cutline.protocol.windows import (
     TimeWindow,
     WindowResult,
@@ -47,7 +47,7 @@ def ts(r):
 def make(assigner, agg=None, *, backend="memory", lateness=0, late=False, groups=None,
          ts_fn=ts, key_fn=key):
     spec = WindowSpec(assigner, lateness, ts_fn, agg or counting(), emit_late=late)
-    node = Node(0, "win", "window", spec, key_fn=key_fn)
+    node = make_node(0, "win", "window", spec, key_fn=key_fn)
     i, p = groups or (0, 1)  # subtask i of p
     return build_operator(node, i, p, MAXP, state_backend=backend)
 
@@ -242,9 +242,9 @@ def test_a_late_record_in_a_sliding_window_is_late_only_when_late_for_all():
 def test_results_and_late_split():
     spec = WindowSpec(tumbling(10), 0, ts, counting(), emit_late=True)
     batch = [WindowResult("a", 0, 10, 1), LateRecord(("a", 3)), {"x": 1}]
-    assert WindowResults(Node(1, "r", "window_results", spec)).process(batch) == [
+    assert WindowResults(make_node(1, "r", "window_results", spec)).process(batch) == [
         WindowResult("a", 0, 10, 1), {"x": 1}]
-    assert WindowLate(Node(2, "l", "window_late", spec)).process(batch) == [("a", 3)]
+    assert WindowLate(make_node(2, "l", "window_late", spec)).process(batch) == [("a", 3)]
 
 
 # ---------------------------------------------------------------------- bad records

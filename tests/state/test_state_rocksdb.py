@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cutline import CheckpointConfig
-from cutline.api import Node
+from cutline.logical import make_node
 from cutline.state.keygroups import key_group, key_group_range
 from cutline.runtime.process import KeyedContext
 from cutline.runtime.registry import build_operator
@@ -107,7 +107,7 @@ def test_close_removes_the_working_directory_and_stale_ones_are_reclaimed(tmp_pa
 
 
 def test_operators_use_spark_local_dirs_and_clean_up(local_dirs):
-    op = build_operator(Node(0, "cnt", "count", key_fn=lambda r: r), 0, 1, MAXP,
+    op = build_operator(make_node(0, "cnt", "count", key_fn=lambda r: r), 0, 1, MAXP,
                         state_backend="rocksdb")
     assert op.process(["a", "b", "a"]) == [("a", 1), ("b", 1), ("a", 2)]
     assert len(os.listdir(local_dirs)) == 1
@@ -224,7 +224,7 @@ def _op(kind, backend, groups=range(MAXP), **cache):
     key_fn = (lambda r: r) if kind == "count" else (lambda r: r[0])
     p = len(groups) and MAXP // len(groups)
     sub = groups.start // len(groups)
-    op = build_operator(Node(0, kind, kind, fn=fn, key_fn=key_fn), sub, p, MAXP,
+    op = build_operator(make_node(0, kind, kind, fn=fn, key_fn=key_fn), sub, p, MAXP,
                         state_backend=backend)
     if backend == "rocksdb" and cache:  # tiny caches: every path (spill, evict, load) runs
         op.state.close()

@@ -6,7 +6,7 @@ import datetime
 
 import pytest
 
-from cutline.api import Node
+from cutline.logical import make_node
 from cutline.runtime.operators import UserFunctionError
 from cutline.runtime.registry import build_operator
 from cutline.state.ttl import Expiring, StateTtl
@@ -28,7 +28,7 @@ class Clock:
 
 
 def op(fn, backend, clock, subtask=0, parallelism=1):
-    node = Node(0, "p", "process", fn=fn, key_fn=lambda r: r[0])
+    node = make_node(0, "p", "process", fn=fn, key_fn=lambda r: r[0])
     o = build_operator(node, subtask, parallelism, MAXP, state_backend=backend)
     o.clock = clock
     return o

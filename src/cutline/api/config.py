@@ -107,8 +107,6 @@ def _check_callable(name: str, fn: Any) -> None:
         raise TypeError(f"{name}() needs a function, got {type(fn).__name__}: {fn!r}")
 
 
-ON_ERROR = ("fail", "dead_letter")
-
 
 def _check_parallelism(p: Any, what: str = "parallelism") -> None:
     if p is not None and (not isinstance(p, int) or isinstance(p, bool) or p < 1):

@@ -6,7 +6,16 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ..logical import FORWARD, Kind, Node, kind_of, timestamp_fn_of
+from ..logical import (
+    FORWARD,
+    FallibleNode,
+    IterateNode,
+    Kind,
+    Node,
+    kind_of,
+    make_node,
+    timestamp_fn_of,
+)
 from .batches import BatchStream
 from .config import _UID, CheckpointConfig, _check_parallelism
 from .streams import Stream
@@ -63,7 +72,9 @@ class Pipeline:
 
     def _add(self, kind: Kind | str, fn: Any, inputs: list[int], *, uid: str | None,
              parallelism: int | None, partitioning: str = FORWARD,
-             key_fn: Callable | None = None) -> Node:
+             key_fn: Callable | None = None, **fields: Any) -> Node:
+        """A node of ``kind`` (:func:`cutline.logical.make_node`: its class, its payload
+        checked) reading ``inputs``; ``fields``: its kind's own (``on_error=``, ...)."""
         kind = kind_of(kind, uid)
         _check_parallelism(parallelism)
         if parallelism is not None and parallelism > self.max_parallelism:
@@ -78,8 +89,8 @@ class Pipeline:
         if any(n.uid == uid for n in self.nodes):
             raise ValueError(f"duplicate operator uid {uid!r}: uids identify state in "
                              "checkpoints and must be unique")
-        node = Node(node_id, uid, kind, fn, parallelism, inputs, partitioning, key_fn,
-                    auto_uid=auto_uid)
+        node = make_node(node_id, uid, kind, fn, parallelism, inputs, partitioning, key_fn,
+                         auto_uid=auto_uid, **fields)
         if kind == "assign_timestamps":
             node.timestamp_fn, node.timestamps_from = fn.ts_fn, uid
         elif inputs:
@@ -138,7 +149,7 @@ class Pipeline:
             raise ValueError(f"operators {dangling} lead nowhere: end every branch in a sink")
         dl = self.dead_letter
         for n in self.nodes:
-            if n.on_error == "dead_letter":
+            if isinstance(n, FallibleNode) and n.on_error == "dead_letter":
                 if dl is None:
                     raise ValueError(f"operator {n.uid!r} sends bad records to the dead-letter "
                                      "sink, but the pipeline has none: "
@@ -151,7 +162,7 @@ class Pipeline:
             raise ValueError(f"the dead-letter sink writes where sink {same[0]!r} writes "
                              f"({path or dl!r}): give dead letters their own sink and path")
         for n in self.nodes:
-            if n.kind != "iterate":
+            if not isinstance(n, IterateNode):
                 continue
             if self.timed:
                 raise ValueError(

@@ -8,15 +8,19 @@ from typing import TYPE_CHECKING, Any
 from ..logical import (
     FORWARD,
     HASH,
+    ON_ERROR,
     REBALANCE,
     CountSpec,
+    FallibleNode,
+    IterateNode,
     Node,
     TimestampSpec,
     check_updates,
+    node_class,
 )
 from ..protocol.watermarks import BoundedOutOfOrderness, to_duration
 from ..protocol.windows import WindowAssigner, duration
-from .config import ON_ERROR, _check_callable, _check_schema, _column_key, _on_late
+from .config import _check_callable, _check_schema, _column_key, _on_late
 
 if TYPE_CHECKING:  # (each built by a method here, imported there)
     from .batches import BatchStream
@@ -40,18 +44,18 @@ class _Operators:
 
     def _add(self, kind: str, fn: Any, *, uid: str | None, parallelism: int | None,
              partitioning: str | None = None, key_fn: Callable | None = None,
-             on_error: str | None = None) -> Node:
+             on_error: str | None = None, **fields: Any) -> Node:
         """A new operator reading this stream (forward at the same parallelism, else
-        round-robin, unless ``partitioning`` says)."""
+        round-robin, unless ``partitioning`` says); ``fields``: its kind's own."""
         part = partitioning or self._partitioning or (
             FORWARD if parallelism in (None, self._parallelism()) else REBALANCE)
-        if kind in ("map", "flat_map", "filter", "assign_timestamps"):
-            on_error = self._on_error(kind, on_error)
-        node = self.pipeline._add(kind, fn, [self.node.id], uid=uid, parallelism=parallelism,
-                                  partitioning=part, key_fn=key_fn)
-        if on_error is not None:
-            node.on_error = on_error
-        return node
+        if issubclass(node_class(kind), FallibleNode):  # map, flat_map, filter, assigner
+            fields["on_error"] = self._on_error(kind, on_error)
+        elif on_error is not None:
+            raise ValueError(f"{kind}() takes no on_error: only a function run per record "
+                             "does (map, flat_map, filter, assign_timestamps)")
+        return self.pipeline._add(kind, fn, [self.node.id], uid=uid, parallelism=parallelism,
+                                  partitioning=part, key_fn=key_fn, **fields)
 
     def _on_error(self, kind: str, on_error: str | None) -> str:
         """``None``: the pipeline's default (dead letters if it has a dead-letter sink)."""
@@ -128,10 +132,10 @@ class Stream(_Operators):
 
     def _then(self, kind: str, fn: Any, *, uid: str | None, parallelism: int | None,
               partitioning: str | None = None, key_fn: Callable | None = None,
-              on_error: str | None = None) -> "Stream":
+              on_error: str | None = None, **fields: Any) -> "Stream":
         return Stream(self.pipeline, self._add(kind, fn, uid=uid, parallelism=parallelism,
                                                partitioning=partitioning, key_fn=key_fn,
-                                               on_error=on_error))
+                                               on_error=on_error, **fields))
 
     def map(self, fn: Callable[[Any], Any], *, uid: str | None = None,
             parallelism: int | None = None, on_error: str | None = None) -> "Stream":
@@ -251,8 +255,10 @@ class IterativeStream(Stream):
     def close_with(self, feedback: "Stream | KeyedStream") -> None:
         """Feed ``feedback`` back to the head of this iteration.  A ``KeyedStream`` is
         partitioned by its key on the way back, a ``Stream`` round-robin."""
-        if self.node.feedback:
-            raise ValueError(f"iteration {self.node.uid!r} is already closed")
+        head = self.node
+        assert isinstance(head, IterateNode)
+        if head.feedback:
+            raise ValueError(f"iteration {head.uid!r} is already closed")
         if isinstance(feedback, KeyedStream):
             stream, part, key_fn = feedback.stream, HASH, feedback.key_fn
         elif isinstance(feedback, Stream):
@@ -264,8 +270,8 @@ class IterativeStream(Stream):
         if not self._downstream(stream.node.id):
             raise ValueError(f"close_with() needs a stream computed from iteration "
                              f"{self.node.uid!r} (operator {stream.node.uid!r} is not)")
-        self.node.inputs.append(stream.node.id)
-        self.node.feedback[stream.node.id] = (part, key_fn)
+        head.inputs.append(stream.node.id)
+        head.feedback[stream.node.id] = (part, key_fn)
 
     def _downstream(self, node_id: int) -> bool:
         by_id = {n.id: n for n in self.pipeline.nodes}
@@ -288,9 +294,10 @@ class KeyedStream:
         self.stream = stream
         self.key_fn = key_fn
 
-    def _keyed(self, kind: str, fn: Any, uid: str | None, parallelism: int | None) -> Stream:
+    def _keyed(self, kind: str, fn: Any, uid: str | None, parallelism: int | None,
+               **fields: Any) -> Stream:
         return self.stream._then(kind, fn, uid=uid, parallelism=parallelism,
-                                 partitioning=HASH, key_fn=self.key_fn)
+                                 partitioning=HASH, key_fn=self.key_fn, **fields)
 
     def reduce(self, fn: Callable[[Any, Any], Any], *, uid: str | None = None,
                parallelism: int | None = None) -> Stream:
@@ -326,9 +333,7 @@ class KeyedStream:
         if on_timer is not None and not callable(on_timer):
             raise TypeError(f"process(on_timer=...) needs a function, got "
                             f"{type(on_timer).__name__}: {on_timer!r}")
-        stream = self._keyed("process", fn, uid, parallelism)
-        stream.node.on_timer = on_timer
-        return stream
+        return self._keyed("process", fn, uid, parallelism, on_timer=on_timer)
 
     def count(self, *, uid: str | None = None, parallelism: int | None = None,
               updates: Any = "record") -> Stream:

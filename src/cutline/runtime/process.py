@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..logical import Node
+from ..logical import ProcessNode
 from ..protocol.watermarks import NO_WATERMARK, to_timestamp
 from ..state import DeferredSnapshot, KeyedStateBackend, StateTable, ValueState
 from ..state.timers import EVENT_TIMERS, PROCESSING_TIMERS, TimerQueue, timer_entry_key
@@ -227,8 +227,8 @@ class Process(Keyed):
     ``clock`` (epoch seconds) is processing time: for TTL and processing-time timers
     (tests replace it)."""
 
-    def __init__(self, node: Node, subtask: int, parallelism: int, max_parallelism: int,
-                 state_backend: str = "memory", storage: Any = None):
+    def __init__(self, node: ProcessNode, subtask: int, parallelism: int,
+                 max_parallelism: int, state_backend: str = "memory", storage: Any = None):
         super().__init__(node, subtask, parallelism, max_parallelism, state_backend, storage)
         self.on_timer: Callable[..., Any] | None = node.on_timer
         self.watermark: float = NO_WATERMARK

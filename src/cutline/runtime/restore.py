@@ -33,7 +33,7 @@ import pickle
 from collections import defaultdict
 from collections.abc import Mapping
 
-from ..logical import Node
+from ..logical import IterateNode, Node
 from ..plan import HASH, Chain, ChannelId, PhysicalPlan
 from ..protocol.watermarks import NO_WATERMARK, Watermark, is_time_item, restored_ts
 from ..state.keygroups import key_group, subtask_for_key_group
@@ -105,7 +105,8 @@ def fingerprint(node: Node, nodes: Mapping[int, Node]) -> str:
     out = f"{node.kind} {_name(node.fn)}".rstrip()
     if node.key_fn is not None:
         out += f" keyed by {_name(node.key_fn)}"
-    inputs = [nodes[i] for i in [*node.inputs, *node.feedback] if i in nodes]
+    back = node.feedback if isinstance(node, IterateNode) else {}
+    inputs = [nodes[i] for i in [*node.inputs, *back] if i in nodes]
     if inputs:
         out += " <- " + ", ".join(f"{n.kind} {n.uid}" for n in inputs)
     return out

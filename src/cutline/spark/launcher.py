@@ -299,7 +299,8 @@ def _run_on_spark(pipeline: Any, plan: Any, spark: Any, lease: JobLease,
                        log_path=SPARK_LOG if spark is _SESSION else None,
                        needs=("rocksdict",) if pipeline.checkpoint.state_backend == "rocksdb"
                        else ())
-    ship_user_code(n for node in pipeline.nodes for n in (node.fn, node.key_fn, node.on_timer))
+    ship_user_code(n for node in pipeline.nodes
+                   for n in (node.fn, node.key_fn, getattr(node, "on_timer", None)))
     users_session = spark is not _SESSION  # the user may stop it next: Spark ends first
     with progress_bar_muted(spark):  # the user's session draws one over the live line
         try:

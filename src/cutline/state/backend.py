@@ -32,6 +32,7 @@ dicts ``{group: {(name, key): value}}``, and writing there costs a key-group loo
 
 from __future__ import annotations
 
+import pickle
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
@@ -253,3 +254,15 @@ class ValueState:
 
     def clear(self) -> None:
         self._table.delete(self._key)
+
+
+def iter_memory_entries(blobs: Iterable[bytes]) -> Iterable[tuple[int, tuple[str, Any], Any]]:
+    """``(key group, (state name, key), value)`` of in-memory snapshots (the in-memory
+    backend's format, ``{group: {(name, key): value}}`` pickled): a RocksDB backend restores
+    them with it (here, not in :mod:`.memory`, so neither backend's module imports the
+    other's but for the in-memory backend's restore of a RocksDB snapshot, when rocksdict
+    is needed)."""
+    for blob in blobs:
+        for g, table in pickle.loads(blob).items():
+            for slot, value in table.items():
+                yield g, slot, value

@@ -195,11 +195,3 @@ class _MemoryTable(StateTable):
 
 def _is_rocksdb(blob: bytes) -> bool:
     return bytes(blob[:16]) == b"cutline-rocksdb\x00"
-
-
-def iter_memory_entries(blobs: Iterable[bytes]) -> Iterable[tuple[int, tuple[str, Any], Any]]:
-    """``(key group, (state name, key), value)`` of in-memory snapshots."""
-    for blob in blobs:
-        for g, table in pickle.loads(blob).items():
-            for slot, value in table.items():
-                yield g, slot, value

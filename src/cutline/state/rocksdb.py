@@ -56,7 +56,7 @@ from typing import Any
 
 import msgpack
 
-from .backend import MISSING, KeyedStateBackend, StateTable
+from .backend import MISSING, KeyedStateBackend, StateTable, iter_memory_entries
 from .keys import decode_key, decode_slot, encode_key, encode_slot
 from .timers import RocksDBTimerQueue, scan
 
@@ -327,8 +327,6 @@ class RocksDBStateBackend(KeyedStateBackend):
                 if m is not base:
                     self._copy_from(m)
         if memory:
-            from .memory import iter_memory_entries
-
             self._put_entries((encode_slot(g, name, key), pickle.dumps(v, 5))
                               for g, (name, key), v in iter_memory_entries(memory)
                               if g in self.key_groups)
