@@ -731,7 +731,13 @@ def run_child(argv: Sequence[str], result_file: Path, timeout: float,
         except subprocess.TimeoutExpired:
             pass
         end_to_end = time.perf_counter() - t0
-    try:  # what the run left behind (a JVM shutting down): its own process group only
+    # What the run left behind (Spark's JVM ending after the program, the first run of an
+    # installation writing its class-data archive: cutline.spark.cds) ends on its own, as
+    # after a user's program, untimed (the user has the prompt back); waited for so that it
+    # neither loads the next run nor is killed before it writes the archive later runs map
+    # (killed, every run was a writer: the JVM started 1-1.5 s slower, and never mapped it).
+    lingered = wait_group(proc.pid, LINGER) if proc.returncode is not None else 0.0
+    try:  # what is left after that: its own process group only
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
@@ -746,7 +752,33 @@ def run_child(argv: Sequence[str], result_file: Path, timeout: float,
         out = json.loads(Path(result_file).read_text())
     except (OSError, ValueError) as exc:
         raise RunFailed(f"no result from the run ({exc}): {err[-2000:]}") from None
-    return out | {"end_to_end": end_to_end, "load": run_load}
+    return out | {"end_to_end": end_to_end, "load": run_load, "lingered": round(lingered, 3)}
+
+
+LINGER = 120.0
+"""Seconds ``run_child`` waits, untimed, for what a run left behind to end on its own."""
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (a zombie does not: in a container
+    nobody may reap it)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
+
+
+def wait_group(pgid: int, limit: float) -> float:
+    """Wait until no process of group ``pgid`` runs, ``limit`` seconds at most; the seconds
+    waited."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit and group_alive(pgid):
+        time.sleep(0.1)
+    return time.monotonic() - t0
 
 
 def settled(times: Sequence[float], tolerance: float) -> bool:

@@ -139,8 +139,7 @@ def _spec(engine: str, columnar: bool, d: Path, run_dir: Path) -> dict:
 
 def warm_up(run_dir: Path, d: Path, columnar: bool, env: dict | None) -> None:
     """One run as a user's program ends (its JVM exits on its own, writing the class-data
-    archive: ``run_child`` kills what a run leaves behind), then wait until that JVM is
-    gone (its pid is in the archive's marker)."""
+    archive), then wait until that JVM is gone (its pid is in the archive's marker)."""
     import subprocess
 
     run_dir.mkdir()
