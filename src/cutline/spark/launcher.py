@@ -144,13 +144,44 @@ def embedded_context(slots: int, max_failures: int = 8, stage_attempts: int = 8)
                 .set("spark.driver.extraJavaOptions", options)
                 .setAll(list(_settings(slots, max_failures, stage_attempts).items())))
         SPARK_LOG = new_log_file("spark")
-        with redirect_output(SPARK_LOG):
-            sc = SparkContext.getOrCreate(conf)
+        meanwhile = _import_meanwhile()
+        try:
+            with redirect_output(SPARK_LOG):
+                sc = SparkContext.getOrCreate(conf)
+        finally:
+            meanwhile.join(MEANWHILE_JOIN)
         cds.note_writer(writing, sc)
         cds.note_use(options, sc)
         sc.setLogLevel("WARN")
         _SESSION = EmbeddedSpark(sc)
     return _SESSION
+
+
+WARM_IMPORTS = ("pyspark.testing.utils",)
+"""What PySpark imports in the driver at its first Py4J call with arguments, while it starts a
+context (the NumPy converter ``pyspark.sql.types`` registers asks ``pyspark.testing.utils``
+whether NumPy is there, and that module imports pandas: 0.3 s on a quiet core).  Imported
+on a thread while the JVM starts (the driver only waits for it then), not after it."""
+MEANWHILE_JOIN = 30.0
+"""Seconds the context's start waits for that thread once the context is up (it is done by
+then, or the driver was already waiting for the same import)."""
+
+
+def _import_meanwhile() -> threading.Thread:
+    """Import :data:`WARM_IMPORTS` on a thread of their own; a module that fails to import
+    is left to PySpark, which imports it again and says why."""
+    import importlib
+
+    def run() -> None:
+        for name in WARM_IMPORTS:
+            try:
+                importlib.import_module(name)
+            except Exception as exc:  # noqa: BLE001 - PySpark imports it again
+                log.debug("cutline: %s not imported ahead of the context: %s", name, exc)
+
+    thread = threading.Thread(target=run, name="cutline-imports", daemon=True)
+    thread.start()
+    return thread
 
 
 def _python_env() -> None:
