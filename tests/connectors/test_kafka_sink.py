@@ -313,6 +313,7 @@ def test_at_least_once_flushes_at_the_pre_commit(kafka_broker, topic):
     assert len(values(kafka_broker, topic)) == 50
 
 
+@pytest.mark.slow  # about a minute: the fenced transaction's end waits for the broker
 def test_kafka_transactions_recover_aborts_the_open_transaction_and_reproduces(
         kafka_broker, topic):
     """The pre-committed transaction is left open (the process died before committing):
@@ -363,6 +364,7 @@ def test_a_paused_broker_stalls_the_commit_which_resumes_without_loss(own_broker
     assert sorted(values(own_broker, topic)) == list(range(5000))
 
 
+@pytest.mark.slow  # a 9 s stall and the job's 12 s of input, twice
 @pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
 def test_a_sink_stall_shows_in_the_live_line_and_metrics_and_ends(own_broker, tmp_path,
                                                                    delivery):

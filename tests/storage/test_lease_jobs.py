@@ -15,13 +15,13 @@ from pipelines import expected_rows, wordcount
 
 
 def test_a_second_run_of_a_running_job_is_refused_at_once(tmp_path):
-    p, sink = wordcount(tmp_path, 1500, rate=100)  # 15 s: still running when refused
+    p, sink = wordcount(tmp_path, 600, rate=100)  # 6 s: still running when refused
     job = p.start(engine="threads", progress=False)
     try:
         deadline = time.monotonic() + 60
         while job.driver is None and time.monotonic() < deadline:
             time.sleep(0.02)
-        p2, _ = wordcount(tmp_path, 1500)
+        p2, _ = wordcount(tmp_path, 600)
         with pytest.raises(JobAlreadyRunningError) as e:
             p2.run(engine="threads", progress=False)
         assert not job.driver.done.is_set()  # refused while the first one ran
@@ -32,7 +32,7 @@ def test_a_second_run_of_a_running_job_is_refused_at_once(tmp_path):
         if job.driver is not None and not job.driver.done.is_set():
             job.cancel()
     assert result.checkpoints_completed >= 1
-    assert collections.Counter(sink.results()) == expected_rows(1500)  # nothing changed
+    assert collections.Counter(sink.results()) == expected_rows(600)  # nothing changed
 
 
 def test_a_run_after_the_holder_ended_starts(tmp_path):
