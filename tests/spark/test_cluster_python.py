@@ -4,6 +4,10 @@ job fails in the stage's first attempt, saying what is missing, where, and what 
 The suite's embedded session stands in for a cluster: its Python workers are started with
 ``sc.pythonExec``, here pointed for one job at a bare venv (made without pip: it has the
 standard library and finds pyspark the way Spark's workers do, through Spark's PYTHONPATH).
+A cluster's executors (a user's session) run PySpark's own daemon, while the embedded
+session starts ``cutline.spark.daemon``, which a Python without cutline cannot import: the
+executors' Python is a script that starts PySpark's daemon in its place, as a cluster's
+executors do.
 """
 
 from __future__ import annotations
@@ -56,12 +60,27 @@ def _fails_at_once(spark, tmp_path, python: str | None, name: str, **job) -> str
     return str(info.value)
 
 
+def _as_a_cluster(python: str, folder) -> str:
+    """An executable for ``sc.pythonExec`` that runs ``python``, starting PySpark's own
+    daemon where the embedded session asks for cutline's (a cluster's executors do)."""
+    script = folder / "executor-python"
+    script.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "-m" ] && [ "$2" = "cutline.spark.daemon" ]; then\n'
+        f'  shift 2; exec "{python}" -m pyspark.daemon "$@"\n'
+        "fi\n"
+        f'exec "{python}" "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
 def test_executors_without_cutline_or_its_dependencies_fail_the_job_at_once(spark, tmp_path):
     bare = tmp_path / "bare"
     venv.EnvBuilder(with_pip=False, symlinks=True).create(bare)
-    python = str(bare / "bin" / "python")
+    python = str(bare / "bin" / "python")  # what the executors' tasks report as theirs
+    executors = _as_a_cluster(python, tmp_path)
     host = socket.gethostname()
-    assert _fails_at_once(spark, tmp_path, python, "nocutline") == (
+    assert _fails_at_once(spark, tmp_path, executors, "nocutline") == (
         f"job 'nocutline' failed: the executors' Python cannot import cutline: Spark runs "
         f"the job's tasks with {python} (on host {host}), where No module named 'cutline'. "
         f"{HOW_TO}")
@@ -69,7 +88,7 @@ def test_executors_without_cutline_or_its_dependencies_fail_the_job_at_once(spar
     (site,) = (bare / "lib").glob("python3*/site-packages")
     (site / "cutline").mkdir()
     (site / "cutline" / "__init__.py").write_text("")
-    assert _fails_at_once(spark, tmp_path, python, "nomsgpack") == (
+    assert _fails_at_once(spark, tmp_path, executors, "nomsgpack") == (
         f"job 'nomsgpack' failed: the executors' Python cannot import msgpack (cutline needs "
         f"it): Spark runs the job's tasks with {python} (on host {host}), where No module "
         f"named 'msgpack'. {HOW_TO}")
