@@ -48,6 +48,7 @@ from ..protocol import (
 from ..protocol import messages as m
 from ..protocol.liveness import HEARTBEAT_TIMEOUT
 from ..protocol.watermarks import (
+    NO_WATERMARK,
     InputIdle,
     Watermark,
     decode_ts,
@@ -197,6 +198,10 @@ class Subtask:
         # its assigner, and the group's floor the driver sent last (m.Align)
         self.aligned: AssignTimestamps | None = None
         self.align_floor: float | None = None
+        # until the driver knows every member's watermark (no floor yet), this subtask
+        # holds itself to max_drift above its own first watermark: a member that starts
+        # late (a starved thread, a slow worker) is not left behind by files of the others
+        self.align_start: float | None = None
         if plan.timed:
             self.event_time = EventTime(self.operators, self.inputs, self.router.emit,
                                   self.router.broadcast)
@@ -525,8 +530,12 @@ class Subtask:
                 self._control(block=0.5)
                 continue
             aligned = self.aligned
+            if aligned is not None and self.align_start is None \
+                    and aligned.emitted != NO_WATERMARK:
+                self.align_start = aligned.emitted
             if aligned is not None and paused_by_alignment(
-                    aligned.emitted, self.align_floor, aligned.max_drift) \
+                    aligned.emitted, self.align_floor if self.align_floor is not None
+                    else self.align_start, aligned.max_drift) \
                     and not self._idle_for_alignment():  # (with no split: read to the end)
                 self._metrics()  # (its watermark still reaches the driver)
                 self.flush_all(interruptible=True)
