@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -121,6 +122,84 @@ def test_batch_windows_emit_the_per_record_windows_rows(assigner, lateness, keys
     assert {k: set(m) for k, m in batch.windows.fast.items()} == {
         k: set(m) for k, m in records[0].windows.fast.items()}
     assert set(batch.fired) == set(records[0].fired)
+
+
+def _table_windows(op):
+    """The windows in the operator's ``windows`` table, by key (what a snapshot holds)."""
+    return {k: set(m) for _, name, k, m in op.state.entries() if name == "windows" and m}
+
+
+def _open_windows(op):
+    """Every (key, window) the operator holds: its columns' live rows and its table's."""
+    held = {(k, w) for k, ws in _table_windows(op).items() for w in ws}
+    if op.open is not None:
+        for r in np.flatnonzero(np.isfinite(op.starts[:op.open.size])).tolist():
+            held.add(op._window_of(op.open.keys[r]))
+    return held
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 8), st.sampled_from([["k"], ["k", "j"]]), st.integers(0, 2**32),
+       st.integers(0, 12))
+def test_tumbling_windows_as_columns_snapshot_and_restore_as_per_key(size, keys, seed, cut):
+    """Tumbling windows without lateness are held as columns; a snapshot taken at any step
+    writes them into the per-key table (the windows the per-record operator holds, key by
+    key), and an operator restored from it goes on as the one that was not stopped: the
+    same rows at every step, nothing fired twice."""
+    steps = _steps(seed)
+    cut = min(cut, len(steps) - 1)
+    batch, records = _ops(tumbling(size), 0, keys)
+    outputs: list = []
+    blob, late_before = None, 0
+    for i, step in enumerate(steps):
+        if i == cut:
+            blob, late_before = batch.snapshot(), batch.late_records
+            assert _table_windows(batch) == _table_windows(records[0])
+        if isinstance(step, float):
+            outputs.append(sorted(_batch_out(batch.on_watermark(step), keys)[0]))
+            for op in records:
+                op.on_watermark(step)
+        else:
+            outputs.append(_batch_out(batch.process([step]), keys))
+            for op in records:
+                op.process(step.to_pylist())
+        if batch.decided:
+            assert batch.open is not None  # tumbling, no lateness, numbers: as columns
+    assert not _open_windows(batch)
+    again, _ = _ops(tumbling(size), 0, keys)
+    again.restore([blob])
+    for step, want in zip(steps[cut:], outputs[cut:]):
+        if isinstance(step, float):
+            assert sorted(_batch_out(again.on_watermark(step), keys)[0]) == want
+        else:
+            assert _batch_out(again.process([step]), keys) == want
+    assert again.late_records == batch.late_records - late_before
+    assert not _open_windows(again)
+
+
+def test_windows_saved_then_fired_leave_the_table():
+    """A window a snapshot saved and the watermark then fired is gone from the next
+    snapshot: restored from it, nothing fires twice."""
+    batch, _ = _ops(tumbling(10), 0, ["k"])
+    rb = pa.record_batch({"k": ["a", "b", "a"], "j": [0, 0, 0], "ts": [1.0, 2.0, 15.0],
+                          "v": [1, 2, 3]})
+    assert _batch_out(batch.process([rb]), ["k"]) == ([], [])
+    assert batch.open is not None
+    batch.snapshot()  # [0, 10) of a and b, [10, 20) of a: saved
+    assert _table_windows(batch) == {"a": {(0, 10), (10, 20)}, "b": {(0, 10)}}
+    rows, _ = _batch_out(batch.on_watermark(10.0), ["k"])
+    assert sorted(rows) == [("a", 0.0, 10.0, 1, 1, 1, 1.0), ("b", 0.0, 10.0, 1, 2, 2, 2.0)]
+    blob = batch.snapshot()
+    assert _table_windows(batch) == {"a": {(10, 20)}}
+    again, _ = _ops(tumbling(10), 0, ["k"])
+    again.restore([blob])
+    assert again.on_watermark(12.0) == []
+    assert _batch_out(again.process([pa.record_batch(
+        {"k": ["a"], "j": [0], "ts": [11.0], "v": [4]})]), ["k"]) == ([], [])
+    assert again.open is not None
+    rows, _ = _batch_out(again.on_watermark(20.0), ["k"])
+    assert rows == [("a", 10.0, 20.0, 2, 7, 4, 3.5)]
+    assert _table_windows(again) == {}
 
 
 def test_a_bridging_row_is_not_late_in_its_batch_as_record_by_record():

@@ -28,6 +28,7 @@ import pytest
 from cutline import CheckpointConfig, Pipeline, tumbling
 from cutline.connectors import CollectSink, FileSource
 from cutline.runtime import windows as window_module
+from cutline.runtime.batch_windows import BatchWindowAggregate
 
 KEYS = 12
 SPAN = 400.0  # seconds of event time each file covers (overlapping files)
@@ -134,17 +135,15 @@ def assert_exact(out: CollectSink, late: CollectSink, want: collections.Counter,
 
 @pytest.fixture
 def open_windows(monkeypatch):
-    """The most (key, window) pairs a per-record window operator held at once, over the
-    run (threads engine: the operators run in this process)."""
+    """The most (key, window) pairs a window operator (of records or of batches) held at
+    once, over the run (threads engine: the operators run in this process)."""
     most = [0]
-    fire = window_module.WindowOperator.on_watermark
+    for cls in (window_module.WindowOperator, BatchWindowAggregate):
+        def on_watermark(self, ts, fire=cls.on_watermark):
+            most[0] = max(most[0], self.held_windows())
+            return fire(self, ts)
 
-    def on_watermark(self, ts):
-        held = sum(len(keys) for keys in self._due.values())
-        most[0] = max(most[0], held)
-        return fire(self, ts)
-
-    monkeypatch.setattr(window_module.WindowOperator, "on_watermark", on_watermark)
+        monkeypatch.setattr(cls, "on_watermark", on_watermark)
     return most
 
 

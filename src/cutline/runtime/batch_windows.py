@@ -16,6 +16,15 @@
     (:func:`cutline.protocol.windows.columns`); nothing is emitted.  A row for a fired
     window (within ``allowed_lateness``) is added on its own and emits the window again,
     as a record does;
+  - tumbling windows without allowed lateness, with numeric aggregates, on the memory
+    backend: the open windows are held as columns, one row per (key, window start)
+    (:class:`~cutline.state.columnar.ColumnarAggregates`): a batch's partials merge with
+    numpy, no Python call per key and window, and a watermark fires its windows as one
+    record batch with no Python call per window either.  The ``windows`` table keeps
+    its per-key format: each snapshot writes the windows changed since the last into it,
+    a fired window that a snapshot had written leaves it, and a restore loads it back
+    into columns (or, after a rescale that left key groups at different watermarks, or
+    with windows the end of an earlier run fired, the operator goes on key by key);
   - sliding windows whose size is a whole number of slides, without allowed lateness
     (``BatchWindowSpec.panes``): the state holds *panes*, one slide each, as Flink SQL
     slices hopping windows.  A row's partial goes to its one pane (``group_by(keys +
@@ -53,6 +62,7 @@ from ..logical import BatchWindowSpec, Node
 from ..protocol.watermarks import NO_WATERMARK
 from ..protocol.windows import Session, Tumbling
 from ..state.arrow_keys import key_groups
+from ..state.columnar import ColumnarAggregates, numeric
 from ..state.keygroups import key_group
 from .batches import Described, HeldPartials, Partials, is_partial
 from .late import late_error
@@ -165,6 +175,16 @@ class BatchWindowAggregate(WindowOperator):
         self.panes = spec.panes  # state per key and pane (one slide), windows merge panes
         # two-phase (``spec.partial``): the partials a combine sends (and their row counts)
         self.combined = window_partials(spec) if spec.partial else None
+        # tumbling windows: the parts each (key, window) holds, of rows or of partials
+        self.vparts = self.combined or self.partials
+        # open tumbling windows as columns (:meth:`_decide`: the memory backend, no
+        # lateness, numeric aggregates), decided at the first batch after a (re)start
+        self.memory = state_backend == "memory"
+        self.open: ColumnarAggregates | None = None
+        self.decided = False
+        self.starts = np.zeros(0)  # per row of ``open``: its window's start (inf: fired)
+        self.saved = np.zeros(0, dtype=bool)  # per row: in the backend's table since a save
+        self.gone = 0  # rows of ``open`` fired since it was last compacted
 
     # ------------------------------------------------------------------ records
 
@@ -216,9 +236,7 @@ class BatchWindowAggregate(WindowOperator):
             if len(late) == rb.num_rows:
                 return
             rb = rb.filter(pa.array(fresh))
-        _, keys, _, part_cols = combined.group(pa.Table.from_batches([rb]),
-                                               [*self.keys, _START], partial=True)
-        self._add_groups(keys, [t[:-1] for t in combined.tuples(part_cols)], self.size)
+        self._merge_windows(pa.Table.from_batches([rb]), partial=True)
 
     def _drop_late(self, rb: pa.RecordBatch, late: np.ndarray) -> None:
         """Rows ``late`` (indices) of ``rb`` came too late for all their windows: counted
@@ -344,10 +362,174 @@ class BatchWindowAggregate(WindowOperator):
                 return late
         table = self._table(rb, None if len(rows) == rb.num_rows and self.copies == 1
                             else rows)
-        table = table.append_column(_START, pa.array(starts))
-        _, keys, _, part_cols = self.partials.group(table, [*self.keys, _START])
-        self._add_groups(keys, self.partials.tuples(part_cols), self.size)
+        self._merge_windows(table.append_column(_START, pa.array(starts)))
         return late
+
+    def _merge_windows(self, table: pa.Table, partial: bool = False) -> None:
+        """Tumbling and sliding windows: ``table``'s rows (``partial``: a combine's
+        partials) grouped per key and window start (``_START``), merged into the key's
+        windows: as columns (:attr:`open`), or key by key."""
+        key_cols, part_arrays = self.vparts.arrow(table, [*self.keys, _START], partial)
+        if not self.decided:
+            self._decide(key_cols, part_arrays)
+        if self.open is not None:
+            rows = self.open.merge(key_cols, part_arrays)
+            self._held(rows, key_cols[-1].to_numpy())
+            return
+        key_lists = [c.to_pylist() for c in key_cols]
+        n = len(self.partials.reads)  # (a combine's partials count their rows last)
+        parts = [t[:n] for t in self.vparts.tuples([a.to_pylist() for a in part_arrays])]
+        self._add_groups(list(zip(*key_lists)), parts, self.size)
+
+    # ------------------------------------------------------------------ open windows as columns
+
+    def _decide(self, key_cols: list, part_arrays: list) -> None:
+        """At the first batch after a (re)start: hold the open windows as columns
+        (:class:`~cutline.state.columnar.ColumnarAggregates` keyed by (key, window start):
+        a batch's partials merge without a Python call per key and window, and a watermark
+        fires its windows as one record batch) when the windows are tumbling and exact,
+        without allowed lateness, with numeric aggregates, on the memory backend, and the
+        restore brought neither per-key-group watermarks (a rescale) nor windows the end
+        of an earlier run's input fired.  Otherwise key by key, as the per-record
+        operator.  The backend's ``windows`` table keeps its format either way: the
+        columns are written into it at each snapshot (:meth:`_save_open`), and what a
+        restore brought is loaded from it here."""
+        self.decided = True
+        a = self.assigner
+        if not (self.memory and type(a) is Tumbling and a.exact and not self.lateness
+                and self.agg.full is None and not self.fired and not self.ahead
+                and all(numeric(p.type) for p in part_arrays)):
+            return
+        self.open = ColumnarAggregates(
+            [f for _, f in self.vparts.parts], [p.type for p in part_arrays],
+            [c.type for c in key_cols], self.vparts.reads[:len(self.partials.reads)],
+            table={}, track=False)
+        # the restored windows (every key holding any is due: :meth:`restore`)
+        keys: dict = {}
+        for due in self._due.values():
+            keys.update(due)
+        found: dict = {}
+        one = len(self.keys) == 1
+        for k in keys:
+            for w, acc in (self.windows.get(k) or {}).items():
+                found[(k, float(w[0])) if one else (*k, float(w[0]))] = acc
+        self._due.clear()
+        self._times.clear()
+        if found:
+            self.open.table = found  # (read once, by the new rows: ``_load``)
+            rows = self.open.rows_of(list(found))
+            self.open.table = {}
+            self._held(rows, np.array([k[-1] for k in found], dtype=np.float64))
+            self.saved[rows] = True
+
+    def _held(self, rows: np.ndarray, starts: np.ndarray) -> None:
+        """Rows ``rows`` of :attr:`open` hold windows starting at ``starts``."""
+        n = self.open.size  # type: ignore[union-attr]
+        if len(self.starts) < n:
+            cap = max(1024, 2 * n)
+            grown = np.full(cap, np.inf)
+            grown[:len(self.starts)] = self.starts
+            saved = np.zeros(cap, dtype=bool)
+            saved[:len(self.saved)] = self.saved
+            self.starts, self.saved = grown, saved
+        self.starts[rows] = starts
+
+    def _window_of(self, key: tuple) -> tuple[Any, tuple]:
+        """A row's (key, window) from its key in :attr:`open`: (key columns..., start)."""
+        s = float(key[-1])
+        return (key[0] if len(key) == 2 else key[:-1],
+                (_whole(s), _whole(float(s + self.size))))
+
+    def _fire_open(self, ts: float) -> pa.RecordBatch | None:
+        """:meth:`on_watermark` of columns: the windows whose end watermark ``ts`` reached,
+        as one record batch (by end; in a window, its keys in the order they came), taken
+        out of the columns and, if a snapshot saved them, out of the backend's table.  At
+        the end of input they are marked fired (as :meth:`WindowOperator.on_watermark`
+        marks them)."""
+        if ts <= self.wm:
+            return None
+        final = ts == math.inf
+        if final:  # the last real watermark stays, for a restore
+            self._real = (self.wm, dict(self.ahead))
+        self.wm = ts
+        o = self.open
+        assert o is not None
+        starts = self.starts[:o.size]
+        due = np.flatnonzero((starts + self.size <= ts) & (starts < math.inf))  # (gone: inf)
+        if not len(due):
+            return None
+        due = due[np.argsort(starts[due], kind="stable")]
+        cols = o.rows(due)
+        nk = len(self.keys)
+        out: dict[str, Any] = {k: _as_inferred(a) for k, a in zip(self.keys, cols[:nk])}
+        s = starts[due]
+        out["start"] = pa.array(s, pa.float64())
+        out["end"] = pa.array(s + self.size, pa.float64())
+        for name, arr in zip(self.names, cols[nk + 1:]):
+            out[name] = _as_inferred(arr)
+        saved = due[self.saved[due]]
+        if len(saved) or final:
+            table, window_of = self.windows, self._window_of
+            for r in (due if final else saved).tolist():
+                k, w = window_of(o.keys[r])
+                if self.saved[r]:
+                    m = table.mutable(k, dict)
+                    m.pop(w, None)
+                    if not m:
+                        table.delete(k)
+                if final:
+                    self._mark(k, w)
+        self.starts[due] = np.inf
+        self.saved[due] = False
+        o.unsaved[due] = False
+        self.gone += len(due)
+        if self.gone > max(4096, o.size // 2):
+            keep = np.flatnonzero(np.isfinite(starts))
+            o.compact(keep)
+            self.starts, self.saved = self.starts[keep], self.saved[keep]
+            self._held(np.zeros(0, dtype=np.int64), np.zeros(0))
+            self.gone = 0
+        self.state.after_batch()
+        return pa.RecordBatch.from_pydict(out)
+
+    def _save_open(self) -> None:
+        """The windows changed since the last save into the backend's table, in the
+        per-key format (key -> {(start, end): accumulator}): a snapshot holds them as the
+        per-record operator's."""
+        o = self.open
+        assert o is not None
+        rows = np.flatnonzero(o.unsaved[:o.size])
+        if not len(rows):
+            return
+        o.unsaved[rows] = False
+        self.saved[rows] = True
+        parts = []
+        for v, m in zip(o.vals, o.valid):
+            vals, ok = v[rows].tolist(), m[rows]
+            parts.append(vals if ok.all() else
+                         [x if y else None for x, y in zip(vals, ok.tolist())])
+        accs = zip(*[list(zip(parts[idx[0]], parts[idx[1]])) if fn == "mean"
+                     else parts[idx[0]] for fn, idx in o.reads])
+        mutable, window_of, keys = self.windows.mutable, self._window_of, o.keys
+        for r, acc in zip(rows.tolist(), accs):
+            k, w = window_of(keys[r])
+            mutable(k, dict)[w] = list(acc)
+
+    def held_windows(self) -> int:
+        held = super().held_windows()
+        if self.open is not None:
+            held += int(np.isfinite(self.starts[:self.open.size]).sum())
+        return held
+
+    def snapshot(self) -> Any:
+        if self.open is not None:
+            self._save_open()
+        return super().snapshot()
+
+    def restore(self, blobs: list[bytes]) -> None:
+        super().restore(blobs)
+        self.open, self.decided, self.gone = None, False, 0
+        self.starts, self.saved = np.zeros(0), np.zeros(0, dtype=bool)
 
     def _add_groups(self, keys: list, parts: list, length: float,
                     due: float = -np.inf) -> None:
@@ -562,6 +744,9 @@ class BatchWindowAggregate(WindowOperator):
         if self.panes:
             rows = self._fire_panes(ts)
             return [rows] if rows is not None else []
+        if self.open is not None:
+            rows = self._fire_open(ts)
+            return [rows] if rows is not None else []
         fired = super().on_watermark(ts)
         return [self._rows(fired)] if fired else []
 
@@ -585,6 +770,17 @@ class BatchWindowAggregate(WindowOperator):
             cols[name] = pa.array([v[j] for v in values], pa.int64() if fn == "count" else
                                   pa.float64() if fn == "mean" else None)
         return pa.RecordBatch.from_pydict(cols)
+
+
+def _as_inferred(arr: Any) -> Any:
+    """A column of fired windows with the type :meth:`BatchWindowAggregate._columns`
+    gives it from Python values: integers int64, floats float64."""
+    t = arr.type
+    if pa.types.is_integer(t) and t != pa.int64():
+        return arr.cast(pa.int64())
+    if pa.types.is_floating(t) and t != pa.float64():
+        return arr.cast(pa.float64())
+    return arr
 
 
 def window_partials(spec: BatchWindowSpec) -> Partials:

@@ -540,6 +540,11 @@ class WindowOperator(Keyed):
         self.state.after_batch()
         return out
 
+    def held_windows(self) -> int:
+        """How many (key, window) pairs are due to fire or be dropped (an upper bound on
+        the windows open: an entry may be stale)."""
+        return sum(len(keys) for keys in self._due.values())
+
     # ------------------------------------------------------------------ checkpoints
 
     def snapshot(self) -> bytes | DeferredSnapshot:

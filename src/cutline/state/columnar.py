@@ -196,6 +196,24 @@ class ColumnarAggregates:
                                     type=self.types[p]))
         return out
 
+    def compact(self, keep: np.ndarray) -> None:
+        """Keep rows ``keep`` (increasing) only, renumbered ``0 .. len(keep) - 1`` in that
+        order; the other keys are forgotten (not written to the backend)."""
+        keys = [self.keys[i] for i in keep.tolist()]
+        self.index = dict(zip(keys, range(len(keys))))
+        self.keys = keys
+        taken = pa.array(keep, type=pa.int64())
+        for chunks in self.key_chunks:
+            if chunks:
+                whole = chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks)
+                chunks[:] = [whole.take(taken)]
+        cap = max(1024, 2 * len(keep))
+        self.vals = [_resized(v[keep], cap) for v in self.vals]
+        self.valid = [_resized(m[keep], cap) for m in self.valid]
+        self.unsaved = _resized(self.unsaved[keep], cap)
+        self.changed = _resized(self.changed[keep], cap)
+        self.size = len(keep)
+
     # ------------------------------------------------------------------ the backend
 
     def save(self) -> None:
