@@ -22,6 +22,7 @@ from ..protocol.job import CheckpointRecord
 from ..protocol.liveness import HEARTBEAT_TIMEOUT
 from ..runtime.failures import SetupError, report_setup_failure
 from ..runtime.task import JobSpec, Slot
+from ..warm import import_meanwhile
 from .dataflow import DataflowRun, JobFailed, job_driver
 from .engine import Engine
 from .logs import RunLog, append, log_dir, new_log_file
@@ -66,7 +67,16 @@ class JobResult:
 _STAGE_GRACE = 0.5  # seconds a finished job waits for Spark to close its stage
 
 
+COLUMNAR_IMPORTS = ("pandas",)
+"""What pyarrow imports in a task process at its first ``to_numpy``, ``group_by`` or
+``pa.array`` (pandas, 0.3 s on a quiet core: numpy and pandas start threads when imported,
+so cutline's daemon cannot import them before it forks): a slot of a pipeline with batch
+streams imports it on a thread while it sets up and registers, not after."""
+
+
 def _slot_main(spec: JobSpec, k: int) -> dict:
+    if any(n.columnar for c in spec.plan.chains for n in c.nodes):
+        import_meanwhile(COLUMNAR_IMPORTS, "while the slot starts")
     try:
         slot = Slot(spec, k)
     except SetupError as exc:  # it would fail the same way on a retry: the job fails

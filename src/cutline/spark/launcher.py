@@ -27,6 +27,7 @@ from ..protocol.liveness import HEARTBEAT_TIMEOUT, check_timeout
 from ..runtime.restore import IncompatibleCheckpointError
 from ..storage.checkpoints import CheckpointStorage, CheckpointStorageError
 from ..storage.lease import JobLease
+from ..warm import import_meanwhile
 from . import cds
 from .quiet import FAILED_STAGE_END_TIMEOUT, progress_bar_muted, wait_for_stage
 from .stage import SparkStage, ship_user_code
@@ -170,18 +171,7 @@ then, or the driver was already waiting for the same import)."""
 def _import_meanwhile() -> threading.Thread:
     """Import :data:`WARM_IMPORTS` on a thread of their own; a module that fails to import
     is left to PySpark, which imports it again and says why."""
-    import importlib
-
-    def run() -> None:
-        for name in WARM_IMPORTS:
-            try:
-                importlib.import_module(name)
-            except Exception as exc:  # noqa: BLE001 - PySpark imports it again
-                log.debug("cutline: %s not imported ahead of the context: %s", name, exc)
-
-    thread = threading.Thread(target=run, name="cutline-imports", daemon=True)
-    thread.start()
-    return thread
+    return import_meanwhile(WARM_IMPORTS, "ahead of the context")
 
 
 def _python_env() -> None:
