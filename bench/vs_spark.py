@@ -2121,9 +2121,10 @@ def print_tables(console: Console, result: dict, runs: dict) -> None:
     tp = table(f"throughput, each run a fresh process: end to end (spawn -> exit) and "
                f"processing time (the system's own clock); medians of {result['rounds']} "
                "round(s) [95% CI]",
-               ("workload", "system", "end to end s", "records/s end to end", "processing s",
-                "records/s processing", "records/CPU-s, all", "records/CPU-s, tasks",
-                "micro-batches", "checkpoints", "runs (loaded, failed)"),
+               ("workload", "system", "end to end\ns", "records/s\nend to end",
+                "processing\ns", "records/s\nprocessing", "records/CPU-s\nall",
+                "records/CPU-s\ntasks", "micro-\nbatches", "check-\npoints",
+                "runs (loaded,\nfailed)"),
                left=("workload", "system"), no_wrap=("workload", "system"))
     for name, every in result["runs"].items():
         if not name.startswith("tp |"):
