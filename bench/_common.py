@@ -223,11 +223,16 @@ class Runner:
         self.errors: list[dict] = []
 
     def run(self, name: str, fn: Callable[[], Any], r: int | None = None,
-            rounds: int | None = None, describe: Callable[[Any], str] | None = None) -> Any:
+            rounds: int | None = None, describe: Callable[[Any], str] | None = None,
+            sample_load: bool = True) -> Any:
+        """``sample_load``: sample the load while ``fn`` runs, this process's tree being the
+        run's; False for a run that brings its own sample (a fresh process's, from
+        :func:`run_child`, as its result's ``load``)."""
         t0 = time.monotonic()
-        load = RunLoad()  # the run is this process's tree (its Spark JVM, its workers)
-        load.root = os.getpid()
-        load.start()
+        load = RunLoad() if sample_load else None
+        if load is not None:  # the run is this process's tree (its Spark JVM, its workers)
+            load.root = os.getpid()
+            load.start()
         try:
             out = fn()
         except Exception as exc:  # noqa: BLE001 - a benchmark reports and goes on
@@ -241,14 +246,15 @@ class Runner:
                 self.runs.setdefault(name, []).append(None)
             return None
         finally:
-            sample = load.stop()
+            sample = load.stop() if load is not None else None
         dt = time.monotonic() - t0
         if r is None:
             self.console.print(f"  {name:<{self.width}} {dt:6.1f} s", style="dim")
             return out
         out["round"] = r + 1
-        if isinstance(out, dict):  # the 1-minute load as the run began, its highest, as it
-            # ended, and the runnable threads outside this process's tree (is_loaded)
+        if isinstance(out, dict) and sample is not None:  # the 1-minute load as the run
+            # began, its highest, as it ended, and the runnable threads outside this
+            # process's tree (is_loaded)
             out["load"] = {**sample, "after": os.getloadavg()[0]}
         self.runs.setdefault(name, []).append(out)
         extra = describe(out) if describe is not None else ""
@@ -532,11 +538,12 @@ class LoadSampler(threading.Thread):
 
 
 # --------------------------------------------------------------------------- one run, one process
-# Issue 30's rules, shared by the benchmarks that follow them (bench/scale.py): every
-# measured run is a fresh process whose clock the parent starts before it spawns it and stops
-# when it exits (end to end, the headline), with the run's own processing time beside it;
-# warm-up runs until run times settle; rounds with confidence intervals; the machine's load
-# and the versions recorded with every result; outputs checked by the parent after the run.
+# Issue 30's rules, shared by the benchmarks that follow them (bench/scale.py, bench/nexmark.py,
+# bench/vs_spark.py's throughput runs): every measured run is a fresh process whose clock the
+# parent starts before it spawns it and stops when it exits (end to end, the headline), with
+# the run's own processing time beside it; warm-up runs until run times settle; rounds with
+# confidence intervals; the machine's load and the versions recorded with every result;
+# outputs checked by the parent after the run.
 
 LOADED_PER_CORE = 1.5  # a run at a higher 1-minute load per core is marked, not a headline
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

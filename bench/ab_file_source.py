@@ -121,7 +121,7 @@ def _measure(args: argparse.Namespace, console: Console, versions: dict, ctx: di
     spark_cases = [(vs.STATELESS, vs.SPARK_PY), (vs.KEYED, vs.SPARK_PY),
                    (vs.KEYED_SQL, vs.SPARK_SQL)]
     for w, e in spark_cases:
-        vs.spark_throughput(ctx, w, e)
+        vs.throughput(ctx, w, e)
 
     cases = [("reader alone", lambda m: 100_000 / _timed(read_all, m, small))]
     cases += [(f"cutline {w}", lambda m, w=w: cutline_rate(ctx, m, w))
@@ -136,7 +136,7 @@ def _measure(args: argparse.Namespace, console: Console, versions: dict, ctx: di
                 console.print(f"  round {r + 1}/{rounds}: {case:<22} {version:<6} "
                               f"{rate:>10,.0f} records/s", style="dim")
         for w, e in spark_cases:
-            rate = vs.spark_throughput(ctx, w, e)["rate"]
+            rate = vs.throughput(ctx, w, e)["rate"]
             spark_rates[vs.SPARK_API[w, e]].append(rate)
             console.print(f"  round {r + 1}/{rounds}: Spark {vs.SPARK_API[w, e]:<22} "
                           f"{rate:>10,.0f} records/s", style="dim")

@@ -144,6 +144,10 @@ def test_scale_checks_and_statistics(tmp_path):
     out = runner.run("sleeps", lambda: time.sleep(1.3) or {}, r=0, rounds=1)
     assert set(out["load"]) >= {"before", "max", "after", "others_mean"}
     assert out["load"]["others_mean"] is not None
+    # a run in a fresh process brings its own sample (run_child's): kept as it is
+    own = {"before": 1.0, "max": 1.0, "mean": 1.0, "others_mean": 0.0, "others_max": 0}
+    out = runner.run("child", lambda: {"load": dict(own)}, r=0, rounds=1, sample_load=False)
+    assert out["load"] == own
     assert scale.parse_grid("all,4,100x2", 20) == [
         (4, 2), (20, 2), (None, 2)]
 

@@ -1,6 +1,7 @@
 """Smoke test: ``bench/vs_spark.py --quick`` (small sizes) runs every workload on both
-systems, prints the ratio table and writes JSON and plots.  Numbers are not checked: this is
-a benchmark, not a test."""
+systems, each throughput run a fresh process timed from its spawn to its exit, prints the
+ratio table and writes JSON and plots.  Numbers are not checked: this is a benchmark, not a
+test."""
 
 import json
 import os
@@ -46,10 +47,17 @@ def test_vs_spark_bench_quick(tmp_path):
             assert all(r["n"] > 0 and r["output"]["ok"] for r in runs), (name, runs)
     for row in result["summary"]:
         assert row["ratio"] is not None and row["ratio"] > 0, row
+        if row["kind"] == "throughput":  # end to end the headline, processing beside it
+            assert row["key"] == "rate_end_to_end" and row["ratio_processing"] > 0, row
     for name, runs in result["runs"].items():
         assert all(r is not None for r in runs), name
         if name.startswith("tp |"):
-            assert all(r["output"]["ok"] for r in runs), (name, runs)
+            for r in runs:  # a fresh process: its start-up is in end to end, not processing
+                assert r["output"]["ok"], (name, r)
+                assert r["end_to_end"] > r["processing"] > 0, (name, r)
+                assert r["rate_end_to_end"] == pytest.approx(r["records"] / r["end_to_end"])
+                assert r["load"]["others_mean"] is not None and "loaded" in r, (name, r)
+                assert r["cpu_all"] > 0 and r["master"].startswith("local["), (name, r)
     for plot in result["plots"]:
         assert Path(plot).stat().st_size > 0
 
@@ -69,6 +77,7 @@ def test_vs_spark_bench_fails_on_a_wrong_output(tmp_path):
     assert "warm-up tp | keyed | cutline" in proc.stdout  # a warm-up round, not counted
     result = json.loads(out.read_text())
     assert result["break_output"] is True
+    assert len(result["warm_up"]["tp | keyed | cutline"]["end_to_end"]) == 1
     (wrong,) = result["failures"]  # --cutline-only: the per-record pipeline's run
     assert wrong["case"] == "tp | keyed | cutline", wrong
     assert wrong["error"].startswith("wrong output") and "'users_wrong': 1" in wrong["error"]
