@@ -492,6 +492,40 @@ def _fake_reader(monkeypatch, consumer, **kwargs):
     return opened(src)
 
 
+class _EndInTheBatchConsumer(_TansuLikeConsumer):
+    """Every record and then the partition's end in one ``consume`` batch, the end reported
+    once (librdkafka reports an end once, until new records come)."""
+
+    def consume(self, num, timeout):
+        from confluent_kafka import KafkaError
+
+        self.fetches += 1
+        if self.fetches == 1:
+            return [_Msg(self.topic, o, f"v{o}".encode()) for o in range(self.n)] + [
+                _Msg(self.topic, self.n, err=_Err(KafkaError._PARTITION_EOF))]
+        time.sleep(min(timeout, 0.005))
+        return []
+
+
+def test_an_end_that_comes_in_the_batch_of_its_records_is_kept(monkeypatch):
+    """The records of a partition and its end in one fetch: the partition is at its end
+    (it was not: the records' arrival undid the end reported after them, which the client
+    does not report again, so an idle partition held the watermark back for good; CI saw it
+    as a partition whose end never came)."""
+    from cutline.connectors import kafka as kafka_mod
+
+    c = _EndInTheBatchConsumer("t", 5, late=(), late_fetches=0)
+    monkeypatch.setattr(kafka_mod, "_consumer", lambda *a, **kw: c)
+    monkeypatch.setattr(kafka_mod, "_topics", lambda *a, **kw: {"t": [0]})
+    r = opened(KafkaSource("127.0.0.1:1", "t", value_format="str",
+                           starting_offsets={"t": {0: 0}}))  # unbounded: it tails
+    got = r.read_batch(100)  # (assigns, fetches: the records and the end in one batch)
+    assert [x.offset for x in got] == [0, 1, 2, 3, 4]
+    assert r._eof["t/0"]
+    assert r.read_batch(100) == []
+    assert r._eof["t/0"] and not r._active("t/0", time.monotonic() + 10, 5.0)
+
+
 def test_a_gap_at_the_end_of_the_log_is_fetched_again_until_its_records_come(monkeypatch):
     """The broker answers offsets 0, 1, 4, 5 while 2 and 3 are still being stored: the
     reader fetches again from 2 and delivers every record once (without the re-fetch it

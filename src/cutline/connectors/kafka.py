@@ -636,6 +636,9 @@ class KafkaReader:
         nxt = 0
         seek: int | None = None
         touched: set[str] = set()
+        # splits whose end (PARTITION_EOF) came after their records in this batch: the
+        # client reports an end once, so the records before it must not undo it below
+        ended: set[str] = set()
         refetch: dict[str, int] = {}  # split -> the offset to fetch again from
         for msg in msgs:
             err = msg.error()
@@ -644,12 +647,15 @@ class KafkaReader:
                     fetched[k] = max(fetched.get(k, 0), nxt)
                 run, k = (None, None), None
                 self._on_error(msg, err)
+                if err.code() == _kafka().KafkaError._PARTITION_EOF:
+                    ended.add(_split(msg.topic(), msg.partition()))
                 continue
             tp = (msg.topic(), msg.partition())
             if tp != run:
                 if k is not None:
                     fetched[k] = max(fetched.get(k, 0), nxt)
                 run, k = tp, _split(*tp)
+                ended.discard(k)  # records after its end: new ones, not at the end now
                 q, nxt, seek = buf.get(k), fetched.get(k, 0), self._seek_ms.get(k)
                 if q is not None:
                     touched.add(k)
@@ -683,7 +689,8 @@ class KafkaReader:
         for k in touched:
             q = buf[k]
             if q:
-                self._eof[k] = False
+                if k not in ended:
+                    self._eof[k] = False
                 self._hw[k] = max(self._hw.get(k, 0), fetched[k])
                 if len(q) >= _BUFFER and k not in self._paused:
                     self._consumer.pause([ck.TopicPartition(*_parse_split(k))])
