@@ -486,8 +486,7 @@ class BatchWindowAggregate(WindowOperator):
         if self.gone > max(4096, o.size // 2):
             keep = np.flatnonzero(np.isfinite(starts))
             o.compact(keep)
-            self.starts, self.saved = self.starts[keep], self.saved[keep]
-            self._held(np.zeros(0, dtype=np.int64), np.zeros(0))
+            self.starts, self.saved = self.starts[keep], self.saved[keep]  # (_held grows them)
             self.gone = 0
         self.state.after_batch()
         return pa.RecordBatch.from_pydict(out)
@@ -503,15 +502,8 @@ class BatchWindowAggregate(WindowOperator):
             return
         o.unsaved[rows] = False
         self.saved[rows] = True
-        parts = []
-        for v, m in zip(o.vals, o.valid):
-            vals, ok = v[rows].tolist(), m[rows]
-            parts.append(vals if ok.all() else
-                         [x if y else None for x, y in zip(vals, ok.tolist())])
-        accs = zip(*[list(zip(parts[idx[0]], parts[idx[1]])) if fn == "mean"
-                     else parts[idx[0]] for fn, idx in o.reads])
         mutable, window_of, keys = self.windows.mutable, self._window_of, o.keys
-        for r, acc in zip(rows.tolist(), accs):
+        for r, acc in zip(rows.tolist(), o.accumulators(rows)):
             k, w = window_of(keys[r])
             mutable(k, dict)[w] = list(acc)
 

@@ -216,6 +216,19 @@ class ColumnarAggregates:
 
     # ------------------------------------------------------------------ the backend
 
+    def accumulators(self, rows: np.ndarray) -> list[tuple]:
+        """Rows ``rows`` in the per-key format: a tuple of accumulators each, mean ``(sum,
+        count)``, ``None`` for nothing yet."""
+        parts = []
+        for v, m in zip(self.vals, self.valid):
+            vals = v[rows].tolist()
+            if not m[rows].all():
+                vals = [x if ok else None for x, ok in zip(vals, m[rows].tolist())]
+            parts.append(vals)
+        cols = [list(zip(parts[idx[0]], parts[idx[1]])) if fn == "mean" else parts[idx[0]]
+                for fn, idx in self.reads]
+        return list(zip(*cols))
+
     def save(self) -> None:
         """The rows changed since the last save into the backend table (the per-key
         format: a tuple of accumulators, mean ``(sum, count)``, ``None`` for nothing yet);
@@ -223,16 +236,8 @@ class ColumnarAggregates:
         rows = np.flatnonzero(self.unsaved[:self.size])
         if len(rows):
             self.unsaved[rows] = False
-            parts = []
-            for v, m in zip(self.vals, self.valid):
-                vals = v[rows].tolist()
-                if not m[rows].all():
-                    vals = [x if ok else None for x, ok in zip(vals, m[rows].tolist())]
-                parts.append(vals)
-            cols = [list(zip(parts[idx[0]], parts[idx[1]])) if fn == "mean" else parts[idx[0]]
-                    for fn, idx in self.reads]
             keys = [self.keys[i] for i in rows.tolist()]
-            self.table.fast.update(zip(keys, zip(*cols)))
+            self.table.fast.update(zip(keys, self.accumulators(rows)))
         if self.size > self.max_keys and not self.changed[:self.size].any():
             self.clear()
 
