@@ -108,7 +108,8 @@ def _measure(args: argparse.Namespace, console: Console, versions: dict, ctx: di
     small = work / "small"
     vs.write_backlog(small, 100_000, 100)
     ctx["backlog"] = work / "backlog"
-    ctx["expected"] = vs.write_backlog(ctx["backlog"], records, records // vs.EVENTS_PER_FILE)
+    # small files (1,000 events): what this benchmark measures is the listing and reading
+    ctx["expected"] = vs.write_backlog(ctx["backlog"], records, records // 1_000)
     old_records, new_records = [], []
     read_all(before, small, old_records)
     read_all(after, small, new_records)

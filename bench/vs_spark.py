@@ -13,6 +13,8 @@ checkpoint to a fresh local directory per run.
 **Input** (the same for both): JSON-lines files of events ``{"ts", "user", "kind", "value",
 "page"}``, 1,000 users.  Spark reads them with its file stream source (``readStream.json``
 with the schema), cutline with ``cutline.connectors.FileSource`` (``json.loads`` per line).
+The throughput backlog is files of ``--events-per-file`` events (default 100,000, the size
+of users' files; issue 30 found 1,000-line files measuring Spark's listing and planning).
 ``ts`` is event time in whole milliseconds: in the backlog 1,000 events per second of event
 time, each up to 1 s behind the newest before it (deterministic), files numbered and dated
 in that order; so no record is late for a 2 s watermark delay, in either system.  Workload
@@ -212,7 +214,7 @@ REF_BATCHES = 4  # reference row: Spark with the backlog split into this many mi
 INTERVAL = 1.0  # cutline checkpoint interval (the issue's setting)
 SHORT_INTERVAL = 0.1  # labelled extra
 USERS = 1000
-EVENTS_PER_FILE = 1000  # backlog files
+EVENTS_PER_FILE = 100_000  # backlog files: users' sizes (issue 30; --events-per-file)
 WRITE_PERIOD = 0.1  # latency: one file every 0.1 s
 POLL = 0.02  # cutline's file source: listing period when idle, latency runs
 WATCH = 0.01  # output directory polling
@@ -1767,6 +1769,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="latency rounds (default 2, quick 1)")
     ap.add_argument("--records", type=positive_int, default=None,
                     help="events in the throughput backlog (default 400,000; quick 100,000)")
+    ap.add_argument("--events-per-file", type=positive_int, default=EVENTS_PER_FILE,
+                    help="throughput backlog: events per file (default "
+                         f"{EVENTS_PER_FILE:,}: users' file sizes; at least one file per "
+                         "subtask)")
     ap.add_argument("--rate", type=positive_float, default=500.0,
                     help="latency runs: input events/s (default 500)")
     ap.add_argument("--latency-seconds", type=positive_float, default=None,
@@ -1878,12 +1884,21 @@ def make_ctx(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
             "records": args.records}
 
 
-def add_backlog(ctx: dict, directory: Path, records: int, files: int | None = None) -> None:
+def backlog_files(records: int, per_file: int = EVENTS_PER_FILE) -> int:
+    """How many files ``records`` events take at ``per_file`` a file (at least one per
+    subtask)."""
+    return max(PARALLELISM, -(-records // per_file))
+
+
+def add_backlog(ctx: dict, directory: Path, records: int, files: int | None = None,
+                per_file: int = EVENTS_PER_FILE) -> None:
     """Write the throughput runs' input under ``directory`` (and workload 4's: the same
     files and a sentinel)."""
-    files = files or max(PARALLELISM, records // EVENTS_PER_FILE)
+    files = files or backlog_files(records, per_file)
     ctx["backlog"] = directory / "backlog"
-    ctx["expected"] = write_backlog(ctx["backlog"], records, files)
+    ctx["expected"] = write_backlog(ctx["backlog"], records, files,
+                                    processes=min(os.cpu_count() or 1, files)
+                                    if records >= 1_000_000 else 1)
     if HAS_WINDOWS:
         ctx["backlog_windowed"] = windowed_backlog(ctx["backlog"], directory / "windowed")
 
@@ -1954,7 +1969,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = conditions()
     load = LoadSampler()
     load.start()
-    files = max(PARALLELISM, args.records // EVENTS_PER_FILE)
+    files = backlog_files(args.records, args.events_per_file)
     console.print(f"[bold]cutline vs Spark Structured Streaming[/]  "
                   f"{'quick, ' if args.quick else ''}{args.rounds} throughput round(s) of "
                   f"{args.records:,} events in {files:,} files; {args.latency_rounds} latency "
@@ -1970,7 +1985,7 @@ def main(argv: list[str] | None = None) -> int:
     warm: dict[str, list[float]] = {}
     try:
         if args.parts & {"throughput", "profile"}:
-            add_backlog(ctx, workdir, args.records)
+            add_backlog(ctx, workdir, args.records, per_file=args.events_per_file)
             machine["input"] = input_files(ctx["backlog"])
             console.print(f"  backlog: {ctx['expected']['bytes'] / 1e6:.1f} MB, "
                           f"{ctx['expected']['kept']:,} events pass the filter, "
@@ -2035,6 +2050,7 @@ def main(argv: list[str] | None = None) -> int:
         "latency_rounds": args.latency_rounds, "elapsed_s": elapsed,
         "command": "python bench/vs_spark.py" + (" " + " ".join(argv)).rstrip(),
         "config": {"records": args.records, "files": files, "users": USERS,
+                   "events_per_file": args.events_per_file,
                    "files_per_subtask": args.files_per_subtask,
                    "split_backlogs": ctx.get("split_backlogs"),
                    "rate": args.rate, "latency_seconds": args.latency_seconds,
