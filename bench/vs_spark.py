@@ -97,7 +97,9 @@ own clocks, not a process's wall time.  A writer thread in this process writes a
 0.1 s, each record stamped ``ts = time.time()`` just before its file is written and renamed
 into the directory (names starting with ``.`` are ignored by both sources).  The writer
 starts once the system is ready (cutline: attempt 0 started; Spark: first progress event).
-Events written in the first ``--warmup`` seconds are not counted.  *Committed*:
+Each run writes ``--latency-seconds`` of input (default 120: issue 30's two minutes at
+least); events written in its first ``--warmup`` seconds (default 20: Spark's first
+micro-batches, cutline's first checkpoints) are not counted.  *Committed*:
 
 * cutline: the committed Parquet file holding the record appears in the output directory
   (the sink renames it there when the checkpoint completes); a thread polls the directory
@@ -116,7 +118,7 @@ and with the fastest trigger (``processingTime="0 seconds"``).  cutline's file s
 the directory every 20 ms when idle (Spark's file source polls every 10 ms).  Every
 exactly-once committed output waits for its checkpoint: p99 >= the interval.
 
-**Window-result latency** (workload 4; ``--window-latency-seconds`` of input, default 25,
+**Window-result latency** (workload 4; ``--window-latency-seconds`` of input, default 120,
 quick 14, so that windows close during the run): the writer stamps each event's ``ts`` its
 file's stamp minus up to 1 s of disorder, and notes when each file was renamed into place.
 A window *closes* at the first moment a file holding an event time >= its end + 2 s was in
@@ -252,7 +254,7 @@ EVENT_RATE = 1000  # backlog: events per second of event time
 BASE_TS = 1_700_000_000  # backlog: event time of the first event
 SENTINEL_TS = BASE_TS + 10**7  # far future: its watermark closes every real window in Spark
 SENTINEL = "sentinel"  # its user; its own window is left out of every comparison
-WINDOW_LATENCY_SECONDS = (25.0, 14.0)  # latency runs of workload 4, (full, quick)
+WINDOW_LATENCY_SECONDS = (120.0, 14.0)  # latency runs of workload 4, (full, quick)
 TARGET_WINDOW_P99 = 0.25  # cutline at a 0.1 s checkpoint interval / Spark's best trigger
 TARGET_SPLITS = 0.8  # workload 4, many files per subtask / one (issue 25), at least
 
@@ -1762,13 +1764,13 @@ def plot(result: dict, runs: dict, stem: Path) -> list[str]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = bench_parser(__doc__, DEFAULT_OUT, (3, 1), rounds_help="throughput rounds",
+    ap = bench_parser(__doc__, DEFAULT_OUT, (5, 1), rounds_help="throughput rounds",
                       quick="short run (about 2 minutes), every workload, fewer configurations",
                       out_help="JSON results file; plots are written next to it")
     ap.add_argument("--latency-rounds", type=positive_int, default=None,
                     help="latency rounds (default 2, quick 1)")
     ap.add_argument("--records", type=positive_int, default=None,
-                    help="events in the throughput backlog (default 400,000; quick 100,000)")
+                    help="events in the throughput backlog (default 2,000,000; quick 100,000)")
     ap.add_argument("--events-per-file", type=positive_int, default=EVENTS_PER_FILE,
                     help="throughput backlog: events per file (default "
                          f"{EVENTS_PER_FILE:,}: users' file sizes; at least one file per "
@@ -1776,13 +1778,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rate", type=positive_float, default=500.0,
                     help="latency runs: input events/s (default 500)")
     ap.add_argument("--latency-seconds", type=positive_float, default=None,
-                    help="latency runs: seconds of input (default 6, quick 3)")
+                    help="latency runs: seconds of input (default 120, quick 3)")
     ap.add_argument("--window-latency-seconds", type=positive_float, default=None,
                     help="latency runs of workload 4: seconds of input (default "
                          f"{WINDOW_LATENCY_SECONDS[0]:g}, quick {WINDOW_LATENCY_SECONDS[1]:g}; "
                          f"a {WINDOW} s window closes {MAX_DELAY:g} s after its end)")
     ap.add_argument("--warmup", type=non_negative_float, default=None,
-                    help="latency runs: seconds of input not counted (default 1.5, quick 1)")
+                    help="latency runs: seconds of input not counted (default 20, quick 1)")
     ap.add_argument("--only", choices=["throughput", "latency", "profile"], action="append",
                     default=None, help="run only these parts (repeatable)")
     ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,
@@ -1822,12 +1824,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.max_warmup = 0 if args.quick else 4
     if args.max_warmup < 0:
         ap.error("--max-warmup must be >= 0")
-    args.records = args.records or (100_000 if args.quick else 400_000)
-    args.latency_seconds = args.latency_seconds or (3.0 if args.quick else 6.0)
+    args.records = args.records or (100_000 if args.quick else 2_000_000)
+    args.latency_seconds = args.latency_seconds or (3.0 if args.quick else 120.0)
     if args.window_latency_seconds is None:
         args.window_latency_seconds = WINDOW_LATENCY_SECONDS[1 if args.quick else 0]
     if args.warmup is None:
-        args.warmup = 1.0 if args.quick else 1.5
+        args.warmup = 1.0 if args.quick else 20.0
     if HAS_WINDOWS and args.window_latency_seconds < args.warmup + WINDOW + MAX_DELAY:
         ap.error(f"--window-latency-seconds ({args.window_latency_seconds:g} s) must be at "
                  f"least --warmup + {WINDOW + MAX_DELAY:g} s: no {WINDOW} s window would "
