@@ -28,7 +28,10 @@ subtask the rows with the window's highest count there, and picks the hottest pe
 record by record; q7 keeps the highest bid per window of each record batch (a local
 pre-aggregate, as Spark's partial aggregation) and the highest of those per window record
 by record; q11 counts bids per bidder session on batches; q18 keeps each record batch's
-last bid per (bidder, auction), and keyed state the last of those.
+last bid per (bidder, auction), and keyed state the last of those; the joins (q3, q4, q8)
+read only the fields they use and pick the events they join on batches (q3 about one
+event in 45, q8 one in 12, q4 all but persons), then join record by record as their
+per-record forms do.
 
 Where the results are compared (``expected_kind``):
 
@@ -382,7 +385,7 @@ def build(query: str, events: Any, max_delay: float, prefix: str = "") -> Any:
 # (``FileSource(path, "parquet").batches()``), vectorised with pyarrow.compute.  q5 and q7
 # run their windows on the batches too; what is left after them (a few rows per window) goes
 # on record by record.
-COLUMNAR = ("q0", "q1", "q2", "q5", "q7", "q11", "q18")
+COLUMNAR = ("q0", "q1", "q2", "q3", "q4", "q5", "q7", "q8", "q11", "q18")
 # what each reads (``FileSource(...).batches(columns=...)``: parquet reads nothing else, as
 # Spark prunes the columns, nested fields too, its query does not use)
 _EVENT_TIMES = ["auction.dateTime", "person.dateTime"]  # the watermark follows all events
@@ -391,7 +394,15 @@ COLUMNS = {"q0": ["event_type", "bid"], "q1": ["event_type", "bid"],
            "q5": ["event_type", "bid.auction", "bid.dateTime", *_EVENT_TIMES],
            "q7": ["event_type", "bid", *_EVENT_TIMES],
            "q11": ["event_type", "bid.bidder", "bid.dateTime", *_EVENT_TIMES],
-           "q18": ["event_type", "bid"]}
+           "q18": ["event_type", "bid"],
+           # the joins: the batches pick the events a join takes (a Python dict each then)
+           "q3": ["event_type", "person.id", "person.name", "person.city", "person.state",
+                  "auction.id", "auction.seller", "auction.category"],
+           "q4": ["event_type", "auction.id", "auction.category", "auction.dateTime",
+                  "auction.expires", "bid.auction", "bid.price", "bid.dateTime",
+                  "person.dateTime"],
+           "q8": ["event_type", "person.id", "person.name", "person.dateTime",
+                  "auction.seller", "auction.dateTime", "bid.dateTime"]}
 
 
 def bid_columns(batch: Any) -> Any:
@@ -421,6 +432,38 @@ def q2_multiple(batch: Any) -> Any:
 
     a = batch.column("auction")  # no modulo in pyarrow.compute: a - (a / k) * k
     return pc.equal(pc.subtract(a, pc.multiply(pc.divide(a, SKIP), SKIP)), 0)
+
+
+def q3_batch_keep(batch: Any) -> Any:
+    """:func:`q3_keep` for a whole batch: persons of ``Q3_STATES``, auctions of
+    ``Q3_CATEGORY``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = batch.column("event_type")
+    state = pc.struct_field(batch.column("person"), "state")
+    category = pc.struct_field(batch.column("auction"), "category")
+    person = pc.and_kleene(pc.equal(kind, PERSON),
+                           pc.is_in(state, value_set=pa.array(Q3_STATES)))
+    auction = pc.and_kleene(pc.equal(kind, AUCTION), pc.equal(category, Q3_CATEGORY))
+    return pc.fill_null(pc.or_kleene(person, auction), False)
+
+
+def q4_batch_keep(batch: Any) -> Any:
+    """:func:`q4_keep` for a whole batch: auctions and bids."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.is_in(batch.column("event_type"), value_set=pa.array([AUCTION, BID], pa.int32()))
+
+
+def q8_batch_keep(batch: Any) -> Any:
+    """:func:`q8_keep` for a whole batch: persons and auctions."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.is_in(batch.column("event_type"),
+                    value_set=pa.array([PERSON, AUCTION], pa.int32()))
 
 
 def event_seconds(batch: Any) -> Any:
@@ -530,9 +573,19 @@ def build_columnar(query: str, events: Any, max_delay: float = 0.0, prefix: str 
     def u(name: str) -> str:
         return prefix + name
 
-    if query in ("q5", "q7", "q11"):
+    if query in ("q4", "q5", "q7", "q8", "q11"):
         events = events.with_column("ts", event_seconds, uid=u("ts")).assign_timestamps(
             "ts", max_delay=max_delay, uid=u("event-time"))
+    if query == "q3":  # the joins: the events they take, picked on batches; the rest as is
+        return (events.filter_batches(q3_batch_keep, uid=u("q3-filter")).rows(uid=u("rows"))
+                .key_by(q3_key).process(q3_join, uid=u("q3")))
+    if query == "q4":
+        return (events.filter_batches(q4_batch_keep, uid=u("q4-filter")).rows(uid=u("rows"))
+                .key_by(q4_key).process(q4_close, on_timer=q4_closed, uid=u("closing-prices"))
+                .key_by(q4_category).process(q4_average, uid=u("q4")))
+    if query == "q8":
+        return (events.filter_batches(q8_batch_keep, uid=u("q8-filter")).rows(uid=u("rows"))
+                .key_by(q8_key).process(q8_join, on_timer=q8_closed, uid=u("q8")))
     bids = events.where(pc.field("event_type") == BID, uid=u("bids"))
     if query == "q0":
         return bids.map_batches(bid_columns, uid=u("q0"))
