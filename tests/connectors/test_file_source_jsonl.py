@@ -168,3 +168,28 @@ def test_the_fast_decoder_gives_what_json_loads_gives(tmp_path_factory, values, 
             r = opened(FileSource(str(d)))
             r.restore(state)
     assert same(got, expected), (got, expected)
+
+
+def test_a_directory_of_links_to_files_is_read(tmp_path):
+    """A symbolic link to a file is an input file (fsspec's local listing types it "other":
+    such a directory read nothing, silently); a link to a directory is not, as a
+    directory is not; both sources, per record and batches."""
+    data, inp = tmp_path / "data", tmp_path / "in"
+    data.mkdir()
+    inp.mkdir()
+    (data / "sub").mkdir()
+    for k in range(3):
+        (data / f"part-{k}.jsonl").write_text(
+            "".join(json.dumps({"k": k, "i": i}) + "\n" for i in range(4)))
+        (inp / f"part-{k}.jsonl").symlink_to(data / f"part-{k}.jsonl")
+    (inp / "dir").symlink_to(data / "sub")
+    want = sorted((k, i) for k in range(3) for i in range(4))
+    src = FileSource(str(inp))
+    assert src.check() is None
+    got = [r for p in range(2) for r in drain(opened(src, p, 2))]
+    assert sorted((r["k"], r["i"]) for r in got) == want
+    import pyarrow as pa
+
+    batches = FileSource(str(inp)).batches(pa.schema([("k", pa.int64()), ("i", pa.int64())]))
+    rows = [row for p in range(2) for b in drain(opened(batches, p, 2)) for row in b.to_pylist()]
+    assert sorted((r["k"], r["i"]) for r in rows) == want

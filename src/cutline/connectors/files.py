@@ -36,6 +36,17 @@ _BLOCK = 1 << 20  # jsonl: bytes read at a time
 MAX_OPEN_FILES = 32
 
 
+def listed_files(fs: Any, root: str) -> list[str]:
+    """The files directly in directory ``root`` (full names), symbolic links to files
+    included (fsspec's local ``ls`` gives a link the type "other": a directory of links
+    to the data read nothing, silently)."""
+    out = []
+    for e in fs.ls(root, detail=True):
+        if e.get("type") == "file" or (e.get("islink") and fs.isfile(e["name"])):
+            out.append(e["name"])
+    return out
+
+
 class FileSource:
     """Read every file of a directory; files are the unit of partitioning.
 
@@ -115,8 +126,7 @@ class FileSource:
             raise FileNotFoundError(f"input path {self.path} does not exist")
         if fs.isfile(root):
             return None
-        names = [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(root, detail=True)
-                 if e.get("type") == "file"]
+        names = [e.rstrip("/").rsplit("/", 1)[-1] for e in listed_files(fs, root)]
         if any(not n.startswith((".", "_")) for n in names):
             return None
         ignored = f" ({len(names)} ignored: names starting with '.' or '_')" if names else ""
@@ -238,7 +248,7 @@ class FileReader:
         if fs.isfile(root):
             entries = [root]
         else:
-            entries = [e["name"] for e in fs.ls(root, detail=True) if e.get("type") == "file"]
+            entries = listed_files(fs, root)
         names = sorted({e.rstrip("/").rsplit("/", 1)[-1]: e for e in entries}.items())
         names = [(n, e) for n, e in names if not n.startswith((".", "_"))]
         for i, (n, full) in enumerate(names):
