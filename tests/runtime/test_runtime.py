@@ -161,3 +161,17 @@ def test_restore_from_wins_over_newer_checkpoints_in_storage(tmp_path):
     p2, _ = wordcount(tmp_path, 20_000, "aligned")
     second = p2.run(engine="threads", timeout=60, restore_from=older)
     assert second.restored_from == older
+
+
+def test_key_hashes_do_not_change_between_versions():
+    """Saved keyed state sits in key groups by these values: a change would put a restored
+    key's state in a group another subtask owns (pinned from the code of 2026-12-05)."""
+    from cutline.state.keygroups import stable_hash
+
+    keys = ["word", 7, -3, 2**70, 1.5, 2.0, True, None, b"raw", (1, "a"), (123456, 789),
+            ("u", (1, 2.5)), ()]
+    assert [stable_hash(k) for k in keys] == [
+        5609502272630911185, 18103290618691927784, 574377492800296254, 0,
+        9989323613743144798, 18348614514846119501, 18397679293204093734, 0,
+        9917698064949395965, 17196032970756483075, 6451501412767096586, 486110056921411294,
+        17612642830714933046]

@@ -24,6 +24,11 @@ def stable_hash(key: Any) -> int:
         return _mix(zlib.crc32(key.encode("utf-8", "surrogatepass")))
     if t is int:
         return _mix(key & 0xFFFFFFFFFFFFFFFF)
+    if t is tuple:  # (the values below: a composite key skips the checks before it)
+        h = 17
+        for item in key:
+            h = (h * 31 + stable_hash(item)) & 0xFFFFFFFFFFFFFFFF
+        return _mix(h)
     # Equal keys hash equally, as in a dict: 1, 1.0 and True are one key.
     if isinstance(key, bool):
         key = int(key)
