@@ -25,8 +25,9 @@ small input):
 - ``cutline``: per record, at parallelism 2, checkpoints every 1 s, from
   ``FileSource(parquet)``, run as a user runs it (``Pipeline.run()``, its embedded session);
   q18's keyed state in RocksDB (``Q.STATE_BACKEND``).
-- ``cutline columnar``: q0-q2, q5, q7, q11 and q18 in their columnar form (batch streams
-  reading only the columns they use).
+- ``cutline columnar``: every query in its columnar form (batch streams reading only the
+  columns they use; the joins q3, q4 and q8 pick their events on batches and join record
+  by record).
 - ``spark sql``: Spark's built-ins (DataFrame functions; q4 has none: its Spark query is a
   Python UDF, ``applyInPandasWithState``, and its row is named ``spark pandas udf``),
   ``spark.sql.shuffle.partitions`` 2, ``local[2]``, ``trigger(availableNow=True)`` (the whole

@@ -120,5 +120,6 @@ def test_nexmark_digests_without_spark(tmp_path):
     assert nx.read_digest(tmp_path / "d") == {"rows": 2, "sums": [2, 5, 23, 13, 5]}
     assert nx.digests_equal({"rows": 1, "sums": [1.0 + 1e-12, 3]}, {"rows": 1, "sums": [1.0, 3]})
     assert not nx.digests_equal({"rows": 1, "sums": [1, 3]}, {"rows": 1, "sums": [1, 4]})
-    assert nx.systems_of("q4") == ["cutline", "spark pandas udf", "spark pandas udf rocksdb"]
+    assert nx.systems_of("q4") == ["cutline", "cutline columnar", "spark pandas udf",
+                                   "spark pandas udf rocksdb"]
     assert nx.systems_of("q0") == ["cutline", "cutline columnar", "spark sql"]
