@@ -27,8 +27,9 @@ pyarrow.compute; q5 counts bids per auction and sliding window on batches, keeps
 subtask the rows with the window's highest count there, and picks the hottest per window
 record by record; q7 keeps the highest bid per window of each record batch (a local
 pre-aggregate, as Spark's partial aggregation) and the highest of those per window record
-by record; q11 counts bids per bidder session on batches; q18 keeps each record batch's
-last bid per (bidder, auction), and keyed state the last of those; the joins (q3, q4, q8)
+by record; q11 counts bids per bidder session on batches; q18 keeps the last bid per
+(bidder, auction) with ``latest`` (each batch cut to its last bid per key with Arrow, then
+one keyed-state lookup per key); the joins (q3, q4, q8)
 read only the fields they use and pick the events they join on batches (q3 about one
 event in 45, q8 one in 12, q4 all but persons), then join record by record as their
 per-record forms do.
@@ -330,8 +331,7 @@ def q18_last(ctx: Any, e: dict) -> list:
 
 
 def q18_last_row(ctx: Any, b: dict) -> list:
-    """A bid (its fields; per record, or a row of :func:`q18_local_last`): an update if it
-    is the key's latest."""
+    """A bid (its fields): an update if it is the key's latest."""
     last = ctx.value_state("last", None)
     mine = (b["dateTime"], b["price"], b["extra"])
     if last.value is not None and last.value >= mine:
@@ -548,21 +548,6 @@ def q11_columns(batch: Any) -> Any:
         names=["bidder", "count", "start", "end"])
 
 
-Q18_ORDER = [("bidder", "ascending"), ("auction", "ascending"), ("dateTime", "descending"),
-             ("price", "descending"), ("extra", "descending")]
-
-
-def q18_local_last(batch: Any) -> Any:
-    """The last bid of each (bidder, auction) in one record batch (the tie order of
-    :func:`q18_last`): the keyed state sees a third of the rows, and emits an update per
-    key per batch at most, as Spark's update mode does per micro-batch."""
-    import pyarrow as pa
-
-    if not batch.num_rows:
-        return batch
-    return first_of_each(pa.Table.from_batches([batch]), Q18_ORDER, ["bidder", "auction"])
-
-
 def build_columnar(query: str, events: Any, max_delay: float = 0.0, prefix: str = "") -> Any:
     """Query ``query`` (one of ``COLUMNAR``) on a batch stream of events: its rows, as
     record batches (q0-q2, q11) or records (q5, q7, q18: what the record-by-record step
@@ -612,9 +597,9 @@ def build_columnar(query: str, events: Any, max_delay: float = 0.0, prefix: str 
                 .window(session(GAP)).count(uid=u("q11"))
                 .map_batches(q11_columns, uid=u("q11-rows")))
     if query == "q18":
-        return (bids.map_batches(bid_columns, uid=u("bid-columns"))
-                .map_batches(q18_local_last, uid=u("local-last")).rows(uid=u("rows"))
-                .key_by(q18_key_row).process(q18_last_row, uid=u("q18")))
+        return (bids.map_batches(bid_columns, uid=u("bid-columns")).key_by(["bidder", "auction"])
+                .latest(by=["dateTime", "price", "extra"], uid=u("q18"))
+                .select("bidder", "auction", "dateTime", "price", "extra", uid=u("q18-rows")))
     raise ValueError(f"query {query!r} has no columnar form; those that do: "
                      f"{', '.join(COLUMNAR)}")
 

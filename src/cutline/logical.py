@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from .protocol.windows import WindowSpec
 
 __all__ = ["AGGREGATES", "AggSpec", "BatchFunction", "BatchWindowSpec", "CountSpec", "FORWARD",
+           "LatestSpec",
            "REBALANCE", "HASH", "BROADCAST", "ColumnKey", "ColumnTime", "Kind", "Node", "kind_of",
            "Partial",
            "PartialKey", "TimestampSpec", "WindowPartial", "check_updates", "timestamp_fn_of",
@@ -26,7 +27,8 @@ __all__ = ["AGGREGATES", "AggSpec", "BatchFunction", "BatchWindowSpec", "CountSp
            # a node class per kind
            "NODE_CLASSES", "ON_ERROR", "make_node", "node_class", "Readable", "Writable",
            "FallibleNode", "AggregateNode", "AssignTimestampsNode", "CombineNode", "CountNode",
-           "FilterBatchesNode", "FilterNode", "FlatMapNode", "IterateNode", "MapBatchesNode",
+           "FilterBatchesNode", "FilterNode", "FlatMapNode", "IterateNode", "LatestNode",
+           "MapBatchesNode",
            "MapNode", "OperatorNode", "ProcessNode", "ReduceNode", "SelectNode", "SinkNode",
            "SourceNode", "ToBatchesNode", "ToRowsNode", "UnionNode", "WhereNode",
            "WindowAggNode", "WindowLateNode", "WindowNode", "WindowResultsNode",
@@ -70,6 +72,7 @@ class Kind(StrEnum):
     TO_BATCHES = "to_batches"  # fn: the schema
     AGGREGATE = "aggregate"  # fn: AggSpec
     WINDOW_AGG = "window_agg"  # fn: BatchWindowSpec
+    LATEST = "latest"  # fn: LatestSpec
 
     @property
     def keyed(self) -> bool:
@@ -95,10 +98,10 @@ def kind_of(kind: Kind | str, uid: str | None = None) -> Kind:
 
 
 _KEYED = frozenset({Kind.REDUCE, Kind.PROCESS, Kind.COUNT, Kind.WINDOW, Kind.AGGREGATE,
-                    Kind.WINDOW_AGG})
+                    Kind.WINDOW_AGG, Kind.LATEST})
 _BATCH = frozenset({Kind.MAP_BATCHES, Kind.FILTER_BATCHES, Kind.SELECT, Kind.WHERE,
                     Kind.WITH_COLUMN, Kind.TO_ROWS, Kind.TO_BATCHES, Kind.AGGREGATE,
-                    Kind.WINDOW_AGG})
+                    Kind.WINDOW_AGG, Kind.LATEST})
 
 
 @dataclass
@@ -260,6 +263,18 @@ class AggSpec:
     aggs: tuple[tuple[str, str | None, str], ...]
     updates: Any = "checkpoint"
     partial: bool = False
+
+
+@dataclass(frozen=True)
+class LatestSpec:
+    """``key_by(cols).latest(by)`` on a batch stream: the key columns, the columns ``by``
+    whose values order a key's rows (compared in order, the later ones breaking ties; a
+    null is smaller than any value), and when its update stream emits
+    (:func:`check_updates`)."""
+
+    keys: tuple[str, ...]
+    by: tuple[str, ...]
+    updates: Any = "checkpoint"
 
 
 @dataclass(frozen=True)
@@ -692,6 +707,14 @@ class AggregateNode(Node):
 
 
 @dataclass
+class LatestNode(Node):
+    kind = Kind.LATEST
+    payload = "a LatestSpec"
+    takes = (LatestSpec,)
+    fn: LatestSpec
+
+
+@dataclass
 class WindowAggNode(Node):
     kind = Kind.WINDOW_AGG
     payload = "a BatchWindowSpec"
@@ -704,7 +727,7 @@ NODE_CLASSES: dict[Kind, type[Node]] = {c.kind: c for c in (
     AssignTimestampsNode, ReduceNode, ProcessNode, CountNode, WindowNode, WindowResultsNode,
     WindowLateNode, CombineNode, SinkNode, OperatorNode, MapBatchesNode, FilterBatchesNode,
     SelectNode, WhereNode, WithColumnNode, ToRowsNode, ToBatchesNode, AggregateNode,
-    WindowAggNode)}
+    WindowAggNode, LatestNode)}
 """The node class of each :class:`Kind`."""
 
 

@@ -15,6 +15,7 @@ from ..logical import (
     BatchWindowSpec,
     ColumnKey,
     ColumnTime,
+    LatestSpec,
     Node,
     check_updates,
 )
@@ -310,6 +311,28 @@ class BatchKeyedStream(_Aggregations):
                                    uid=uid, parallelism=parallelism, partitioning=HASH,
                                    key_fn=self.key_fn)
         return stream
+
+    def latest(self, by: Any, *, uid: str | None = None, parallelism: int | None = None,
+               updates: Any = None) -> BatchStream:
+        """Per key, the row with the largest ``by`` (a column, or columns compared in
+        order, the later ones breaking ties; a null is smaller than any value): Flink's
+        deduplication keeping the last row, Spark's ``max(struct(by..., ...))`` per key.
+        An update stream of the input's rows, all its columns: a key's row whenever its
+        best row changes; ``updates`` as for :meth:`agg` (by default once per key changed
+        since the last checkpoint, at each checkpoint; ``"batch"``: per input batch).
+        Each batch is cut to its best row per key with Arrow before the keyed state
+        sees it (docs/columnar.md)."""
+        updates = check_updates("latest", "checkpoint" if updates is None else updates,
+                                "batch")
+        order = _column_key("latest", by).columns
+        keys = self.key_fn.columns
+        both = sorted(set(order) & set(keys))
+        if both:
+            raise ValueError(f"latest(by=...) orders each key's rows by other columns: "
+                             f"{', '.join(both)} {'is' if len(both) == 1 else 'are'} the key")
+        return self.stream._then("latest", LatestSpec(keys, order, updates), uid=uid,
+                                 parallelism=parallelism, partitioning=HASH,
+                                 key_fn=self.key_fn)
 
     def window(self, assigner: WindowAssigner, *, allowed_lateness: Any = 0,
                on_late: str = "drop") -> "BatchWindowedStream":

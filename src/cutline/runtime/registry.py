@@ -47,6 +47,7 @@ OPERATORS: dict[Kind, str] = {
     Kind.TO_BATCHES: "batches:ToBatches",
     Kind.AGGREGATE: "batches:BatchAggregate",
     Kind.WINDOW_AGG: "batch_windows:BatchWindowAggregate",
+    Kind.LATEST: "batch_latest:BatchLatest",
 }
 # (sources and sinks are not operators: the task reads and writes them itself)
 NOT_OPERATORS = frozenset({Kind.SOURCE, Kind.SINK})

@@ -1,0 +1,161 @@
+"""``key_by(cols).latest(by)`` on batch streams: per key the row with the largest ``by``
+(nulls smallest), as an update stream; against a plain Python reference, through
+snapshots, restores at another parallelism, both backends and a whole pipeline."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cutline import CheckpointConfig, Pipeline
+from cutline.connectors import CollectSink, FileSource
+from cutline.logical import HASH, ColumnKey, LatestSpec, make_node
+from cutline.runtime.batches import split_by_key
+from cutline.runtime.operators import UserFunctionError
+from cutline.runtime.registry import build_operator
+
+SCHEMA = pa.schema([("k", pa.string()), ("t", pa.int64()), ("x", pa.float64()),
+                    ("s", pa.string())])
+rows = st.fixed_dictionaries({
+    "k": st.sampled_from(["a", "b", "c", "d", None]),
+    "t": st.one_of(st.none(), st.integers(0, 5)),
+    "x": st.one_of(st.none(), st.sampled_from([0.5, 1.0, 2.0])),
+    "s": st.text("xyz", max_size=2)})
+batches = st.lists(st.lists(rows, min_size=0, max_size=12), min_size=1, max_size=6)
+
+
+def order(r, by):
+    return tuple((r[c] is not None, r[c]) for c in by)
+
+
+def reference(all_rows, by):
+    """The best row per key (the first of equals), the plain way."""
+    best = {}
+    for r in all_rows:
+        if r["k"] not in best or order(r, by) > order(best[r["k"]], by):
+            best[r["k"]] = r
+    return best
+
+
+def node(by=("t", "x"), updates="batch"):
+    return make_node(0, "latest-op", "latest", LatestSpec(("k",), tuple(by), updates),
+                     key_fn=ColumnKey(("k",)), partitioning=HASH, columnar=True)
+
+
+def rb(rs):
+    return pa.RecordBatch.from_pylist(rs, schema=SCHEMA)
+
+
+def best_of(out):
+    """The last row per key of an update stream (record batches)."""
+    last = {}
+    for b in out:
+        for r in b.to_pylist():
+            last[r["k"]] = r
+    return last
+
+
+def same_order(got, want, by):
+    """Equal keys, each key's row equal in ``by`` (ties may pick either row)."""
+    return got.keys() == want.keys() and all(
+        order(got[k], by) == order(want[k], by) for k in want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches, st.sampled_from([("t",), ("t", "x"), ("x", "s")]))
+def test_each_batch_emits_the_keys_whose_best_row_changed(data, by):
+    op = build_operator(node(by), 0, 1, 128)
+    seen, out = [], []
+    for rs in data:
+        emitted = op.process([rb(rs)]) if rs else []
+        seen.extend(rs)
+        before = reference(seen[:len(seen) - len(rs)], by)
+        now = reference(seen, by)
+        changed = {k for k in now if k not in before or order(now[k], by) > order(
+            before[k], by)}
+        assert set(best_of(emitted)) == changed  # an update exactly where one was due
+        out.extend(emitted)
+    assert same_order(best_of(out), reference(seen, by), by)
+
+
+@settings(max_examples=40, deadline=None)
+@given(batches, st.integers(0, 6))
+def test_a_snapshot_restored_at_another_parallelism_goes_on_alike(data, cut):
+    """Two subtasks, a snapshot after ``cut`` batches, restored as one subtask: the updates
+    after it (flushed per checkpoint) end at the reference's best rows."""
+    by = ("t", "x")
+    ops = [build_operator(node(by, "checkpoint"), s, 2, 128) for s in range(2)]
+    cut = min(cut, len(data))
+    out = []
+    for rs in data[:cut]:
+        if rs:
+            for s, part in enumerate(split_by_key([rb(rs)], ("k",), 128, 2)):
+                ops[s].process(part)
+    for op in ops:
+        out.extend(op.flush())  # (a flush precedes every barrier)
+    blobs = [op.snapshot() for op in ops]
+    one = build_operator(node(by, "checkpoint"), 0, 1, 128)
+    one.restore(blobs)
+    for rs in data[cut:]:
+        if rs:
+            one.process([rb(rs)])
+    out.extend(one.flush())
+    assert same_order(best_of(out), reference([r for rs in data for r in rs], by), by)
+
+
+def test_the_update_stream_is_sized_by_checkpoints_by_default():
+    op = build_operator(node(), 0, 1, 128)  # updates="batch" given
+    assert op.process([rb([{"k": "a", "t": 1, "x": 1.0, "s": ""}])])
+    op = build_operator(node(updates="checkpoint"), 0, 1, 128)
+    for t in range(5):
+        assert op.process([rb([{"k": "a", "t": t, "x": 1.0, "s": ""},
+                               {"k": "b", "t": 0, "x": 1.0, "s": ""}])]) == []
+    rows_out = pa.Table.from_batches(op.flush()).to_pylist()
+    assert sorted((r["k"], r["t"]) for r in rows_out) == [("a", 4), ("b", 0)]
+    assert op.flush() == []  # nothing changed since
+
+
+def _files(tmp_path, n=6, per=500):
+    d = tmp_path / "in"
+    d.mkdir()
+    want = {}
+    for f in range(n):
+        rs = [{"k": f"u{(f * per + i) * 7 % 97}", "t": (f * per + i) % 311,
+               "x": float(i % 5), "s": "p"} for i in range(per)]
+        pq.write_table(pa.Table.from_pylist(rs, schema=SCHEMA), d / f"part-{f:03d}.parquet")
+        for r in rs:
+            if r["k"] not in want or (r["t"], r["x"]) > (want[r["k"]]["t"],
+                                                         want[r["k"]]["x"]):
+                want[r["k"]] = r
+    return d, want
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+def test_a_pipeline_of_latest_rows_per_key(tmp_path, backend):
+    pytest.importorskip("rocksdict") if backend == "rocksdb" else None
+    d, want = _files(tmp_path)
+    p = Pipeline("latest", parallelism=2, checkpoint=CheckpointConfig(
+        interval=0.05, storage=f"file://{tmp_path}/ck", state_backend=backend))
+    sink = CollectSink(str(tmp_path / "out"))
+    (p.source(FileSource(str(d), format="parquet").batches(), uid="rows")
+     .key_by("k").latest(by=["t", "x"], uid="latest").sink(sink, uid="out"))
+    p.run(engine="threads", timeout=120)
+    got = best_of(sink.results())
+    assert {k: (r["t"], r["x"]) for k, r in got.items()} == {
+        k: (r["t"], r["x"]) for k, r in want.items()}
+
+
+def test_latest_refuses_a_key_column_in_by_and_names_a_missing_column(tmp_path):
+    p = Pipeline("bad", parallelism=1, checkpoint=CheckpointConfig(
+        storage=f"file://{tmp_path}/ck"))
+    s = p.source(FileSource(str(tmp_path)).batches(), uid="rows")
+    with pytest.raises(ValueError, match="k is the key"):
+        s.key_by("k").latest(by=["t", "k"])
+    with pytest.raises(TypeError, match="column name"):
+        s.key_by("k").latest(by=[])
+    op = build_operator(node(by=("when",)), 0, 1, 128)
+    with pytest.raises(UserFunctionError, match="no column 'when'"):
+        op.process([rb([{"k": "a", "t": 1, "x": 1.0, "s": ""}])])
