@@ -27,15 +27,16 @@ def events(indices: np.ndarray) -> pa.RecordBatch:
 
 def columnar(tmp, records: int, mode: str = "aligned", *, rate=None, parallelism: int = 2,
              interval: float = 0.3, backend: str = "memory", batch_rows: int = 500):
-    """Three branches of one batch source: stateless (``where`` + ``with_column`` +
+    """Four branches of one batch source: stateless (``where`` + ``with_column`` +
     ``select`` to Parquet, compared row for row), keyed (``count`` / ``sum`` / ``max`` /
-    ``mean`` per user, compared on each user's last row) and windowed (rows per user and
-    tumbling window of event time ``i``: one row each, exact)."""
+    ``mean`` per user, compared on each user's last row), windowed (rows per user and
+    tumbling window of event time ``i``: one row each, exact) and each user's latest row
+    by (value, i) (``latest``, compared on each user's last row)."""
     cfg = CheckpointConfig(interval=interval, storage=f"file://{tmp}/checkpoints",
                            unaligned=mode == "unaligned", state_backend=backend)
     p = Pipeline("columnar", parallelism=parallelism, checkpoint=cfg)
     rows, aggs = ParquetSink(str(tmp / "rows")), ParquetSink(str(tmp / "aggs"))
-    wins = ParquetSink(str(tmp / "windows"))
+    wins, latest = ParquetSink(str(tmp / "windows")), ParquetSink(str(tmp / "latest"))
     # event time right after the source (chained to it): a watermark per generator split,
     # so after a rescale that gives one reader two splits, the one behind is not late
     src = p.source(GeneratorSource(count=records, batch_fn=events, rate=rate,
@@ -51,12 +52,14 @@ def columnar(tmp, records: int, mode: str = "aligned", *, rate=None, parallelism
         .sink(aggs, uid="aggs"))
     (src.key_by("user").window(tumbling(WINDOW)).count(uid="windows")
         .sink(wins, uid="wins"))
-    return p, rows, aggs, wins
+    (src.key_by("user").latest(by=["value", "i"], uid="latest")
+        .sink(latest, uid="latest-rows"))
+    return p, rows, aggs, wins, latest
 
 
-def expected(records: int) -> tuple[collections.Counter, dict, collections.Counter]:
-    """The failure-free output: the stateless rows, each user's final aggregates, and the
-    window rows (user, start, end, count)."""
+def expected(records: int) -> tuple[collections.Counter, dict, collections.Counter, dict]:
+    """The failure-free output: the stateless rows, each user's final aggregates, the
+    window rows (user, start, end, count) and each user's latest (value, i)."""
     rows: collections.Counter = collections.Counter()
     per: dict[str, list[int]] = collections.defaultdict(list)
     windows: collections.Counter = collections.Counter()
@@ -67,12 +70,17 @@ def expected(records: int) -> tuple[collections.Counter, dict, collections.Count
         if i % 3:
             rows[(i, user, value * 2 + 1)] += 1
     final = {u: (len(v), sum(v), max(v), sum(v) / len(v)) for u, v in per.items()}
+    latest: dict = {}
+    for i in range(records):
+        user, best = f"u{i * 7 % USERS}", (i % 100, i)
+        latest[user] = max(latest.get(user, best), best)
     return rows, final, collections.Counter(
-        (u, float(s), float(s + WINDOW), n) for (u, s), n in windows.items())
+        (u, float(s), float(s + WINDOW), n) for (u, s), n in windows.items()), latest
 
 
-def observed(rows_sink: ParquetSink, aggs_sink: ParquetSink, wins_sink: ParquetSink
-             ) -> tuple[collections.Counter, dict, collections.Counter]:
+def observed(rows_sink: ParquetSink, aggs_sink: ParquetSink, wins_sink: ParquetSink,
+             latest_sink: ParquetSink) -> tuple[collections.Counter, dict, collections.Counter,
+                                                dict]:
     rows = collections.Counter((r["i"], r["user"], r["score"])
                                for r in rows_sink.read_records())
     final: dict = {}
@@ -82,7 +90,14 @@ def observed(rows_sink: ParquetSink, aggs_sink: ParquetSink, wins_sink: ParquetS
             final[r["user"]] = (r["n"], r["total"], r["top"], r["avg"])
     windows = collections.Counter((r["user"], r["start"], r["end"], r["count"])
                                   for r in wins_sink.read_records())
-    return rows, final, windows
+    latest: dict = {}  # the update stream: a user's rows grow in (value, i), so a row
+    seen = set()  # committed twice is a duplicate (a replay's)
+    for r in latest_sink.read_records():
+        row = (r["user"], r["value"], r["i"])
+        assert row not in seen, f"latest: {row} committed twice"
+        seen.add(row)
+        latest[r["user"]] = max(latest.get(r["user"], (-1, -1)), row[1:])
+    return rows, final, windows, latest
 
 
 # --------------------------------------------------------------------------- sessions

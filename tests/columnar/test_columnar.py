@@ -245,9 +245,9 @@ def test_malformed_line_in_small_jsonl_files_names_its_file_and_line(tmp_path):
 @pytest.mark.parametrize("backend", ["memory", "rocksdb"])
 def test_columnar_pipeline_output_equals_the_expected_rows(tmp_path, backend):
     pytest.importorskip("rocksdict") if backend == "rocksdb" else None
-    p, rows, aggs, wins = columnar(tmp_path, 3000, backend=backend)
+    p, rows, aggs, wins, latest = columnar(tmp_path, 3000, backend=backend)
     p.run(engine="threads", timeout=60)
-    assert observed(rows, aggs, wins) == expected(3000)
+    assert observed(rows, aggs, wins, latest) == expected(3000)
 
 
 def _node(kind, fn, **kw):

@@ -43,7 +43,7 @@ def _same(got: tuple, want: tuple, names: tuple[str, ...]) -> None:
                             f"{sorted(w - g)[:3]}")
 
 
-BRANCHES = ("rows", "aggregates", "windows")
+BRANCHES = ("rows", "aggregates", "windows", "latest")
 SESSIONS = ("sessions", "late rows")
 
 
@@ -54,14 +54,15 @@ def _sessions_want(records: int):
 
 @pytest.mark.parametrize("mode", ["aligned", "unaligned"])
 def test_kill_9_of_a_worker_recovers_batch_streams_exactly(spark, tmp_path, mode):
-    p, rows, aggs, wins = columnar(tmp_path, RECORDS, mode, rate=10_000, batch_rows=1000)
+    p, rows, aggs, wins, latest = columnar(tmp_path, RECORDS, mode, rate=10_000,
+                                           batch_rows=1000)
     sessions = late_sessions(p, tmp_path, VISITS, rate=3_000)
     kill = Kill(after_checkpoint=1, delay=0.3)
     result = p.run(spark=spark, timeout=240, on_start=kill)
     assert kill.killed, "the worker was never killed"
     assert result.attempts >= 2
     assert [c for c in result.checkpoints if c.attempt >= 1], "no checkpoint after the restart"
-    _same(observed(rows, aggs, wins), expected(RECORDS), BRANCHES)
+    _same(observed(rows, aggs, wins, latest), expected(RECORDS), BRANCHES)
     _same(observed_sessions(*sessions), _sessions_want(VISITS), SESSIONS)
 
 
@@ -99,12 +100,12 @@ def test_rescale_2_to_1_to_2_mid_stream_on_spark(spark, tmp_path):
         assert running.result(60).savepoint == savepoint
         done = len(rows.read_records())
         assert 0 < done < len(expected(RESCALED)[0]), "stopped before or after the stream"
-    p, rows, aggs, wins = columnar(tmp_path, RESCALED, "unaligned", parallelism=2,
-                                   batch_rows=500)
+    p, rows, aggs, wins, latest = columnar(tmp_path, RESCALED, "unaligned", parallelism=2,
+                                           batch_rows=500)
     sessions = late_sessions(p, tmp_path, RESCALED_VISITS)
     result = p.run(spark=spark, timeout=120, restore_from=savepoint)
     assert result.restored_from == savepoint
-    _same(observed(rows, aggs, wins), expected(RESCALED), BRANCHES)
+    _same(observed(rows, aggs, wins, latest), expected(RESCALED), BRANCHES)
     _same(observed_sessions(*sessions), session_events(RESCALED_VISITS), SESSIONS)
     starts: dict = {}  # each user's windows fired in order of time, across the rescales
     for r in _in_commit_order(wins):
