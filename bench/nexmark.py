@@ -287,7 +287,11 @@ class DigestWriter:
             return
         if hasattr(batch[0], "num_rows"):
             for b in batch:
-                self._batch(b)
+                if self.final:  # an update stream of batches (q18's latest): row by row
+                    for r in zip(*(c.to_pylist() for c in b.columns)):
+                        self._update(r)
+                else:
+                    self._batch(b)
         elif self.final:
             for r in batch:
                 self._update(r)
