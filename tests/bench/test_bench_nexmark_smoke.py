@@ -118,6 +118,15 @@ def test_nexmark_digests_without_spark(tmp_path):
     w.write([(1, 2, 10, 5, "x"), (1, 3, 11, 6, "yy"), (1, 2, 12, 7, "zzz"), (-1, -1, 1, 1, "s")])
     w.pre_commit(1)
     assert nx.read_digest(tmp_path / "d") == {"rows": 2, "sums": [2, 5, 23, 13, 5]}
+    # the same update stream as record batches (q18's columnar form): its last row per key
+    w = nx.DigestSink(str(tmp_path / "e"), "q18").create_writer()
+    w.open(0, 2, "job")
+    names = ["bidder", "auction", "dateTime", "price", "extra"]
+    w.write([pa.RecordBatch.from_pylist([dict(zip(names, r)) for r in part])
+             for part in ([(1, 2, 10, 5, "x"), (1, 3, 11, 6, "yy")],
+                          [(1, 2, 12, 7, "zzz"), (-1, -1, 1, 1, "s")])])
+    w.pre_commit(1)
+    assert nx.read_digest(tmp_path / "e") == {"rows": 2, "sums": [2, 5, 23, 13, 5]}
     assert nx.digests_equal({"rows": 1, "sums": [1.0 + 1e-12, 3]}, {"rows": 1, "sums": [1.0, 3]})
     assert not nx.digests_equal({"rows": 1, "sums": [1, 3]}, {"rows": 1, "sums": [1, 4]})
     assert nx.systems_of("q4") == ["cutline", "cutline columnar", "spark pandas udf",
