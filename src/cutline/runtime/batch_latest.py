@@ -15,6 +15,7 @@ the last checkpoint (or interval) with its best row then.
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -46,8 +47,10 @@ def best_per_key(table: pa.Table, keys: list[str], by: list[str]) -> pa.Table:
     return t.take(pa.array(np.flatnonzero(first)))
 
 
-def _order(values: tuple) -> tuple:
-    """A tuple of ``by`` values as it compares with nulls smallest."""
+def _order(values: Any) -> tuple:
+    """``by``'s values (a tuple, or one value) as they compare with nulls smallest."""
+    if not isinstance(values, tuple):
+        values = (values,)
     return tuple((v is not None, v) for v in values)
 
 
@@ -90,21 +93,21 @@ class BatchLatest(Keyed):
         if not best.num_rows:
             return []
         names = best.column_names
-        rows = list(zip(*(c.to_pylist() for c in best.columns)))
-        key_at = [names.index(k) for k in self.keys]
-        by_at = [names.index(c) for c in self.by]
-        one = key_at[0] if len(key_at) == 1 else None
+        cols = [c.to_pylist() for c in best.columns]
+        rows = list(zip(*cols))
+        key_cols = [cols[names.index(k)] for k in self.keys]
+        batch_keys = key_cols[0] if len(key_cols) == 1 else list(zip(*key_cols))
+        by_of = itemgetter(*(names.index(c) for c in self.by))  # a value, or a tuple
         table = self.state.table("latest")
         fast, read = table.fast, table.read
         won: list[int] = []
         keys: list[Any] = []
-        for i, row in enumerate(rows):
-            k = row[one] if one is not None else tuple(row[j] for j in key_at)
+        for i, (k, row) in enumerate(zip(batch_keys, rows)):
             cur = fast.get(k)
             if cur is None:
                 cur = read(k, None)
             if cur is not None:
-                mine, theirs = tuple(row[j] for j in by_at), tuple(cur[j] for j in by_at)
+                mine, theirs = by_of(row), by_of(cur)
                 try:
                     newer = mine > theirs
                 except TypeError:  # a null among them
