@@ -758,6 +758,13 @@ SPARK_TRIGGERS = {SPARK_DEFAULT: {}, SPARK_SHORT: {"processingTime": "100 millis
                   SPARK_RT: {"realTime": "5 seconds"}}
 CAUGHT_UP_FACTOR, CAUGHT_UP_FLOOR = 2.0, 0.5  # bound: 2x the failure-free p99, >= 0.5 s
 KILL_AT = 0.2  # kill runs: the kill this far into the input
+
+
+def counted_from(ctx: dict, kill_at: float | None) -> float:
+    """Seconds of input not counted: the warm-up; in a kill run at most half the time to
+    the kill (a warm-up past the kill left the outage out of every kill run: the first
+    counted results came after it, and "caught up" measured the warm-up's end)."""
+    return ctx["warmup"] if kill_at is None else min(ctx["warmup"], kill_at / 2)
 KEEPS_UP = 0.1  # a run keeps up when its latency grows by at most 0.1 s per s of run
 
 
@@ -1042,7 +1049,7 @@ def cutline_live(ctx: dict, query: str, kill_at: float | None = None) -> dict:
         for f, when in sorted(stamps.seen.items(), key=lambda kv: kv[1]):
             with open(f, "rb") as fh:
                 committed.append((when, [tuple(r) for r in pickle.load(fh)["records"]]))
-    points = latencies(query, committed, inp, ctx["warmup"])
+    points = latencies(query, committed, inp, counted_from(ctx, kill_at))
     durations = [c.duration for c in result.checkpoints if not c.final]
     out = latency_summary(points) | {
         "events": inp.events, "checkpoints": len(result.checkpoints),
@@ -1321,7 +1328,7 @@ def spark_kill(ctx: dict, query: str, kill_at: float) -> dict:
             if stamps.is_alive():
                 stamps.stop()
         committed = spark_committed(query, d / "out", stamps.seen)
-    points = latencies(query, committed, inp, ctx["warmup"])
+    points = latencies(query, committed, inp, counted_from(ctx, kill_at))
     return latency_summary(points) | {"events": inp.events, "killed": killed,
                                       "restarted_ready": restart - killed["time"],
                                       "points": points}
@@ -1486,11 +1493,15 @@ def plot(result: dict, stem: Path) -> list[str]:
         q = row["query"]
         names = [(CUT_EO, f"lat {q} {CUT_EO}")] + [
             (f"Spark {t}", f"lat {q} spark {t}") for t in row["spark_p99"]]
+        from matplotlib.ticker import NullFormatter
+
         for label, name in names:
             got = [r for r in runs.get(name, []) if r and r.get("cdf")]
-            if got:
-                ax.plot(got[0]["cdf"], [i / 2 for i in range(201)], label=label)
+            quiet = [r for r in got if not r.get("loaded")] or got
+            if quiet:
+                ax.plot(quiet[0]["cdf"], [i / 2 for i in range(201)], label=label)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # (labels at powers of ten only)
 
     def around_kill(ax: Any, row: dict) -> None:
         for system, colour in (("cutline", "tab:blue"), ("spark", "tab:red")):
@@ -1508,7 +1519,7 @@ def plot(result: dict, stem: Path) -> list[str]:
         paths.append(_per_query(
             plt, lat, cdfs, ("latency, s", "percentile",
                              f"Nexmark event-to-committed-result latency at "
-                             f"{result['rate']:,.0f} events/s (first round)"),
+                             f"{result['rate']:,.0f} events/s (each case's first quiet round)"),
             stem.with_name(stem.name + "-latency.png")))
     if result.get("kills"):
         paths.append(_per_query(

@@ -132,3 +132,7 @@ def test_nexmark_digests_without_spark(tmp_path):
     assert nx.systems_of("q4") == ["cutline", "cutline columnar", "spark pandas udf",
                                    "spark pandas udf rocksdb"]
     assert nx.systems_of("q0") == ["cutline", "cutline columnar", "spark sql"]
+    # a kill run counts results from before its kill (the default warm-up, 20 s, is past
+    # the default kill, 10 s into 50 s of input: it hid the outage)
+    assert nx.counted_from({"warmup": 20.0}, 10.0) == 5.0
+    assert nx.counted_from({"warmup": 20.0}, None) == 20.0
