@@ -25,6 +25,7 @@ from cutline.logical import (
     FallibleNode,
     IterateNode,
     Kind,
+    LatestSpec,
     MapNode,
     ProcessNode,
     TimestampSpec,
@@ -71,6 +72,7 @@ PAYLOADS = {
     Kind.TO_BATCHES: pa.schema([("a", pa.int64())]),
     Kind.AGGREGATE: AggSpec(("user",), (("n", None, "count"),), "batch"),
     Kind.WINDOW_AGG: _BATCH_WINDOW,
+    Kind.LATEST: LatestSpec(("user",), ("ts", "price"), "batch"),
 }
 
 
@@ -147,7 +149,7 @@ def test_a_field_of_another_kind_is_refused_naming_the_node():
 
 def test_an_unknown_kind_is_refused_naming_it_and_the_known_ones():
     with pytest.raises(ValueError, match=r"node 'x': unknown kind 'mapp' \(one of source, map, "
-                                         r"flat_map, .*, window_agg\)"):
+                                         r"flat_map, .*, window_agg, latest\)"):
         make_node(0, "x", "mapp", str)
 
 
@@ -175,10 +177,10 @@ def test_a_node_pickles_round_trip(kind):
 def test_keyed_and_batch_kinds():
     keyed = {k for k in Kind if k.keyed}
     assert keyed == {Kind.REDUCE, Kind.PROCESS, Kind.COUNT, Kind.WINDOW, Kind.AGGREGATE,
-                     Kind.WINDOW_AGG}
+                     Kind.WINDOW_AGG, Kind.LATEST}
     assert {k for k in Kind if k.batch} == {
         Kind.MAP_BATCHES, Kind.FILTER_BATCHES, Kind.SELECT, Kind.WHERE, Kind.WITH_COLUMN,
-        Kind.TO_ROWS, Kind.TO_BATCHES, Kind.AGGREGATE, Kind.WINDOW_AGG}
+        Kind.TO_ROWS, Kind.TO_BATCHES, Kind.AGGREGATE, Kind.WINDOW_AGG, Kind.LATEST}
     for kind in Kind:
         assert make_node(0, "n", kind, PAYLOADS[kind]).keyed == kind.keyed
     assert Kind.MAP == "map" and f"{Kind.WINDOW_AGG}" == "window_agg"
