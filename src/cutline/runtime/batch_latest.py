@@ -62,7 +62,6 @@ class BatchLatest(Keyed):
                  state_backend: str = "memory", storage: Any = None) -> None:
         super().__init__(node, subtask, parallelism, max_parallelism, state_backend, storage)
         spec: LatestSpec = node.fn
-        self.spec = spec
         self.keys, self.by = list(spec.keys), list(spec.by)
         self.each = spec.updates == "batch"
         self.flushes = not self.each

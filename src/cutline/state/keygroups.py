@@ -24,11 +24,8 @@ def stable_hash(key: Any) -> int:
         return _mix(zlib.crc32(key.encode("utf-8", "surrogatepass")))
     if t is int:
         return _mix(key & 0xFFFFFFFFFFFFFFFF)
-    if t is tuple:  # (the values below: a composite key skips the checks before it)
-        h = 17
-        for item in key:
-            h = (h * 31 + stable_hash(item)) & 0xFFFFFFFFFFFFFFFF
-        return _mix(h)
+    if t is tuple:  # (the value below: a composite key skips the checks before it)
+        return _mix(_items_hash(key))
     # Equal keys hash equally, as in a dict: 1, 1.0 and True are one key.
     if isinstance(key, bool):
         key = int(key)
@@ -45,12 +42,18 @@ def stable_hash(key: Any) -> int:
     elif isinstance(key, float):
         h = zlib.crc32(struct.pack("<d", key))
     elif isinstance(key, tuple):
-        h = 17
-        for item in key:
-            h = (h * 31 + stable_hash(item)) & 0xFFFFFFFFFFFFFFFF
+        h = _items_hash(key)
     else:
         h = zlib.crc32(pickle.dumps(key, protocol=5))
     return _mix(h)
+
+
+def _items_hash(key: tuple) -> int:
+    """A tuple's items combined (before :func:`_mix`)."""
+    h = 17
+    for item in key:
+        h = (h * 31 + stable_hash(item)) & 0xFFFFFFFFFFFFFFFF
+    return h
 
 
 def _mix(h: int) -> int:
