@@ -52,8 +52,10 @@ def test_the_proxy_delays_stalls_resets_blackholes_and_half_opens():
     up = srv.getsockname()[:2]
 
     def roundtrip(proxy, timeout=1.0):
+        # the clock starts before the connection: a fault's time runs from the proxy's accept,
+        # which may come before create_connection returns here
+        t = time.monotonic()
         with socket.create_connection(proxy.address, timeout=timeout) as c:
-            t = time.monotonic()
             c.sendall(b"ping")
             return c.recv(16), time.monotonic() - t
 
