@@ -226,14 +226,27 @@ def test_tumbling_windows_two_phase_equal_one_phase_late_rows_included(tmp_path)
 
 # ------------------------------------------------------------------ vectorised state
 
+class Reading:
+    """A backend table whose ``get`` is counted (``reads``)."""
+
+    def __init__(self, table):
+        self.table, self.fast, self.reads = table, table.fast, []
+
+    def get(self, key, default=None):
+        self.reads.append(key)
+        return self.table.get(key, default)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.lists(st.tuples(st.integers(0, 30), st.integers(-50, 50) | st.none()),
                          min_size=1, max_size=40), min_size=1, max_size=6),
-       st.booleans())
-def test_columnar_state_merges_as_merge_partial_does(batches, restart):
+       st.booleans(), st.sampled_from([3, 10, 1_000_000]))
+def test_columnar_state_merges_as_merge_partial_does(batches, restart, max_keys):
     """Partials of batches (count, sum, min, max, mean of a column with nulls) merged into
-    numpy columns give what merge_partial gives key by key; saved into the backend, they
-    read back (a restart in the middle) in the per-key format."""
+    numpy columns give what merge_partial gives key by key; saved into the backend after
+    every batch (past ``max_keys`` rows the columns empty out, and a key seen again is
+    read back: only then, until a restart), they read back (a restart in the middle) in
+    the per-key format."""
     from cutline.runtime.batches import Partials
 
     aggs = (("n", None, "count"), ("s", "v", "sum"), ("lo", "v", "min"), ("hi", "v", "max"),
@@ -242,6 +255,7 @@ def test_columnar_state_merges_as_merge_partial_does(batches, restart):
     backend = MemoryStateBackend(range(128), 128)
     table = backend.table("aggregate")
     cols = None
+    restarted = False
     want: dict = {}
     for b, rows in enumerate(batches):
         t = pa.table({"k": pa.array([k for k, _ in rows], pa.int64()),
@@ -249,9 +263,16 @@ def test_columnar_state_merges_as_merge_partial_does(batches, restart):
         key_cols, arrays = partials.arrow(t, ["k"])
         if cols is None:
             cols = ColumnarAggregates([f for _, f in partials.parts], [a.type for a in arrays],
-                                      [pa.int64()], partials.reads, table)
+                                      [pa.int64()], partials.reads, Reading(table),
+                                      max_keys=max_keys, fresh=True)
+        held, reads = set(cols.keys), cols.table.reads
+        reads.clear()
         cols.merge(key_cols, arrays)
         keys = key_cols[0].to_pylist()
+        if not restarted:  # a new key is read only when it was emptied out before
+            assert set(reads) <= set(want) - held
+        cols.take_changed()  # (the flush before a snapshot: then the columns may empty)
+        cols.save()
         lists = [a.to_pylist() for a in arrays]
         for i, k in enumerate(keys):
             cur = want.get(k)
@@ -265,8 +286,9 @@ def test_columnar_state_merges_as_merge_partial_does(batches, restart):
             backend = MemoryStateBackend(range(128), 128)
             backend.restore([blob])
             table = backend.table("aggregate")
-            cols.table = table
-            cols.clear()
+            cols.table = Reading(table)
+            cols.restored()
+            restarted = True
     assert cols is not None
     got = pa.Table.from_arrays(cols.rows(np.arange(cols.size)),
                                names=["k", *(a[0] for a in aggs)]).to_pylist()
@@ -275,7 +297,8 @@ def test_columnar_state_merges_as_merge_partial_does(batches, restart):
         acc = want[r["k"]]
         mean = acc[4][0] / acc[4][1] if acc[4][1] else None
         assert (r["n"], r["s"], r["lo"], r["hi"], r["m"]) == (*acc[:4], mean)
-        stored = table.get(r["k"])
+    for k, acc in want.items():  # (those emptied out too)
+        stored = table.get(k)
         assert list(stored) == [tuple(a) if isinstance(a, tuple) else a for a in acc]
 
 

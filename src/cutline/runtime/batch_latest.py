@@ -3,10 +3,13 @@
 Flink's deduplication keeping the last row (``ROW_NUMBER() OVER (PARTITION BY key ORDER BY
 t DESC) = 1``), Spark's ``max(struct(t, ...))`` or ``max_by`` per key: each record batch
 is cut to its best row per key with Arrow (one sort, no Python per row), and only those
-rows meet the keyed state, one dictionary lookup and one tuple comparison per key.  A
-key's state is its best row so far (a tuple of the row's values, in the input's column
-order), in either backend: checkpoints, restores at another parallelism and ``cutline
-state`` see it as any keyed state.
+rows meet the keyed state: the best rows so far, held as columns
+(:class:`~cutline.state.columnar.ColumnarRows`: one ``dict.get`` per key mapped at C
+speed, the ``by`` columns compared with numpy, a key read from the backend only when it
+may be there).  At each snapshot the rows changed since the last are written into the
+backend, a key's state being its best row (a tuple of the row's values, in the input's
+column order), in either backend: checkpoints, restores at another parallelism and
+``cutline state`` see it as any keyed state.
 
 The output is an update stream of the input's rows: a key's row each time its best row
 changes, by batch (``updates="batch"``) or, sized by time, once per key changed since
@@ -15,7 +18,6 @@ the last checkpoint (or interval) with its best row then.
 
 from __future__ import annotations
 
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -23,10 +25,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..logical import LatestSpec, Node, update_interval
+from ..state.columnar import ColumnarRows
 from .batches import Described
 from .operators import Keyed, UserFunctionError
 
 __all__ = ["BatchLatest", "best_per_key"]
+
+ROCKSDB_ROWS = 250_000  # rows a subtask holds as columns on RocksDB (about 100-500 bytes each)
+MEMORY_ROWS = 1_000_000  # on the memory backend (which holds every row besides)
 
 
 def best_per_key(table: pa.Table, keys: list[str], by: list[str]) -> pa.Table:
@@ -47,13 +53,6 @@ def best_per_key(table: pa.Table, keys: list[str], by: list[str]) -> pa.Table:
     return t.take(pa.array(np.flatnonzero(first)))
 
 
-def _order(values: Any) -> tuple:
-    """``by``'s values (a tuple, or one value) as they compare with nulls smallest."""
-    if not isinstance(values, tuple):
-        values = (values,)
-    return tuple((v is not None, v) for v in values)
-
-
 class BatchLatest(Keyed):
     """The operator of :meth:`cutline.api.batches.BatchKeyedStream.latest` (the module
     docstring)."""
@@ -67,17 +66,24 @@ class BatchLatest(Keyed):
         self.flushes = not self.each
         self.interval = update_interval(spec.updates)
         self.schema: pa.Schema | None = None  # the rows' (the first batch's)
-        self.changed: dict[Any, None] = {}  # time-sized: keys changed since the last flush
+        self.rows: ColumnarRows | None = None  # the best rows (made with the first batch)
+        self.restored = False  # state came from a snapshot: the backend may hold any key
+        # rows held as columns at most (more are emptied out at a snapshot, read back from
+        # the backend when seen again): on RocksDB about what its own cache holds
+        self.max_keys = ROCKSDB_ROWS if state_backend == "rocksdb" else MEMORY_ROWS
 
     def _best(self, batch: list) -> pa.Table:
         try:
             table = pa.Table.from_batches(batch)
             if self.schema is None:
-                self.schema = table.schema
                 missing = [c for c in (*self.keys, *self.by) if c not in table.column_names]
                 if missing:
                     raise KeyError(f"no column {missing[0]!r} in the rows (columns: "
                                    f"{', '.join(table.column_names)})")
+                self.schema = table.schema
+                self.rows = ColumnarRows(table.schema, self.by, self.state.table("latest"),
+                                         max_keys=self.max_keys, track=not self.each,
+                                         fresh=not self.restored)
             elif not table.schema.equals(self.schema):
                 table = table.select(self.schema.names).cast(self.schema)
             return best_per_key(table, self.keys, self.by)
@@ -91,45 +97,31 @@ class BatchLatest(Keyed):
         best = self._best(batch)
         if not best.num_rows:
             return []
-        names = best.column_names
-        cols = [c.to_pylist() for c in best.columns]
-        rows = list(zip(*cols))
-        key_cols = [cols[names.index(k)] for k in self.keys]
-        batch_keys = key_cols[0] if len(key_cols) == 1 else list(zip(*key_cols))
-        by_of = itemgetter(*(names.index(c) for c in self.by))  # a value, or a tuple
-        table = self.state.table("latest")
-        fast, read = table.fast, table.read
-        won: list[int] = []
-        keys: list[Any] = []
-        for i, (k, row) in enumerate(zip(batch_keys, rows)):
-            cur = fast.get(k)
-            if cur is None:
-                cur = read(k, None)
-            if cur is not None:
-                mine, theirs = by_of(row), by_of(cur)
-                try:
-                    newer = mine > theirs
-                except TypeError:  # a null among them
-                    newer = _order(mine) > _order(theirs)
-                if not newer:
-                    continue
-            fast[k] = row
-            won.append(i)
-            keys.append(k)
+        assert self.rows is not None
+        key_cols = [best.column(k).to_pylist() for k in self.keys]
+        keys = key_cols[0] if len(key_cols) == 1 else list(zip(*key_cols))
+        try:
+            won = self.rows.offer(keys, best)
+        except TypeError as exc:  # values of a `by` column that do not compare
+            raise UserFunctionError(self.uid, "latest", Described(batch[0]), exc) from exc
         self.state.after_batch()
-        if not won:
+        if not self.each or not len(won):
             return []
-        if self.each:
-            return [b for b in best.take(pa.array(won)).to_batches() if b.num_rows]
-        self.changed.update(dict.fromkeys(keys))
-        return []
+        return [b for b in best.take(pa.array(won)).to_batches() if b.num_rows]
 
     def flush(self) -> list:
-        if not self.changed or self.schema is None:
+        if self.rows is None:
             return []
-        keys, self.changed = list(self.changed), {}
-        get = self.state.table("latest").get
-        rows = [get(k) for k in keys]
-        arrays = [pa.array([r[j] for r in rows], type=f.type)
-                  for j, f in enumerate(self.schema)]
-        return [pa.RecordBatch.from_arrays(arrays, schema=self.schema)]
+        rows = self.rows.take_changed()
+        return [self.rows.batch(rows)] if len(rows) else []
+
+    def snapshot(self) -> Any:
+        if self.rows is not None:
+            self.rows.save()
+        return super().snapshot()
+
+    def restore(self, blobs: list[bytes]) -> None:
+        super().restore(blobs)
+        self.restored = True
+        if self.rows is not None:
+            self.rows.restored()

@@ -408,6 +408,7 @@ class BatchAggregate(Keyed):
         self.vectorised: bool | None = None  # decided on the first batch (its types)
         self.changed: dict[Any, None] = {}  # key by key: keys changed since the last flush
         self.out_types: list | None = None  # key by key: key and aggregate column types
+        self.restored = False  # state came from a snapshot: the backend may hold any key
 
     def _grouped(self, batch: list) -> tuple[list, list]:
         """The batch (rows and / or partials) as one partial per key: key and part columns."""
@@ -435,7 +436,8 @@ class BatchAggregate(Keyed):
                 self.columns = ColumnarAggregates(
                     [f for _, f in self.partials.parts], [a.type for a in part_arrays],
                     [c.type for c in key_cols], self.reads,
-                    self.state.table("aggregate"), track=not self.each)
+                    self.state.table("aggregate"), track=not self.each,
+                    fresh=not self.restored)
         if self.columns is not None:
             try:
                 rows = self.columns.merge(key_cols, part_arrays)
@@ -510,8 +512,9 @@ class BatchAggregate(Keyed):
 
     def restore(self, blobs: list[bytes]) -> None:
         super().restore(blobs)
+        self.restored = True
         if self.columns is not None:
-            self.columns.clear()
+            self.columns.restored()
 
 
 # --------------------------------------------------------------------------- routing

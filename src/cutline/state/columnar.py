@@ -20,6 +20,15 @@ the per-key path stores them (a tuple of accumulators per key, mean as ``(sum, c
 so a checkpoint, a restore at another parallelism and ``cutline state`` read them as
 always.  Past ``max_keys`` rows the columns are emptied after a save (keys come back from
 the backend when they are seen again), so what memory holds is bounded on RocksDB.
+
+A key seen for the first time is read from the backend only when the backend may hold it
+(:class:`HeldKeys`): in a job that did not restore, the backend holds only keys the columns
+emptied out, whose hashes are kept (8 bytes a key), and a new key is none of them; after a
+restore, every new key is read.  (On RocksDB a read of a key that is not there costs
+about as much as one that is: its database key is built in Python.)
+
+:class:`ColumnarRows` holds one row per key of any Arrow schema the same way (numpy
+columns, objects for what numpy has no type for): ``latest()``'s best row per key.
 """
 
 from __future__ import annotations
@@ -30,12 +39,49 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["ColumnarAggregates", "numeric"]
+__all__ = ["ColumnarAggregates", "ColumnarRows", "HeldKeys", "numeric"]
 
 
 def numeric(t: pa.DataType) -> bool:
     """A partial Arrow type the columns hold: integers and floats."""
     return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+
+class HeldKeys:
+    """Which keys the backend behind a set of columns may hold that the columns do not.
+
+    ``fresh``: the backend held nothing when the columns started (no restore): it then
+    holds only the keys the columns emptied out (:meth:`evicted`), kept as their sorted
+    Python hashes; a key whose hash is none of them is not there (a hash shared by two
+    keys only costs a read).  Not fresh (after a restore), or past ``limit`` hashes: any
+    key may be there.
+    """
+
+    def __init__(self, fresh: bool, limit: int = 16_000_000) -> None:
+        self.hashes: np.ndarray | None = np.zeros(0, dtype=np.int64) if fresh else None
+        self.limit = limit
+
+    def restored(self) -> None:
+        """The backend's content was replaced: any key may be there."""
+        self.hashes = None
+
+    def evicted(self, keys: list) -> None:
+        """``keys`` left the columns (they are in the backend)."""
+        if self.hashes is None or not keys:
+            return
+        h = np.fromiter(map(hash, keys), dtype=np.int64, count=len(keys))
+        self.hashes = np.union1d(self.hashes, h)
+        if len(self.hashes) > self.limit:
+            self.hashes = None
+
+    def maybe(self, keys: list) -> np.ndarray:
+        """Per key (none of them in the columns), whether the backend may hold it."""
+        if self.hashes is None:
+            return np.ones(len(keys), dtype=bool)
+        if not len(self.hashes):
+            return np.zeros(len(keys), dtype=bool)
+        h = np.fromiter(map(hash, keys), dtype=np.int64, count=len(keys))
+        return np.isin(h, self.hashes)
 
 
 class ColumnarAggregates:
@@ -46,20 +92,30 @@ class ColumnarAggregates:
     ``types``: its Arrow type, ``key_types``: the key columns' Arrow types, ``reads``: per
     aggregate ``(function, part indices)`` (``Partials.reads``), ``table``: the backend's
     table the state is saved into and read back from; ``track``: keep which rows changed
-    since :meth:`take_changed` (a time-sized update stream emits those).
+    since :meth:`take_changed` (a time-sized update stream emits those); ``fresh``: the
+    table holds nothing yet (no restore: :class:`HeldKeys`).
     """
 
     def __init__(self, fns: list[str], types: list[pa.DataType], key_types: list[pa.DataType],
                  reads: list[tuple[str, list[int]]], table: Any,
-                 max_keys: int = 1_000_000, track: bool = True) -> None:
+                 max_keys: int = 1_000_000, track: bool = True, fresh: bool = False) -> None:
         self.fns, self.types, self.key_types, self.reads = fns, types, key_types, reads
         self.table, self.max_keys = table, max_keys
         self.track = track  # keep the rows changed since take_changed
+        self.held = HeldKeys(fresh)
         self.dtypes = [np.float64 if pa.types.is_floating(t) else np.int64 for t in types]
         self.clear()
 
+    def restored(self) -> None:
+        """A restore replaced the state behind: every row is forgotten, and any key may be
+        in the table."""
+        self.held.restored()
+        self.clear()
+
     def clear(self) -> None:
-        """Forget every row (after a save, or a restore replaced the state behind)."""
+        """Forget every row (after a save; its keys are in the table)."""
+        if getattr(self, "keys", None):
+            self.held.evicted(self.keys)
         self.index: dict[Any, int] = {}
         self.keys: list[Any] = []
         self.size = 0
@@ -104,7 +160,12 @@ class ColumnarAggregates:
                 v[at] = 0
                 m[at] = False
             rows[new] = at
-            self._load(fresh, at)
+            maybe = self.held.maybe(fresh)
+            if maybe.all():
+                self._load(fresh, at)
+            elif maybe.any():
+                some = np.flatnonzero(maybe)
+                self._load([fresh[i] for i in some.tolist()], at[some])
             taken = pa.array(new)
             for j, chunks in enumerate(self.key_chunks):
                 if key_cols is not None:
@@ -263,3 +324,204 @@ def _cast_exact(arr: Any, t: Any) -> Any:
         bad = arr.filter(pc.invert(pc.fill_null(same, True)))[0].as_py()
         raise pa.ArrowInvalid(f"{bad!r} is not exactly a {t} value")
     return out
+
+
+# ------------------------------------------------------------------ rows of any schema
+
+_TEMPORAL_INT = {32: pa.int32(), 64: pa.int64()}
+
+
+def _storage(t: pa.DataType) -> pa.DataType | None:
+    """The numpy-held type of an Arrow column type: itself for numbers and booleans, the
+    integer of its width for a time (timestamp, date, time, duration: compared as such
+    within a column of one unit), None for what numpy holds as objects."""
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+        return t
+    if (pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t)
+            or pa.types.is_duration(t)):
+        return _TEMPORAL_INT[t.bit_width]
+    return None
+
+
+def _to_numpy(arr: Any, storage: pa.DataType | None, view: bool
+              ) -> tuple[np.ndarray, np.ndarray | None]:
+    """A column as numpy (values, validity or None when it has no nulls); ``view``: its
+    values read as ``storage``."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    ok = arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else None
+    if storage is None:
+        vals = arr.to_pylist()
+        return np.fromiter(vals, dtype=object, count=len(vals)), ok
+    if view:
+        arr = arr.view(storage)
+    if ok is not None:
+        arr = arr.fill_null(False if pa.types.is_boolean(storage) else 0)
+    return arr.to_numpy(zero_copy_only=False), ok
+
+
+class ColumnarRows:
+    """One row per key, of a fixed Arrow ``schema``, held as columns (numpy: numbers,
+    booleans and times as such, anything else as Python objects) with a validity mask
+    each: ``latest()``'s best row per key (:meth:`offer`).
+
+    As :class:`ColumnarAggregates`: a key's row is one ``dict.get`` mapped over a batch's
+    keys, a key seen for the first time is read from ``table`` (the backend's) when it may
+    be there (:class:`HeldKeys`), :meth:`save` writes the rows changed since the last save
+    into ``table`` in the per-key format (a tuple of the row's Python values, as
+    ``to_pylist`` gives them, in the schema's order), and past ``max_keys`` rows the columns
+    are emptied after a save.
+    """
+
+    def __init__(self, schema: pa.Schema, by: list[str], table: Any,
+                 max_keys: int = 1_000_000, track: bool = True, fresh: bool = False) -> None:
+        self.schema, self.table, self.max_keys, self.track = schema, table, max_keys, track
+        self.by = [schema.get_field_index(c) for c in by]
+        self.storage = [_storage(f.type) for f in schema]
+        self.view = [s is not None and not s.equals(f.type)
+                     for s, f in zip(self.storage, schema)]
+        self.dtypes = [object if s is None else s.to_pandas_dtype() for s in self.storage]
+        self.held = HeldKeys(fresh)
+        self.clear()
+
+    def restored(self) -> None:
+        """A restore replaced the state behind (:meth:`ColumnarAggregates.restored`)."""
+        self.held.restored()
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every row (after a save; its keys are in the table)."""
+        if getattr(self, "keys", None):
+            self.held.evicted(self.keys)
+        self.index: dict[Any, int] = {}
+        self.keys: list[Any] = []
+        self.size = 0
+        cap = 1024
+        self.vals = [np.zeros(cap, dtype=d) if d is not object else np.full(cap, None)
+                     for d in self.dtypes]
+        self.valid = [np.zeros(cap, dtype=bool) for _ in self.dtypes]
+        self.has = np.zeros(cap, dtype=bool)  # a row holds a value
+        self.unsaved = np.zeros(cap, dtype=bool)
+        self.changed = np.zeros(cap, dtype=bool)
+
+    def _grow(self, need: int) -> None:
+        cap = len(self.has)
+        if need <= cap:
+            return
+        while cap < need:
+            cap *= 2
+        self.vals = [_resized(v, cap) for v in self.vals]
+        self.valid = [_resized(v, cap) for v in self.valid]
+        self.has = _resized(self.has, cap)
+        self.unsaved = _resized(self.unsaved, cap)
+        self.changed = _resized(self.changed, cap)
+
+    def columns(self, table: pa.Table) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """``table``'s columns (of the schema) as numpy, as the rows hold them."""
+        return [_to_numpy(c, s, v) for c, s, v in zip(table.columns, self.storage,
+                                                        self.view)]
+
+    def _put(self, rows: np.ndarray, cols: list, at: np.ndarray | None = None) -> None:
+        """Rows ``rows`` become ``cols``' rows ``at`` (all of them when None)."""
+        for v, m, (x, ok) in zip(self.vals, self.valid, cols):
+            v[rows] = x if at is None else x[at]
+            m[rows] = True if ok is None else (ok if at is None else ok[at])
+        self.has[rows] = True
+
+    def rows_of(self, keys: list) -> np.ndarray:
+        """The rows of ``keys`` (tuples for several key columns), new ones added with what
+        the table holds for them (``has`` false where it holds nothing)."""
+        index = self.index
+        rows = np.fromiter(map(index.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
+        new = np.flatnonzero(rows < 0)
+        if not len(new):
+            return rows
+        start = self.size
+        self._grow(start + len(new))
+        fresh = [keys[i] for i in new.tolist()]
+        for r, k in enumerate(fresh, start):
+            index[k] = r
+        self.keys.extend(fresh)
+        self.size = start + len(fresh)
+        at = np.arange(start, self.size)
+        self.has[at] = False
+        rows[new] = at
+        maybe = np.flatnonzero(self.held.maybe(fresh))
+        if len(maybe):
+            get = self.table.get
+            found = [(r, row) for r, row in ((int(at[i]), get(fresh[i], None))
+                                             for i in maybe.tolist()) if row is not None]
+            if found:
+                held = pa.Table.from_arrays(
+                    [pa.array([row[j] for _, row in found], type=f.type)
+                     for j, f in enumerate(self.schema)], schema=self.schema)
+                self._put(np.array([r for r, _ in found], dtype=np.int64),
+                          self.columns(held))
+        return rows
+
+    def _newer(self, cols: list, rows: np.ndarray) -> np.ndarray:
+        """Per row of ``cols``, whether it orders after rows ``rows``' values in ``by``
+        (compared in order, nulls smallest; rows holding nothing are always older)."""
+        newer = ~self.has[rows]
+        undecided = np.flatnonzero(~newer)
+        for j in self.by:
+            if not len(undecided):
+                break
+            x, ok = cols[j]
+            a = x[undecided]
+            va = np.ones(len(undecided), dtype=bool) if ok is None else ok[undecided]
+            r = rows[undecided]
+            b, vb = self.vals[j][r], self.valid[j][r]
+            both = va & vb
+            gt = va & ~vb
+            eq = ~va & ~vb
+            if both.any():
+                i = np.flatnonzero(both)
+                gt[i] = np.greater(a[i], b[i])
+                eq[i] = np.equal(a[i], b[i])
+            newer[undecided[gt]] = True
+            undecided = undecided[eq]
+        return newer
+
+    def offer(self, keys: list, table: pa.Table) -> np.ndarray:
+        """``table``'s rows (one per key, ``keys`` theirs) replace their keys' rows where
+        they order after them (:meth:`_newer`): returns the indices of those that did."""
+        rows = self.rows_of(keys)
+        cols = self.columns(table)
+        won = np.flatnonzero(self._newer(cols, rows))
+        if len(won):
+            self._put(rows[won], cols, won)
+            self.unsaved[rows[won]] = True
+            if self.track:
+                self.changed[rows[won]] = True
+        return won
+
+    def take_changed(self) -> np.ndarray:
+        """The rows changed since the last call (in row order), marked unchanged."""
+        rows = np.flatnonzero(self.changed[:self.size])
+        self.changed[rows] = False
+        return rows
+
+    def batch(self, rows: np.ndarray) -> pa.RecordBatch:
+        """Rows ``rows`` as a record batch of the schema."""
+        arrays = []
+        for v, m, s, view, f in zip(self.vals, self.valid, self.storage, self.view,
+                                    self.schema):
+            mask = ~m[rows]
+            a = pa.array(v[rows], type=f.type if s is None else s,
+                         mask=mask if mask.any() else None)
+            arrays.append(a.view(f.type) if view else a)
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def save(self) -> None:
+        """The rows changed since the last save into the table (a tuple of the row's values
+        per key); past ``max_keys`` rows the columns are emptied (read back when seen
+        again)."""
+        rows = np.flatnonzero(self.unsaved[:self.size])
+        if len(rows):
+            self.unsaved[rows] = False
+            keys = [self.keys[i] for i in rows.tolist()]
+            values = zip(*(c.to_pylist() for c in self.batch(rows).columns))
+            self.table.fast.update(zip(keys, values))
+        if self.size > self.max_keys and not self.changed[:self.size].any():
+            self.clear()
