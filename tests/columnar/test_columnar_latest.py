@@ -263,3 +263,13 @@ def test_after_a_restore_every_new_key_is_read():
         [{"k": "a", "t": 4, "x": 1.0, "s": ""}, {"k": "b", "t": 0, "x": 1.0, "s": ""}],
         schema=SCHEMA))
     assert won.tolist() == [1] and backend.reads == ["a", "b"]
+
+
+def test_restored_rows_that_do_not_fit_the_schema_fail_with_a_clear_error():
+    """State written by a pipeline whose rows had other columns: the operator names the
+    mismatch instead of comparing the wrong values."""
+    op = build_operator(node(("t",)), 0, 1, 128)
+    op.state.table("latest").fast["a"] = ("a", 1)  # two values, where rows have four
+    op.restore([op.state.snapshot()])
+    with pytest.raises(UserFunctionError, match="does not fit the rows .4 columns: k string, t int64"):
+        op.process([rb([{"k": "a", "t": 2, "x": 1.0, "s": ""}])])

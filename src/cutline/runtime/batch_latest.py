@@ -102,7 +102,8 @@ class BatchLatest(Keyed):
         keys = key_cols[0] if len(key_cols) == 1 else list(zip(*key_cols))
         try:
             won = self.rows.offer(keys, best)
-        except TypeError as exc:  # values of a `by` column that do not compare
+        except TypeError as exc:  # `by` values that do not compare; restored rows that
+            # do not fit these
             raise UserFunctionError(self.uid, "latest", Described(batch[0]), exc) from exc
         self.state.after_batch()
         if not self.each or not len(won):

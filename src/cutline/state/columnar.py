@@ -452,12 +452,28 @@ class ColumnarRows:
             found = [(r, row) for r, row in ((int(at[i]), get(fresh[i], None))
                                              for i in maybe.tolist()) if row is not None]
             if found:
-                held = pa.Table.from_arrays(
-                    [pa.array([row[j] for _, row in found], type=f.type)
-                     for j, f in enumerate(self.schema)], schema=self.schema)
+                held = self._held_rows([row for _, row in found])
                 self._put(np.array([r for r, _ in found], dtype=np.int64),
                           self.columns(held))
         return rows
+
+    def _held_rows(self, found: list[tuple]) -> pa.Table:
+        """Rows read from the table (tuples) as a table of the schema; a clear error when
+        they do not fit it (state written by a pipeline whose rows differed)."""
+        width = len(self.schema)
+        try:
+            bad = next((r for r in found if not isinstance(r, tuple) or len(r) != width), None)
+            if bad is not None:
+                raise ValueError(f"a held row has {len(bad) if isinstance(bad, tuple) else 1} "
+                                 f"values")
+            return pa.Table.from_arrays(
+                [pa.array([r[j] for r in found], type=f.type)
+                 for j, f in enumerate(self.schema)], schema=self.schema)
+        except (ValueError, TypeError, pa.ArrowException) as exc:
+            raise TypeError(
+                f"the state restored does not fit the rows ({width} columns: "
+                f"{', '.join(f'{f.name} {f.type}' for f in self.schema)}): {exc}; was it written "
+                f"by a pipeline whose rows were different?") from exc
 
     def _newer(self, cols: list, rows: np.ndarray) -> np.ndarray:
         """Per row of ``cols``, whether it orders after rows ``rows``' values in ``by``
