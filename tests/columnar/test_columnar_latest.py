@@ -271,5 +271,6 @@ def test_restored_rows_that_do_not_fit_the_schema_fail_with_a_clear_error():
     op = build_operator(node(("t",)), 0, 1, 128)
     op.state.table("latest").fast["a"] = ("a", 1)  # two values, where rows have four
     op.restore([op.state.snapshot()])
-    with pytest.raises(UserFunctionError, match="does not fit the rows .4 columns: k string, t int64"):
+    with pytest.raises(UserFunctionError,
+                       match="does not fit the rows .4 columns: k string, t int64"):
         op.process([rb([{"k": "a", "t": 2, "x": 1.0, "s": ""}])])
