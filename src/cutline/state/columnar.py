@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["ColumnarAggregates", "ColumnarRows", "HeldKeys", "numeric"]
+__all__ = ["ColumnarAggregates", "ColumnarRows", "HeldKeys", "KeyedColumns", "numeric"]
 
 
 def numeric(t: pa.DataType) -> bool:
@@ -84,7 +84,105 @@ class HeldKeys:
         return np.isin(h, self.hashes)
 
 
-class ColumnarAggregates:
+class KeyedColumns:
+    """What :class:`ColumnarAggregates` and :class:`ColumnarRows` share: a row per key
+    (``index``: key -> row, ``keys`` by row), which rows changed since the last save
+    (``unsaved``) and since the last :meth:`take_changed` (``changed``, when ``track``), the
+    backend's ``table`` saved into and read from, and which keys it may hold
+    (:class:`HeldKeys`).  A subclass holds its columns (:meth:`_empty`, :meth:`_resize`).
+    """
+
+    def __init__(self, table: Any, max_keys: int, track: bool, fresh: bool) -> None:
+        self.table, self.max_keys = table, max_keys
+        self.track = track  # keep the rows changed since take_changed
+        self.held = HeldKeys(fresh)
+        self.keys: list[Any] = []
+        self.clear()
+
+    def restored(self) -> None:
+        """A restore replaced the state behind: every row is forgotten, and any key may be
+        in the table."""
+        self.held.restored()
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every row (after a save; its keys are in the table)."""
+        if self.keys:
+            self.held.evicted(self.keys)
+        self.index: dict[Any, int] = {}
+        self.keys = []
+        self.size = 0
+        cap = 1024
+        self.unsaved = np.zeros(cap, dtype=bool)  # changed since the last save
+        self.changed = np.zeros(cap, dtype=bool)  # changed since the last take_changed
+        self._empty(cap)
+
+    def _empty(self, cap: int) -> None:
+        """The columns, empty, ``cap`` rows long."""
+        raise NotImplementedError
+
+    def _resize(self, cap: int) -> None:
+        """The columns made ``cap`` rows long (the rows held kept)."""
+        raise NotImplementedError
+
+    def _grow(self, need: int) -> None:
+        cap = len(self.unsaved)
+        if need <= cap:
+            return
+        while cap < need:
+            cap *= 2
+        self._resize(cap)
+        self.unsaved = _resized(self.unsaved, cap)
+        self.changed = _resized(self.changed, cap)
+
+    def _add(self, keys: list) -> tuple[np.ndarray, np.ndarray, list, np.ndarray]:
+        """The rows of ``keys`` (``rows``), new rows made for those not held: their
+        positions in ``keys`` (``new``), the keys (``fresh``) and their rows (``at``)."""
+        index = self.index
+        rows = np.fromiter(map(index.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
+        new = np.flatnonzero(rows < 0)
+        if not len(new):
+            return rows, new, [], new
+        start = self.size
+        self._grow(start + len(new))
+        fresh = [keys[i] for i in new.tolist()]
+        for r, k in enumerate(fresh, start):
+            index[k] = r
+        self.keys.extend(fresh)
+        self.size = start + len(fresh)
+        at = np.arange(start, self.size)
+        rows[new] = at
+        return rows, new, fresh, at
+
+    def _touched(self, rows: np.ndarray) -> None:
+        self.unsaved[rows] = True
+        if self.track:
+            self.changed[rows] = True
+
+    def take_changed(self) -> np.ndarray:
+        """The rows changed since the last call (in row order), marked unchanged."""
+        rows = np.flatnonzero(self.changed[:self.size])
+        self.changed[rows] = False
+        return rows
+
+    def values(self, rows: np.ndarray) -> Any:
+        """Rows ``rows`` in the per-key format the table holds (an iterable, by row)."""
+        raise NotImplementedError
+
+    def save(self) -> None:
+        """The rows changed since the last save into the backend table (per key, in
+        :meth:`values`' format); past ``max_keys`` rows the columns are emptied (read back
+        when seen again)."""
+        rows = np.flatnonzero(self.unsaved[:self.size])
+        if len(rows):
+            self.unsaved[rows] = False
+            keys = [self.keys[i] for i in rows.tolist()]
+            self.table.fast.update(zip(keys, self.values(rows)))
+        if self.size > self.max_keys and not self.changed[:self.size].any():
+            self.clear()
+
+
+class ColumnarAggregates(KeyedColumns):
     """One keyed aggregation subtask's accumulators as numpy columns (see the module
     docstring).
 
@@ -100,66 +198,30 @@ class ColumnarAggregates:
                  reads: list[tuple[str, list[int]]], table: Any,
                  max_keys: int = 1_000_000, track: bool = True, fresh: bool = False) -> None:
         self.fns, self.types, self.key_types, self.reads = fns, types, key_types, reads
-        self.table, self.max_keys = table, max_keys
-        self.track = track  # keep the rows changed since take_changed
-        self.held = HeldKeys(fresh)
         self.dtypes = [np.float64 if pa.types.is_floating(t) else np.int64 for t in types]
-        self.clear()
+        super().__init__(table, max_keys, track, fresh)
 
-    def restored(self) -> None:
-        """A restore replaced the state behind: every row is forgotten, and any key may be
-        in the table."""
-        self.held.restored()
-        self.clear()
-
-    def clear(self) -> None:
-        """Forget every row (after a save; its keys are in the table)."""
-        if getattr(self, "keys", None):
-            self.held.evicted(self.keys)
-        self.index: dict[Any, int] = {}
-        self.keys: list[Any] = []
-        self.size = 0
+    def _empty(self, cap: int) -> None:
         # the key columns as Arrow, by row (chunks, concatenated when read)
         self.key_chunks: list[list[pa.Array]] = [[] for _ in self.key_types]
-        cap = 1024
         self.vals = [np.zeros(cap, dtype=d) for d in self.dtypes]
         self.valid = [np.zeros(cap, dtype=bool) for _ in self.fns]
-        self.unsaved = np.zeros(cap, dtype=bool)  # changed since the last save
-        self.changed = np.zeros(cap, dtype=bool)  # changed since the last take_changed
 
-    # ------------------------------------------------------------------ merging
-
-    def _grow(self, need: int) -> None:
-        cap = len(self.unsaved)
-        if need <= cap:
-            return
-        while cap < need:
-            cap *= 2
+    def _resize(self, cap: int) -> None:
         self.vals = [np.resize(v, cap) for v in self.vals]
         self.valid = [_resized(v, cap) for v in self.valid]
-        self.unsaved = _resized(self.unsaved, cap)
-        self.changed = _resized(self.changed, cap)
+
+    # ------------------------------------------------------------------ merging
 
     def rows_of(self, keys: list, key_cols: list | None = None) -> np.ndarray:
         """The rows of ``keys`` (Python values; tuples for several key columns; ``key_cols``:
         the same as Arrow columns), new ones added with what the backend holds for
         them."""
-        index = self.index
-        rows = np.fromiter(map(index.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
-        new = np.flatnonzero(rows < 0)
+        rows, new, fresh, at = self._add(keys)
         if len(new):
-            start = self.size
-            self._grow(start + len(new))
-            fresh = [keys[i] for i in new.tolist()]
-            for r, k in enumerate(fresh, start):
-                index[k] = r
-            self.keys.extend(fresh)
-            self.size = start + len(fresh)
-            at = np.arange(start, self.size)
             for v, m in zip(self.vals, self.valid):
                 v[at] = 0
                 m[at] = False
-            rows[new] = at
             maybe = self.held.maybe(fresh)
             if maybe.all():
                 self._load(fresh, at)
@@ -222,18 +284,10 @@ class ColumnarAggregates:
                     new = np.where(ok, new, cur)
                 v[rows] = new
             m[rows] |= True if ok is None else ok
-        self.unsaved[rows] = True
-        if self.track:
-            self.changed[rows] = True
+        self._touched(rows)
         return rows
 
     # ------------------------------------------------------------------ reading
-
-    def take_changed(self) -> np.ndarray:
-        """The rows changed since the last call (in row order), marked unchanged."""
-        rows = np.flatnonzero(self.changed[:self.size])
-        self.changed[rows] = False
-        return rows
 
     def rows(self, rows: np.ndarray) -> list[pa.Array]:
         """Rows ``rows`` as Arrow columns: the key columns, then each aggregate's value
@@ -290,17 +344,7 @@ class ColumnarAggregates:
                 for fn, idx in self.reads]
         return list(zip(*cols))
 
-    def save(self) -> None:
-        """The rows changed since the last save into the backend table (the per-key
-        format: a tuple of accumulators, mean ``(sum, count)``, ``None`` for nothing yet);
-        past ``max_keys`` rows the columns are emptied (read back when seen again)."""
-        rows = np.flatnonzero(self.unsaved[:self.size])
-        if len(rows):
-            self.unsaved[rows] = False
-            keys = [self.keys[i] for i in rows.tolist()]
-            self.table.fast.update(zip(keys, self.accumulators(rows)))
-        if self.size > self.max_keys and not self.changed[:self.size].any():
-            self.clear()
+    values = accumulators  # what save() writes
 
 
 def _resized(a: np.ndarray, cap: int) -> np.ndarray:
@@ -360,7 +404,7 @@ def _to_numpy(arr: Any, storage: pa.DataType | None, view: bool
     return arr.to_numpy(zero_copy_only=False), ok
 
 
-class ColumnarRows:
+class ColumnarRows(KeyedColumns):
     """One row per key, of a fixed Arrow ``schema``, held as columns (numpy: numbers,
     booleans and times as such, anything else as Python objects) with a validity mask
     each: ``latest()``'s best row per key (:meth:`offer`).
@@ -375,46 +419,24 @@ class ColumnarRows:
 
     def __init__(self, schema: pa.Schema, by: list[str], table: Any,
                  max_keys: int = 1_000_000, track: bool = True, fresh: bool = False) -> None:
-        self.schema, self.table, self.max_keys, self.track = schema, table, max_keys, track
+        self.schema = schema
         self.by = [schema.get_field_index(c) for c in by]
         self.storage = [_storage(f.type) for f in schema]
         self.view = [s is not None and not s.equals(f.type)
                      for s, f in zip(self.storage, schema)]
         self.dtypes = [object if s is None else s.to_pandas_dtype() for s in self.storage]
-        self.held = HeldKeys(fresh)
-        self.clear()
+        super().__init__(table, max_keys, track, fresh)
 
-    def restored(self) -> None:
-        """A restore replaced the state behind (:meth:`ColumnarAggregates.restored`)."""
-        self.held.restored()
-        self.clear()
-
-    def clear(self) -> None:
-        """Forget every row (after a save; its keys are in the table)."""
-        if getattr(self, "keys", None):
-            self.held.evicted(self.keys)
-        self.index: dict[Any, int] = {}
-        self.keys: list[Any] = []
-        self.size = 0
-        cap = 1024
+    def _empty(self, cap: int) -> None:
         self.vals = [np.zeros(cap, dtype=d) if d is not object else np.full(cap, None)
                      for d in self.dtypes]
         self.valid = [np.zeros(cap, dtype=bool) for _ in self.dtypes]
         self.has = np.zeros(cap, dtype=bool)  # a row holds a value
-        self.unsaved = np.zeros(cap, dtype=bool)
-        self.changed = np.zeros(cap, dtype=bool)
 
-    def _grow(self, need: int) -> None:
-        cap = len(self.has)
-        if need <= cap:
-            return
-        while cap < need:
-            cap *= 2
+    def _resize(self, cap: int) -> None:
         self.vals = [_resized(v, cap) for v in self.vals]
         self.valid = [_resized(v, cap) for v in self.valid]
         self.has = _resized(self.has, cap)
-        self.unsaved = _resized(self.unsaved, cap)
-        self.changed = _resized(self.changed, cap)
 
     def columns(self, table: pa.Table) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """``table``'s columns (of the schema) as numpy, as the rows hold them."""
@@ -431,21 +453,10 @@ class ColumnarRows:
     def rows_of(self, keys: list) -> np.ndarray:
         """The rows of ``keys`` (tuples for several key columns), new ones added with what
         the table holds for them (``has`` false where it holds nothing)."""
-        index = self.index
-        rows = np.fromiter(map(index.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
-        new = np.flatnonzero(rows < 0)
+        rows, new, fresh, at = self._add(keys)
         if not len(new):
             return rows
-        start = self.size
-        self._grow(start + len(new))
-        fresh = [keys[i] for i in new.tolist()]
-        for r, k in enumerate(fresh, start):
-            index[k] = r
-        self.keys.extend(fresh)
-        self.size = start + len(fresh)
-        at = np.arange(start, self.size)
         self.has[at] = False
-        rows[new] = at
         maybe = np.flatnonzero(self.held.maybe(fresh))
         if len(maybe):
             get = self.table.get
@@ -507,16 +518,8 @@ class ColumnarRows:
         won = np.flatnonzero(self._newer(cols, rows))
         if len(won):
             self._put(rows[won], cols, won)
-            self.unsaved[rows[won]] = True
-            if self.track:
-                self.changed[rows[won]] = True
+            self._touched(rows[won])
         return won
-
-    def take_changed(self) -> np.ndarray:
-        """The rows changed since the last call (in row order), marked unchanged."""
-        rows = np.flatnonzero(self.changed[:self.size])
-        self.changed[rows] = False
-        return rows
 
     def batch(self, rows: np.ndarray) -> pa.RecordBatch:
         """Rows ``rows`` as a record batch of the schema."""
@@ -529,15 +532,6 @@ class ColumnarRows:
             arrays.append(a.view(f.type) if view else a)
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
-    def save(self) -> None:
-        """The rows changed since the last save into the table (a tuple of the row's values
-        per key); past ``max_keys`` rows the columns are emptied (read back when seen
-        again)."""
-        rows = np.flatnonzero(self.unsaved[:self.size])
-        if len(rows):
-            self.unsaved[rows] = False
-            keys = [self.keys[i] for i in rows.tolist()]
-            values = zip(*(c.to_pylist() for c in self.batch(rows).columns))
-            self.table.fast.update(zip(keys, values))
-        if self.size > self.max_keys and not self.changed[:self.size].any():
-            self.clear()
+    def values(self, rows: np.ndarray) -> Any:
+        """Rows ``rows`` as the table holds them: a tuple of the row's values each."""
+        return zip(*(c.to_pylist() for c in self.batch(rows).columns))
