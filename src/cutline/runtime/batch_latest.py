@@ -83,7 +83,8 @@ class BatchLatest(Keyed):
                 self.schema = table.schema
                 self.rows = ColumnarRows(table.schema, self.by, self.state.table("latest"),
                                          max_keys=self.max_keys, track=not self.each,
-                                         fresh=not self.restored)
+                                         fresh=not self.restored, key_columns=self.keys,
+                                         max_parallelism=self.state.max_parallelism)
             elif not table.schema.equals(self.schema):
                 table = table.select(self.schema.names).cast(self.schema)
             return best_per_key(table, self.keys, self.by)

@@ -24,7 +24,7 @@ import pyarrow.types as pat
 
 from .keygroups import stable_hash
 
-__all__ = ["column_hashes", "key_groups"]
+__all__ = ["column_hashes", "encode_keys", "key_groups"]
 
 _U64 = np.uint64
 _C = _U64(0xFF51AFD7ED558CCD)
@@ -157,3 +157,90 @@ def key_groups(batch: Any, columns: tuple[str, ...] | list[str],
             h = h * _U64(31) + column_hashes(batch.column(c))
         h = _mix(h)
     return (h % _U64(max_parallelism)).astype(np.int64)
+
+
+# --------------------------------------------------------------------------- key bytes
+
+_MAX_TEXT = 128  # longest string a row's bytes are laid out for (longer: per row)
+_THRESHOLDS = np.array([1 << (8 * k - 1) for k in range(1, 9)], dtype=_U64)
+
+
+def _int_piece(arr: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
+    """``b"I"`` + the value's bytes as ``int.to_bytes((bit_length + 8) // 8, "big",
+    signed=True)``, as a byte matrix (one row per value) and the mask of its bytes."""
+    t = arr.type
+    if pat.is_unsigned_integer(t) and t.bit_width == 64:
+        return None  # (values past int64)
+    v = arr.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    n = len(v)
+    mag = np.abs(v).view(_U64)  # (|-2**63| is 2**63 as uint64)
+    size = 1 + (mag[:, None] >= _THRESHOLDS[None, :]).sum(axis=1)  # bytes: 1 .. 9
+    mat = np.empty((n, 10), dtype=np.uint8)
+    mat[:, 0] = ord("I")
+    mat[:, 1] = np.where(v < 0, 0xFF, 0)  # the sign byte of a 9-byte value
+    mat[:, 2:] = v.astype(">i8").view(np.uint8).reshape(n, 8)
+    mask = np.empty((n, 10), dtype=bool)
+    mask[:, 0] = True
+    mask[:, 1:] = np.arange(9)[None, :] >= (9 - size)[:, None]
+    return mat, mask
+
+
+def _text_piece(arr: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
+    """``b"S"`` + the string's UTF-8 bytes, as a byte matrix and the mask of its bytes."""
+    if not (pat.is_string(arr.type) or pat.is_large_string(arr.type)):
+        return None
+    large = pat.is_large_string(arr.type)
+    bufs = arr.buffers()
+    n = len(arr)
+    off = np.frombuffer(bufs[1], dtype=np.int64 if large else np.int32)[arr.offset:
+                                                                         arr.offset + n + 1]
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else \
+        np.zeros(1, np.uint8)
+    starts = off[:-1].astype(np.int64)
+    lens = off[1:].astype(np.int64) - starts
+    width = int(lens.max()) if n else 0
+    if width > _MAX_TEXT:
+        return None
+    mat = np.zeros((n, 1 + width), dtype=np.uint8)
+    mat[:, 0] = ord("S")
+    mask = np.empty((n, 1 + width), dtype=bool)
+    mask[:, 0] = True
+    pos = np.arange(width)
+    mask[:, 1:] = pos[None, :] < lens[:, None]
+    if width and len(data):
+        at = np.minimum(starts[:, None] + pos[None, :], len(data) - 1)
+        mat[:, 1:] = np.where(mask[:, 1:], data[at], 0)
+    return mat, mask
+
+
+def encode_keys(columns: list[pa.Array]) -> list[bytes] | None:
+    """:func:`cutline.state.keys.encode_key` of every row's key (one column: its value;
+    several: the tuple of their values), or None when a column is not one this lays out
+    (integers to int64, strings up to 128 bytes, no nulls): then key by key."""
+    pieces = []
+    for col in columns:
+        if isinstance(col, pa.ChunkedArray):
+            col = col.combine_chunks()
+        if col.null_count:
+            return None
+        t = col.type
+        piece = _int_piece(col) if pat.is_integer(t) else _text_piece(col)
+        if piece is None:
+            return None
+        pieces.append(piece)
+    if not pieces:
+        return None
+    n = len(pieces[0][0])
+    if len(pieces) == 1:
+        mat, mask = pieces[0]
+    else:  # b"T" + (the item's length, 4 bytes big-endian, + its bytes) per item
+        mats = [np.full((n, 1), ord("T"), dtype=np.uint8)]
+        masks = [np.ones((n, 1), dtype=bool)]
+        for m, k in pieces:
+            lens = k.sum(axis=1).astype(">u4")
+            mats += [lens.view(np.uint8).reshape(n, 4), m]
+            masks += [np.ones((n, 4), dtype=bool), k]
+        mat, mask = np.concatenate(mats, axis=1), np.concatenate(masks, axis=1)
+    data = mat[mask].tobytes()  # the rows' bytes, one after another (row-major)
+    ends = np.cumsum(mask.sum(axis=1)).tolist()
+    return [data[a:b] for a, b in zip([0, *ends[:-1]], ends)]

@@ -169,6 +169,9 @@ class KeyedColumns:
         """Rows ``rows`` in the per-key format the table holds (an iterable, by row)."""
         raise NotImplementedError
 
+    def _save_rows(self, rows: np.ndarray, keys: list) -> None:
+        self.table.fast.update(zip(keys, self.values(rows)))
+
     def save(self) -> None:
         """The rows changed since the last save into the backend table (per key, in
         :meth:`values`' format); past ``max_keys`` rows the columns are emptied (read back
@@ -176,8 +179,7 @@ class KeyedColumns:
         rows = np.flatnonzero(self.unsaved[:self.size])
         if len(rows):
             self.unsaved[rows] = False
-            keys = [self.keys[i] for i in rows.tolist()]
-            self.table.fast.update(zip(keys, self.values(rows)))
+            self._save_rows(rows, [self.keys[i] for i in rows.tolist()])
         if self.size > self.max_keys and not self.changed[:self.size].any():
             self.clear()
 
@@ -418,8 +420,11 @@ class ColumnarRows(KeyedColumns):
     """
 
     def __init__(self, schema: pa.Schema, by: list[str], table: Any,
-                 max_keys: int = 1_000_000, track: bool = True, fresh: bool = False) -> None:
+                 max_keys: int = 1_000_000, track: bool = True, fresh: bool = False,
+                 key_columns: list[str] | None = None, max_parallelism: int = 0) -> None:
         self.schema = schema
+        # the key columns and key groups, to build the backend's keys of a save at once
+        self.key_columns, self.max_parallelism = key_columns, max_parallelism
         self.by = [schema.get_field_index(c) for c in by]
         self.storage = [_storage(f.type) for f in schema]
         self.view = [s is not None and not s.equals(f.type)
@@ -534,4 +539,21 @@ class ColumnarRows(KeyedColumns):
 
     def values(self, rows: np.ndarray) -> Any:
         """Rows ``rows`` as the table holds them: a tuple of the row's values each."""
-        return zip(*(c.to_pylist() for c in self.batch(rows).columns))
+        return self._values(self.batch(rows))
+
+    @staticmethod
+    def _values(batch: pa.RecordBatch) -> Any:
+        return zip(*(c.to_pylist() for c in batch.columns))
+
+    def _save_rows(self, rows: np.ndarray, keys: list) -> None:
+        batch = self.batch(rows)
+        prime = getattr(self.table, "prime", None)  # (RocksDB: its keys built at once)
+        if prime is not None and self.key_columns and self.max_parallelism:
+            from .arrow_keys import encode_keys, key_groups
+
+            cols = [batch.column(c) for c in self.key_columns]
+            encoded = encode_keys(cols)
+            if encoded is not None:
+                prime(keys, key_groups(batch, self.key_columns, self.max_parallelism),
+                      encoded)
+        self.table.fast.update(zip(keys, self._values(batch)))

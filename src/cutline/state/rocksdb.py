@@ -409,6 +409,21 @@ class _RocksTable(StateTable):
             enc[key] = data
         return data
 
+    def prime(self, keys: list, groups: Any, encoded: list[bytes]) -> None:
+        """The database keys of ``keys`` from their key groups (``groups``, numpy) and
+        :func:`~cutline.state.keys.encode_key` bytes (``encoded``), computed for many keys
+        at once (``cutline.state.arrow_keys``): the next writes and reads of them do not
+        build them one by one."""
+        b = self._backend
+        owned = b.key_groups
+        if len(groups) and (int(groups.min()) < owned.start or
+                            int(groups.max()) >= owned.stop):
+            outside = (groups < owned.start) | (groups >= owned.stop)
+            b.owned_group(keys[int(outside.argmax())])  # raises, naming the key
+        pre, part = b._prefix, self._part
+        self._enc.update(zip(keys, [pre[g] + part + e
+                                    for g, e in zip(groups.tolist(), encoded)]))
+
     def read(self, key: Any, default: Any = None) -> Any:
         if self.deleted and key in self.deleted:
             return default
