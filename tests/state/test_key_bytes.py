@@ -115,3 +115,39 @@ def test_rows_saved_with_primed_keys_restore_as_those_saved_key_by_key(storage):
             b.close()
         assert got == {k: tuple(r.values()) for k, r in zip(keys, rows.to_pylist())}
     assert np.all(np.array([len(s) for s in snaps]) > 0)
+
+
+def test_aggregates_saved_with_primed_keys_restore_in_their_key_groups(storage):
+    pytest.importorskip("rocksdict")
+    from cutline.runtime.batches import Partials
+    from cutline.state.columnar import ColumnarAggregates
+    from cutline.state.rocksdb import RocksDBStateBackend
+
+    partials = Partials((("n", None, "count"), ("s", "v", "sum")))
+    t = pa.table({"user": [f"u{i % 50}" for i in range(4000)],
+                  "day": pa.array([i % 3 for i in range(4000)], pa.int32()),
+                  "v": list(range(4000))})
+    key_cols, arrays = partials.arrow(t, ["user", "day"])
+    b = RocksDBStateBackend(range(0, 128), 128, name="agg.0", storage=storage)
+    cols = ColumnarAggregates([f for _, f in partials.parts], [a.type for a in arrays],
+                              [c.type for c in key_cols], partials.reads,
+                              b.table("aggregate"), fresh=True, max_parallelism=128)
+    cols.merge(key_cols, arrays)
+    cols.save()
+    keys = list(zip(key_cols[0].to_pylist(), key_cols[1].to_pylist()))
+    assert set(keys) <= set(b.table("aggregate")._enc)  # built at once, before the write
+    blob = b.snapshot().finish(storage, 1)
+    b.close()
+    want = {}
+    for r in t.to_pylist():
+        n, s = want.get((r["user"], r["day"]), (0, 0))
+        want[(r["user"], r["day"])] = (n + 1, s + r["v"])
+    got = {}
+    for lo, hi in ((0, 64), (64, 128)):
+        r = RocksDBStateBackend(range(lo, hi), 128, name=f"agg.{lo}", storage=storage)
+        r.restore([blob])
+        here = {k: tuple(v) for _, name, k, v in r.entries() if name == "aggregate"}
+        assert all(lo <= key_group(k, 128) < hi for k in here)
+        got.update(here)
+        r.close()
+    assert got == want

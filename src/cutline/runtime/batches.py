@@ -437,7 +437,7 @@ class BatchAggregate(Keyed):
                     [f for _, f in self.partials.parts], [a.type for a in part_arrays],
                     [c.type for c in key_cols], self.reads,
                     self.state.table("aggregate"), track=not self.each,
-                    fresh=not self.restored)
+                    fresh=not self.restored, max_parallelism=self.state.max_parallelism)
         if self.columns is not None:
             try:
                 rows = self.columns.merge(key_cols, part_arrays)

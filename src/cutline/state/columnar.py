@@ -92,8 +92,10 @@ class KeyedColumns:
     (:class:`HeldKeys`).  A subclass holds its columns (:meth:`_empty`, :meth:`_resize`).
     """
 
-    def __init__(self, table: Any, max_keys: int, track: bool, fresh: bool) -> None:
+    def __init__(self, table: Any, max_keys: int, track: bool, fresh: bool,
+                 max_parallelism: int = 0) -> None:
         self.table, self.max_keys = table, max_keys
+        self.max_parallelism = max_parallelism  # (0: the table's keys built one by one)
         self.track = track  # keep the rows changed since take_changed
         self.held = HeldKeys(fresh)
         self.keys: list[Any] = []
@@ -172,6 +174,21 @@ class KeyedColumns:
     def _save_rows(self, rows: np.ndarray, keys: list) -> None:
         self.table.fast.update(zip(keys, self.values(rows)))
 
+    def _prime(self, keys: list, key_arrays: list) -> None:
+        """A table that builds database keys (RocksDB) gets those of ``keys`` (their
+        columns: ``key_arrays``) built at once (:mod:`cutline.state.arrow_keys`), when
+        their types allow."""
+        prime = getattr(self.table, "prime", None)
+        if prime is None or not self.max_parallelism or not key_arrays:
+            return
+        from .arrow_keys import encode_keys, key_groups
+
+        encoded = encode_keys(key_arrays)
+        if encoded is not None:
+            names = [str(i) for i in range(len(key_arrays))]
+            prime(keys, key_groups(pa.table(dict(zip(names, key_arrays))), names,
+                                   self.max_parallelism), encoded)
+
     def save(self) -> None:
         """The rows changed since the last save into the backend table (per key, in
         :meth:`values`' format); past ``max_keys`` rows the columns are emptied (read back
@@ -198,10 +215,11 @@ class ColumnarAggregates(KeyedColumns):
 
     def __init__(self, fns: list[str], types: list[pa.DataType], key_types: list[pa.DataType],
                  reads: list[tuple[str, list[int]]], table: Any,
-                 max_keys: int = 1_000_000, track: bool = True, fresh: bool = False) -> None:
+                 max_keys: int = 1_000_000, track: bool = True, fresh: bool = False,
+                 max_parallelism: int = 0) -> None:
         self.fns, self.types, self.key_types, self.reads = fns, types, key_types, reads
         self.dtypes = [np.float64 if pa.types.is_floating(t) else np.int64 for t in types]
-        super().__init__(table, max_keys, track, fresh)
+        super().__init__(table, max_keys, track, fresh, max_parallelism)
 
     def _empty(self, cap: int) -> None:
         # the key columns as Arrow, by row (chunks, concatenated when read)
@@ -348,6 +366,11 @@ class ColumnarAggregates(KeyedColumns):
 
     values = accumulators  # what save() writes
 
+    def _save_rows(self, rows: np.ndarray, keys: list) -> None:
+        if self.max_parallelism:
+            self._prime(keys, self.rows(rows)[:len(self.key_types)])
+        super()._save_rows(rows, keys)
+
 
 def _resized(a: np.ndarray, cap: int) -> np.ndarray:
     out = np.zeros(cap, dtype=a.dtype)
@@ -423,14 +446,13 @@ class ColumnarRows(KeyedColumns):
                  max_keys: int = 1_000_000, track: bool = True, fresh: bool = False,
                  key_columns: list[str] | None = None, max_parallelism: int = 0) -> None:
         self.schema = schema
-        # the key columns and key groups, to build the backend's keys of a save at once
-        self.key_columns, self.max_parallelism = key_columns, max_parallelism
+        self.key_columns = key_columns  # (to build the backend's keys of a save at once)
         self.by = [schema.get_field_index(c) for c in by]
         self.storage = [_storage(f.type) for f in schema]
         self.view = [s is not None and not s.equals(f.type)
                      for s, f in zip(self.storage, schema)]
         self.dtypes = [object if s is None else s.to_pandas_dtype() for s in self.storage]
-        super().__init__(table, max_keys, track, fresh)
+        super().__init__(table, max_keys, track, fresh, max_parallelism)
 
     def _empty(self, cap: int) -> None:
         self.vals = [np.zeros(cap, dtype=d) if d is not object else np.full(cap, None)
@@ -547,13 +569,6 @@ class ColumnarRows(KeyedColumns):
 
     def _save_rows(self, rows: np.ndarray, keys: list) -> None:
         batch = self.batch(rows)
-        prime = getattr(self.table, "prime", None)  # (RocksDB: its keys built at once)
-        if prime is not None and self.key_columns and self.max_parallelism:
-            from .arrow_keys import encode_keys, key_groups
-
-            cols = [batch.column(c) for c in self.key_columns]
-            encoded = encode_keys(cols)
-            if encoded is not None:
-                prime(keys, key_groups(batch, self.key_columns, self.max_parallelism),
-                      encoded)
+        if self.key_columns:
+            self._prime(keys, [batch.column(c) for c in self.key_columns])
         self.table.fast.update(zip(keys, self._values(batch)))
