@@ -274,3 +274,20 @@ def test_restored_rows_that_do_not_fit_the_schema_fail_with_a_clear_error():
     with pytest.raises(UserFunctionError,
                        match="does not fit the rows .4 columns: k string, t int64"):
         op.process([rb([{"k": "a", "t": 2, "x": 1.0, "s": ""}])])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(-50, 50), max_size=30), max_size=5),
+       st.lists(st.integers(-60, 60), max_size=40), st.booleans())
+def test_held_keys_say_maybe_for_every_key_emptied_out_and_only_those(evictions, asked,
+                                                                      fresh):
+    from cutline.state.columnar import HeldKeys
+
+    held, gone = HeldKeys(fresh), set()
+    for keys in evictions:
+        held.evicted(keys)
+        gone |= set(keys)
+    got = held.maybe(asked).tolist()
+    assert got == [True] * len(asked) if not fresh else got == [k in gone for k in asked]
+    held.restored()
+    assert held.maybe(asked).tolist() == [True] * len(asked)

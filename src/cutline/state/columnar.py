@@ -81,7 +81,9 @@ class HeldKeys:
         if not len(self.hashes):
             return np.zeros(len(keys), dtype=bool)
         h = np.fromiter(map(hash, keys), dtype=np.int64, count=len(keys))
-        return np.isin(h, self.hashes)
+        held = self.hashes  # sorted: a binary search per key (np.isin sorts them all)
+        at = np.minimum(np.searchsorted(held, h), len(held) - 1)
+        return held[at] == h
 
 
 class KeyedColumns:
