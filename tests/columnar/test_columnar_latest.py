@@ -288,6 +288,7 @@ def test_held_keys_say_maybe_for_every_key_emptied_out_and_only_those(evictions,
         held.evicted(keys)
         gone |= set(keys)
     got = held.maybe(asked).tolist()
-    assert got == [True] * len(asked) if not fresh else got == [k in gone for k in asked]
+    hashes = {hash(k) for k in gone}  # (a key sharing an emptied key's hash: read too)
+    assert got == ([hash(k) in hashes for k in asked] if fresh else [True] * len(asked))
     held.restored()
     assert held.maybe(asked).tolist() == [True] * len(asked)
