@@ -69,7 +69,9 @@ def _crc32_var(starts: np.ndarray, lens: np.ndarray, data: np.ndarray) -> np.nda
     return crc ^ np.uint32(0xFFFFFFFF)
 
 
-def _binary_hash(arr: pa.Array) -> np.ndarray:
+def _values_of(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A string or binary array's values: each one's start and length in ``data``, its
+    bytes (the buffers as they are: no copy)."""
     large = pat.is_large_string(arr.type) or pat.is_large_binary(arr.type)
     bufs = arr.buffers()
     n = len(arr)
@@ -78,7 +80,11 @@ def _binary_hash(arr: pa.Array) -> np.ndarray:
     data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else \
         np.zeros(0, np.uint8)
     starts = off[:-1].astype(np.int64)
-    lens = off[1:].astype(np.int64) - starts
+    return starts, off[1:].astype(np.int64) - starts, data
+
+
+def _binary_hash(arr: pa.Array) -> np.ndarray:
+    starts, lens, data = _values_of(arr)
     return _crc32_var(starts, lens, data).astype(_U64)
 
 
@@ -189,15 +195,8 @@ def _text_piece(arr: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
     """``b"S"`` + the string's UTF-8 bytes, as a byte matrix and the mask of its bytes."""
     if not (pat.is_string(arr.type) or pat.is_large_string(arr.type)):
         return None
-    large = pat.is_large_string(arr.type)
-    bufs = arr.buffers()
+    starts, lens, data = _values_of(arr)
     n = len(arr)
-    off = np.frombuffer(bufs[1], dtype=np.int64 if large else np.int32)[arr.offset:
-                                                                         arr.offset + n + 1]
-    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else \
-        np.zeros(1, np.uint8)
-    starts = off[:-1].astype(np.int64)
-    lens = off[1:].astype(np.int64) - starts
     width = int(lens.max()) if n else 0
     if width > _MAX_TEXT:
         return None
