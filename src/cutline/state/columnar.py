@@ -171,32 +171,31 @@ class KeyedColumns:
         self.changed[rows] = False
         return rows
 
-    def values(self, rows: np.ndarray) -> Any:
-        """Rows ``rows`` in the per-key format the table holds (an iterable, by row)."""
+    def _save_rows(self, rows: np.ndarray, keys: list) -> None:
+        """Rows ``rows`` (their keys: ``keys``) into the table, in the per-key format."""
         raise NotImplementedError
 
-    def _save_rows(self, rows: np.ndarray, keys: list) -> None:
-        self.table.fast.update(zip(keys, self.values(rows)))
+    @property
+    def _primes(self) -> bool:
+        """The table builds database keys (RocksDB) and takes them built at once."""
+        return bool(self.max_parallelism) and hasattr(self.table, "prime")
 
     def _prime(self, keys: list, key_arrays: list) -> None:
-        """A table that builds database keys (RocksDB) gets those of ``keys`` (their
-        columns: ``key_arrays``) built at once (:mod:`cutline.state.arrow_keys`), when
-        their types allow."""
-        prime = getattr(self.table, "prime", None)
-        if prime is None or not self.max_parallelism or not key_arrays:
-            return
+        """The table (:attr:`_primes`) gets the database keys of ``keys`` (their columns:
+        ``key_arrays``) built at once (:mod:`cutline.state.arrow_keys`), when their types
+        allow."""
         from .arrow_keys import encode_keys, key_groups
 
-        encoded = encode_keys(key_arrays)
+        encoded = encode_keys(key_arrays) if key_arrays else None
         if encoded is not None:
             names = [str(i) for i in range(len(key_arrays))]
-            prime(keys, key_groups(pa.table(dict(zip(names, key_arrays))), names,
-                                   self.max_parallelism), encoded)
+            self.table.prime(keys, key_groups(pa.table(dict(zip(names, key_arrays))), names,
+                                              self.max_parallelism), encoded)
 
     def save(self) -> None:
-        """The rows changed since the last save into the backend table (per key, in
-        :meth:`values`' format); past ``max_keys`` rows the columns are emptied (read back
-        when seen again)."""
+        """The rows changed since the last save into the backend table (per key, in the
+        per-key format: :meth:`_save_rows`); past ``max_keys`` rows the columns are
+        emptied (read back when seen again)."""
         rows = np.flatnonzero(self.unsaved[:self.size])
         if len(rows):
             self.unsaved[rows] = False
@@ -316,12 +315,7 @@ class ColumnarAggregates(KeyedColumns):
     def rows(self, rows: np.ndarray) -> list[pa.Array]:
         """Rows ``rows`` as Arrow columns: the key columns, then each aggregate's value
         (mean: sum / count, a float; null where nothing was aggregated)."""
-        taken = pa.array(rows, type=pa.int64())
-        out: list[pa.Array] = []
-        for chunks, t in zip(self.key_chunks, self.key_types):
-            if len(chunks) > 1:
-                chunks[:] = [pa.concat_arrays(chunks)]
-            out.append(chunks[0].take(taken) if chunks else pa.array([], type=t))
+        out = self._key_arrays(rows)
         for fn, parts in self.reads:
             if fn == "mean":
                 s, c = parts
@@ -333,6 +327,16 @@ class ColumnarAggregates(KeyedColumns):
                 p = parts[0]
                 out.append(pa.array(self.vals[p][rows], mask=~self.valid[p][rows],
                                     type=self.types[p]))
+        return out
+
+    def _key_arrays(self, rows: np.ndarray) -> list[pa.Array]:
+        """The key columns of rows ``rows`` (Arrow)."""
+        taken = pa.array(rows, type=pa.int64())
+        out: list[pa.Array] = []
+        for chunks, t in zip(self.key_chunks, self.key_types):
+            if len(chunks) > 1:
+                chunks[:] = [pa.concat_arrays(chunks)]
+            out.append(chunks[0].take(taken) if chunks else pa.array([], type=t))
         return out
 
     def compact(self, keep: np.ndarray) -> None:
@@ -368,12 +372,10 @@ class ColumnarAggregates(KeyedColumns):
                 for fn, idx in self.reads]
         return list(zip(*cols))
 
-    values = accumulators  # what save() writes
-
     def _save_rows(self, rows: np.ndarray, keys: list) -> None:
-        if self.max_parallelism:
-            self._prime(keys, self.rows(rows)[:len(self.key_types)])
-        super()._save_rows(rows, keys)
+        if self._primes:
+            self._prime(keys, self._key_arrays(rows))
+        self.table.fast.update(zip(keys, self.accumulators(rows)))
 
 
 def _resized(a: np.ndarray, cap: int) -> np.ndarray:
@@ -563,16 +565,9 @@ class ColumnarRows(KeyedColumns):
             arrays.append(a.view(f.type) if view else a)
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
-    def values(self, rows: np.ndarray) -> Any:
-        """Rows ``rows`` as the table holds them: a tuple of the row's values each."""
-        return self._values(self.batch(rows))
-
-    @staticmethod
-    def _values(batch: pa.RecordBatch) -> Any:
-        return zip(*(c.to_pylist() for c in batch.columns))
-
     def _save_rows(self, rows: np.ndarray, keys: list) -> None:
+        """A tuple of the row's values per key."""
         batch = self.batch(rows)
-        if self.key_columns:
+        if self._primes and self.key_columns:
             self._prime(keys, [batch.column(c) for c in self.key_columns])
-        self.table.fast.update(zip(keys, self._values(batch)))
+        self.table.fast.update(zip(keys, zip(*(c.to_pylist() for c in batch.columns))))
