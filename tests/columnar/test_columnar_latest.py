@@ -242,14 +242,65 @@ def test_rows_emptied_out_and_read_back_order_as_if_held(data, by, saves, max_ke
             held = set(cr.keys)
             cr.take_changed()
             cr.save()
-            if not cr.keys:
-                evicted |= held
+            evicted |= held - set(cr.keys)
     cr.save()
     final = dict(backend)
     for k in cr.keys:
         final[k] = tuple(cr.batch(np.array([cr.index[k]])).to_pylist()[0].values())
     got = {k: dict(zip(SCHEMA.names, v)) for k, v in final.items()}
     assert same_order(got, reference(seen, by), by)
+
+
+def test_past_max_keys_a_save_keeps_the_most_recently_seen_half_and_changed_rows():
+    """The least recently seen keys leave the columns (and only those are read back); the
+    keys seen since the last saves, and rows not yet taken by the update stream, stay."""
+    from cutline.state.columnar import ColumnarRows
+
+    def batch(keys, t):
+        return pa.Table.from_pylist([{"k": k, "t": t, "x": 1.0, "s": ""} for k in keys],
+                                    schema=SCHEMA)
+
+    backend = CountingTable()
+    cr = ColumnarRows(SCHEMA, ["t"], backend, max_keys=4, fresh=True)
+    cr.offer(list("abcdef"), batch("abcdef", 1))
+    cr.take_changed()
+    cr.save()  # 6 rows, none seen since: 2 kept (ties: any 2), 4 emptied out
+    assert len(cr.keys) == 2 and set(backend) == set("abcdef")
+    cr.offer(list("gh"), batch("gh", 2))  # changed, not taken by the update stream
+    cr.save()  # 4 rows: none forgotten
+    assert len(cr.keys) == 4
+    assert cr.offer(list("abc"), batch("abc", 0)).tolist() == []  # seen, not changed
+    cr.save()  # 7 rows: g, h (not taken yet) and the 2 newest (of a, b, c) are kept
+    kept = set(cr.keys)
+    assert len(kept) == 4 and set("gh") <= kept and kept - set("gh") <= set("abc")
+    assert sorted(cr.take_changed().tolist()) == sorted([cr.index["g"], cr.index["h"]])
+    backend.reads.clear()
+    won = cr.offer(list("abcdefgh"), batch("abcdefgh", 3))
+    assert len(won) == 8 and set(backend.reads) == set("abcdefgh") - kept
+    assert {k: v[1] for k, v in backend.items()} == {**dict.fromkeys("abcdef", 1),
+                                                     **dict.fromkeys("gh", 2)}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 40), max_size=15), min_size=1, max_size=12),
+       st.integers(2, 12))
+def test_eviction_keeps_the_keys_seen_at_the_latest_saves(batches_of_keys, max_keys):
+    """After each save the columns hold at most ``max_keys`` rows, and every key seen since
+    the save before (when those fit in half of them) is still held."""
+    from cutline.state.columnar import ColumnarRows
+
+    cr = ColumnarRows(SCHEMA, ["t"], CountingTable(), max_keys=max_keys, fresh=True)
+    for i, keys in enumerate(batches_of_keys):
+        keys = sorted(set(map(str, keys)))
+        cr.offer(keys, pa.Table.from_pylist([{"k": k, "t": i, "x": 1.0, "s": ""}
+                                             for k in keys], schema=SCHEMA))
+        cr.take_changed()
+        cr.save()
+        assert cr.size <= max(max_keys, len(keys))
+        if len(keys) <= max_keys // 2:
+            assert set(keys) <= set(cr.keys)
+        assert cr.index == {k: r for r, k in enumerate(cr.keys)}
+        assert cr.batch(np.arange(cr.size)).column("k").to_pylist() == cr.keys
 
 
 def test_after_a_restore_every_new_key_is_read():

@@ -26,8 +26,8 @@ import pyarrow.compute as pc
 
 from ..logical import LatestSpec, Node, update_interval
 from ..state.columnar import ColumnarRows
-from .batches import Described
-from .operators import Keyed, UserFunctionError
+from .batches import ColumnarKeyed, Described
+from .operators import UserFunctionError
 
 __all__ = ["BatchLatest", "best_per_key"]
 
@@ -53,7 +53,7 @@ def best_per_key(table: pa.Table, keys: list[str], by: list[str]) -> pa.Table:
     return t.take(pa.array(np.flatnonzero(first)))
 
 
-class BatchLatest(Keyed):
+class BatchLatest(ColumnarKeyed):
     """The operator of :meth:`cutline.api.batches.BatchKeyedStream.latest` (the module
     docstring)."""
 
@@ -66,8 +66,7 @@ class BatchLatest(Keyed):
         self.flushes = not self.each
         self.interval = update_interval(spec.updates)
         self.schema: pa.Schema | None = None  # the rows' (the first batch's)
-        self.rows: ColumnarRows | None = None  # the best rows (made with the first batch)
-        self.restored = False  # state came from a snapshot: the backend may hold any key
+        self.columns: ColumnarRows | None = None  # the best rows (made with the first batch)
         # rows held as columns at most (more are emptied out at a snapshot, read back from
         # the backend when seen again): on RocksDB about what its own cache holds
         self.max_keys = ROCKSDB_ROWS if state_backend == "rocksdb" else MEMORY_ROWS
@@ -81,7 +80,7 @@ class BatchLatest(Keyed):
                     raise KeyError(f"no column {missing[0]!r} in the rows (columns: "
                                    f"{', '.join(table.column_names)})")
                 self.schema = table.schema
-                self.rows = ColumnarRows(table.schema, self.by, self.state.table("latest"),
+                self.columns = ColumnarRows(table.schema, self.by, self.state.table("latest"),
                                          max_keys=self.max_keys, track=not self.each,
                                          fresh=not self.restored, key_columns=self.keys,
                                          max_parallelism=self.state.max_parallelism)
@@ -98,11 +97,11 @@ class BatchLatest(Keyed):
         best = self._best(batch)
         if not best.num_rows:
             return []
-        assert self.rows is not None
+        assert self.columns is not None
         key_cols = [best.column(k).to_pylist() for k in self.keys]
         keys = key_cols[0] if len(key_cols) == 1 else list(zip(*key_cols))
         try:
-            won = self.rows.offer(keys, best)
+            won = self.columns.offer(keys, best)
         except TypeError as exc:  # `by` values that do not compare; restored rows that
             # do not fit these
             raise UserFunctionError(self.uid, "latest", Described(batch[0]), exc) from exc
@@ -112,18 +111,7 @@ class BatchLatest(Keyed):
         return [b for b in best.take(pa.array(won)).to_batches() if b.num_rows]
 
     def flush(self) -> list:
-        if self.rows is None:
+        if self.columns is None:
             return []
-        rows = self.rows.take_changed()
-        return [self.rows.batch(rows)] if len(rows) else []
-
-    def snapshot(self) -> Any:
-        if self.rows is not None:
-            self.rows.save()
-        return super().snapshot()
-
-    def restore(self, blobs: list[bytes]) -> None:
-        super().restore(blobs)
-        self.restored = True
-        if self.rows is not None:
-            self.rows.restored()
+        rows = self.columns.take_changed()
+        return [self.columns.batch(rows)] if len(rows) else []

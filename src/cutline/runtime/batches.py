@@ -29,12 +29,12 @@ from ..logical import AggSpec, BatchFunction, Node
 from ..logical import update_interval
 from ..protocol.windows import merge_partial
 from ..state.arrow_keys import key_groups
-from ..state.columnar import ColumnarAggregates, numeric
+from ..state.columnar import ColumnarAggregates, KeyedColumns, numeric
 from ..state.keygroups import subtask_for_key_group
 from .operators import Keyed, Operator, UserFunctionError
 
-__all__ = ["AggSpec", "BatchAggregate", "BatchCombine", "BatchFunction", "decode_batches",
-           "encode_batches", "is_batch_list", "is_partial", "split_by_key"]
+__all__ = ["AggSpec", "BatchAggregate", "BatchCombine", "BatchFunction", "ColumnarKeyed",
+           "decode_batches", "encode_batches", "is_batch_list", "is_partial", "split_by_key"]
 
 FORMATS = ("arrow", "pandas", "polars")
 
@@ -380,7 +380,28 @@ class BatchCombine(HeldPartials, Operator):
         return self._spill()
 
 
-class BatchAggregate(Keyed):
+class ColumnarKeyed(Keyed):
+    """A keyed batch operator whose state is held as columns in front of its backend
+    (:class:`~cutline.state.columnar.KeyedColumns`, made with the first batch it can hold,
+    as ``columns``): written into the backend at each snapshot's synchronous part, forgotten
+    at a restore (the keys are read back from the restored backend when seen again)."""
+
+    columns: KeyedColumns | None = None
+    restored = False  # state came from a snapshot: the backend may hold any key
+
+    def snapshot(self) -> Any:
+        if self.columns is not None:
+            self.columns.save()
+        return super().snapshot()
+
+    def restore(self, blobs: list[bytes]) -> None:
+        super().restore(blobs)
+        self.restored = True
+        if self.columns is not None:
+            self.columns.restored()
+
+
+class BatchAggregate(ColumnarKeyed):
     """``key_by(cols).agg(...)`` on a batch stream: per record batch, ``Table.group_by``
     computes one partial aggregate per key (vectorised), merged into the key's state (one
     tuple of accumulators, on either backend), an update stream, like Spark's update output
@@ -408,7 +429,6 @@ class BatchAggregate(Keyed):
         self.vectorised: bool | None = None  # decided on the first batch (its types)
         self.changed: dict[Any, None] = {}  # key by key: keys changed since the last flush
         self.out_types: list | None = None  # key by key: key and aggregate column types
-        self.restored = False  # state came from a snapshot: the backend may hold any key
 
     def _grouped(self, batch: list) -> tuple[list, list]:
         """The batch (rows and / or partials) as one partial per key: key and part columns."""
@@ -504,17 +524,6 @@ class BatchAggregate(Keyed):
                             else a[j] for a in accs], type=t)
                   for j, ((fn, _), t) in enumerate(zip(reads, self.out_types[nk:]))]
         return [self._batch([*key_arrays, *values])]
-
-    def snapshot(self) -> Any:
-        if self.columns is not None:
-            self.columns.save()
-        return super().snapshot()
-
-    def restore(self, blobs: list[bytes]) -> None:
-        super().restore(blobs)
-        self.restored = True
-        if self.columns is not None:
-            self.columns.restored()
 
 
 # --------------------------------------------------------------------------- routing

@@ -18,8 +18,9 @@ rescaling: :meth:`ColumnarAggregates.save` (the operator calls it in a snapshot'
 synchronous part) writes the rows changed since the last save into the backend table, as
 the per-key path stores them (a tuple of accumulators per key, mean as ``(sum, count)``),
 so a checkpoint, a restore at another parallelism and ``cutline state`` read them as
-always.  Past ``max_keys`` rows the columns are emptied after a save (keys come back from
-the backend when they are seen again), so what memory holds is bounded on RocksDB.
+always.  Past ``max_keys`` rows, a save keeps the half most recently seen and forgets the
+others (they come back from the backend when they are seen again): what memory holds is
+bounded, and the keys a stream keeps seeing (Nexmark's open auctions) stay.
 
 A key seen for the first time is read from the backend only when the backend may hold it
 (:class:`HeldKeys`): in a job that did not restore, the backend holds only keys the columns
@@ -102,6 +103,7 @@ class KeyedColumns:
         self.max_parallelism = max_parallelism  # (0: the table's keys built one by one)
         self.track = track  # keep the rows changed since take_changed
         self.held = HeldKeys(fresh)
+        self.saves = 0  # saves so far: a row's ``seen`` is the count when it was last seen
         self.keys: list[Any] = []
         self.clear()
 
@@ -121,7 +123,38 @@ class KeyedColumns:
         cap = 1024
         self.unsaved = np.zeros(cap, dtype=bool)  # changed since the last save
         self.changed = np.zeros(cap, dtype=bool)  # changed since the last take_changed
+        self.seen = np.zeros(cap, dtype=np.int64)  # ``saves`` when the row was last seen
         self._empty(cap)
+
+    def compact(self, keep: np.ndarray) -> None:
+        """Keep rows ``keep`` (increasing) only, renumbered ``0 .. len(keep) - 1`` in that
+        order; the other keys are forgotten (not written to the backend)."""
+        keys = [self.keys[i] for i in keep.tolist()]
+        self.index = dict(zip(keys, range(len(keys))))
+        self.keys = keys
+        cap = max(1024, 2 * len(keep))
+        self._take(keep, cap)
+        self.unsaved = _resized(self.unsaved[keep], cap)
+        self.changed = _resized(self.changed[keep], cap)
+        self.seen = _resized(self.seen[keep], cap)
+        self.size = len(keep)
+
+    def _take(self, keep: np.ndarray, cap: int) -> None:
+        """The columns made rows ``keep`` only, ``cap`` rows long."""
+        raise NotImplementedError
+
+    def evict(self) -> None:
+        """Past ``max_keys`` rows (every row saved): the half most recently seen are kept
+        (and every row changed since :meth:`take_changed`), the others forgotten, their keys
+        marked as in the backend (:class:`HeldKeys`)."""
+        n = self.size
+        keep = self.changed[:n].copy()
+        newest = np.argsort(self.seen[:n], kind="stable")[n - self.max_keys // 2:]
+        keep[newest] = True
+        gone = np.flatnonzero(~keep)
+        if len(gone):
+            self.held.evicted([self.keys[i] for i in gone.tolist()])
+            self.compact(np.flatnonzero(keep))
 
     def _empty(self, cap: int) -> None:
         """The columns, empty, ``cap`` rows long."""
@@ -140,6 +173,7 @@ class KeyedColumns:
         self._resize(cap)
         self.unsaved = _resized(self.unsaved, cap)
         self.changed = _resized(self.changed, cap)
+        self.seen = _resized(self.seen, cap)
 
     def _add(self, keys: list) -> tuple[np.ndarray, np.ndarray, list, np.ndarray]:
         """The rows of ``keys`` (``rows``), new rows made for those not held: their
@@ -148,6 +182,7 @@ class KeyedColumns:
         rows = np.fromiter(map(index.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
         new = np.flatnonzero(rows < 0)
         if not len(new):
+            self.seen[rows] = self.saves
             return rows, new, [], new
         start = self.size
         self._grow(start + len(new))
@@ -158,6 +193,7 @@ class KeyedColumns:
         self.size = start + len(fresh)
         at = np.arange(start, self.size)
         rows[new] = at
+        self.seen[rows] = self.saves
         return rows, new, fresh, at
 
     def _touched(self, rows: np.ndarray) -> None:
@@ -194,14 +230,15 @@ class KeyedColumns:
 
     def save(self) -> None:
         """The rows changed since the last save into the backend table (per key, in the
-        per-key format: :meth:`_save_rows`); past ``max_keys`` rows the columns are
-        emptied (read back when seen again)."""
+        per-key format: :meth:`_save_rows`); past ``max_keys`` rows the least recently seen
+        are forgotten (:meth:`evict`; read back when seen again)."""
         rows = np.flatnonzero(self.unsaved[:self.size])
         if len(rows):
             self.unsaved[rows] = False
             self._save_rows(rows, [self.keys[i] for i in rows.tolist()])
-        if self.size > self.max_keys and not self.changed[:self.size].any():
-            self.clear()
+        self.saves += 1
+        if self.size > self.max_keys:
+            self.evict()
 
 
 class ColumnarAggregates(KeyedColumns):
@@ -339,23 +376,14 @@ class ColumnarAggregates(KeyedColumns):
             out.append(chunks[0].take(taken) if chunks else pa.array([], type=t))
         return out
 
-    def compact(self, keep: np.ndarray) -> None:
-        """Keep rows ``keep`` (increasing) only, renumbered ``0 .. len(keep) - 1`` in that
-        order; the other keys are forgotten (not written to the backend)."""
-        keys = [self.keys[i] for i in keep.tolist()]
-        self.index = dict(zip(keys, range(len(keys))))
-        self.keys = keys
+    def _take(self, keep: np.ndarray, cap: int) -> None:
         taken = pa.array(keep, type=pa.int64())
         for chunks in self.key_chunks:
             if chunks:
                 whole = chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks)
                 chunks[:] = [whole.take(taken)]
-        cap = max(1024, 2 * len(keep))
         self.vals = [_resized(v[keep], cap) for v in self.vals]
         self.valid = [_resized(m[keep], cap) for m in self.valid]
-        self.unsaved = _resized(self.unsaved[keep], cap)
-        self.changed = _resized(self.changed[keep], cap)
-        self.size = len(keep)
 
     # ------------------------------------------------------------------ the backend
 
@@ -470,6 +498,11 @@ class ColumnarRows(KeyedColumns):
         self.vals = [_resized(v, cap) for v in self.vals]
         self.valid = [_resized(v, cap) for v in self.valid]
         self.has = _resized(self.has, cap)
+
+    def _take(self, keep: np.ndarray, cap: int) -> None:
+        self.vals = [_resized(v[keep], cap) for v in self.vals]
+        self.valid = [_resized(m[keep], cap) for m in self.valid]
+        self.has = _resized(self.has[keep], cap)
 
     def columns(self, table: pa.Table) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """``table``'s columns (of the schema) as numpy, as the rows hold them."""
