@@ -772,10 +772,12 @@ def markdown(rows: list[dict], result: dict) -> str:
     for size in result["sizes"]:
         for query, q in size["queries"].items():
             if q["spark_best"]:
-                lines.append(f"- Spark SQL's best settings, {query} at {size['records']:,}: "
-                             f"{spark_label(q['spark_best'])} (searched: " + "; ".join(
-                                 f"{spark_label(t)} {fmt(t['end_to_end'], '.1f')} s"
-                                 for t in q["spark_search"]) + ")")
+                searched = "; ".join(f"{spark_label(t)} {fmt(t['end_to_end'], '.1f')} s"
+                                     for t in q["spark_search"])
+                lines.append(f"- Spark SQL's settings, {query} at {size['records']:,}: "
+                             f"{spark_label(q['spark_best'])} " + (
+                                 f"(the best of: {searched})" if searched else
+                                 "(the only one given: `--spark-grid`; not searched)"))
         for f in size["input"].values():
             lines.append(f"- input `{Path(f['directory']).name}` at {size['records']:,}: "
                          f"{f['files']} files, {f['bytes']:,} bytes")
