@@ -341,5 +341,7 @@ def test_held_keys_say_maybe_for_every_key_emptied_out_and_only_those(evictions,
     got = held.maybe(asked).tolist()
     hashes = {hash(k) for k in gone}  # (a key sharing an emptied key's hash: read too)
     assert got == ([hash(k) in hashes for k in asked] if fresh else [True] * len(asked))
+    if fresh:  # each hash once, sorted: a key emptied out again is not added twice
+        assert held.hashes.tolist() == sorted(hashes)
     held.restored()
     assert held.maybe(asked).tolist() == [True] * len(asked)

@@ -71,11 +71,22 @@ class HeldKeys:
         if self.hashes is None or not keys:
             return
         h = np.unique(np.fromiter(map(hash, keys), dtype=np.int64, count=len(keys)))
+        h = h[~self._held(h)]  # (a key emptied out again, after it was read back)
         # merged into the sorted ones without sorting them again (np.union1d did, at every
-        # eviction: a tenth of q18's time at 10 M events); a hash there twice is harmless
+        # eviction: a tenth of q18's time at 10 M events)
         self.hashes = np.insert(self.hashes, np.searchsorted(self.hashes, h), h)
         if len(self.hashes) > self.limit:
             self.hashes = None
+
+    def _held(self, h: np.ndarray) -> np.ndarray:
+        """Per hash of ``h``, whether it is one of :attr:`hashes` (a binary search each:
+        np.isin sorts them all)."""
+        held = self.hashes
+        assert held is not None
+        if not len(held):
+            return np.zeros(len(h), dtype=bool)
+        at = np.minimum(np.searchsorted(held, h), len(held) - 1)
+        return held[at] == h
 
     def maybe(self, keys: list) -> np.ndarray:
         """Per key (none of them in the columns), whether the backend may hold it."""
@@ -83,10 +94,7 @@ class HeldKeys:
             return np.ones(len(keys), dtype=bool)
         if not len(self.hashes):
             return np.zeros(len(keys), dtype=bool)
-        h = np.fromiter(map(hash, keys), dtype=np.int64, count=len(keys))
-        held = self.hashes  # sorted: a binary search per key (np.isin sorts them all)
-        at = np.minimum(np.searchsorted(held, h), len(held) - 1)
-        return held[at] == h
+        return self._held(np.fromiter(map(hash, keys), dtype=np.int64, count=len(keys)))
 
 
 class KeyedColumns:
