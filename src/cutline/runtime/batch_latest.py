@@ -67,8 +67,9 @@ class BatchLatest(ColumnarKeyed):
         self.interval = update_interval(spec.updates)
         self.schema: pa.Schema | None = None  # the rows' (the first batch's)
         self.columns: ColumnarRows | None = None  # the best rows (made with the first batch)
-        # rows held as columns at most (more are emptied out at a snapshot, read back from
-        # the backend when seen again): on RocksDB about what its own cache holds
+        # rows held as columns at most (past it a snapshot keeps the half most recently
+        # seen; the others are read back from the backend when seen again): on RocksDB
+        # about what its own cache holds
         self.max_keys = ROCKSDB_ROWS if state_backend == "rocksdb" else MEMORY_ROWS
 
     def _best(self, batch: list) -> pa.Table:

@@ -102,7 +102,8 @@ class KeyedColumns:
     (``index``: key -> row, ``keys`` by row), which rows changed since the last save
     (``unsaved``) and since the last :meth:`take_changed` (``changed``, when ``track``), the
     backend's ``table`` saved into and read from, and which keys it may hold
-    (:class:`HeldKeys`).  A subclass holds its columns (:meth:`_empty`, :meth:`_resize`).
+    (:class:`HeldKeys`).  A subclass holds its columns (:meth:`_empty`, :meth:`_resize`,
+    :meth:`_take`).
     """
 
     def __init__(self, table: Any, max_keys: int, track: bool, fresh: bool,
@@ -480,8 +481,8 @@ class ColumnarRows(KeyedColumns):
     keys, a key seen for the first time is read from ``table`` (the backend's) when it may
     be there (:class:`HeldKeys`), :meth:`save` writes the rows changed since the last save
     into ``table`` in the per-key format (a tuple of the row's Python values, as
-    ``to_pylist`` gives them, in the schema's order), and past ``max_keys`` rows the columns
-    are emptied after a save.
+    ``to_pylist`` gives them, in the schema's order), and past ``max_keys`` rows a save
+    forgets the least recently seen (:meth:`KeyedColumns.evict`).
     """
 
     def __init__(self, schema: pa.Schema, by: list[str], table: Any,
