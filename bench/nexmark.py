@@ -1436,16 +1436,23 @@ def summarise_kills(runs: dict, queries: list[str], latency: list[dict]) -> list
             base = lat.get("cutline_p99") if system == "cutline" else \
                 (lat.get("spark_p99") or {}).get(SPARK_DEFAULT)
             bound = max(CAUGHT_UP_FLOOR, CAUGHT_UP_FACTOR * base) if base else None
-            times, spans, what = [], [], None
+            times, spans, firsts, what = [], [], [], None
             for r in runs.get(f"kill {q} {system}", []):
                 if r and bound is not None and r.get("killed"):
                     points, at = [tuple(p) for p in r["points"]], r["killed"]["time"]
                     times.append(caught_up(points, at, bound))
                     spans.append(max((w for w, _ in points), default=at) - at)
+                    firsts.append(min((w for w, _ in points if w >= at), default=at) - at)
                     what = r["killed"].get("what")
-            # None in a round: not caught up by the run's last commit, ``after_kill`` s on
+            # None in a round: not caught up by the run's last commit, ``after_kill`` s on.
+            # ``first_only``: in every round the first result after the kill was already on
+            # time: the outage held back no result, and the figure only bounds it (a query
+            # whose results are seconds apart: q11's sessions)
             row[system] = {"bound": bound, "caught_up": median(times), "per_round": times,
-                           "after_kill": spans, "killed": what}
+                           "after_kill": spans, "first_result": firsts,
+                           "first_only": bool(times) and all(
+                               t is not None and t == f for t, f in zip(times, firsts)),
+                           "killed": what}
         rows.append(row)
     return rows
 
@@ -1454,7 +1461,8 @@ def caught_up_text(side: dict) -> str:
     """The median seconds to caught up, or "> N" (not caught up in the run, N s after the
     kill)."""
     if side["caught_up"] is not None:
-        return fmt(side["caught_up"], ".2f")
+        # "<=": no result was held back by the outage, the first after it came this late
+        return ("<= " if side.get("first_only") else "") + fmt(side["caught_up"], ".2f")
     return f"> {min(side['after_kill']):.0f}" if side["after_kill"] else "-"
 
 

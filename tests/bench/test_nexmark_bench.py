@@ -54,6 +54,23 @@ def test_caught_up_is_the_first_commit_from_which_results_stay_fast_for_a_while(
     assert nx.caught_up_text(side | {"caught_up": 5.0}) == "5.00"
 
 
+def test_a_kill_that_held_back_no_result_only_bounds_the_recovery(nx):
+    """Sessions 10 s apart: the first result after the kill came 13 s later and on time;
+    the figure is shown as a bound ("<= 13.00"), not as 13 s of outage."""
+    kill, bound = 100.0, 0.5
+    quiet = [(90.0, 0.2), (113.0, 0.2), (114.0, 0.2), (120.0, 0.2), (125.0, 0.2)]
+    slow = [(90.0, 0.2), (101.5, 1.4), (103.0, 0.2), (104.0, 0.2), (120.0, 0.2)]
+    runs = {"kill q11 cutline": [{"points": quiet, "killed": {"time": kill, "what": "w"}}],
+            "kill q11 spark": [{"points": slow, "killed": {"time": kill, "what": "a"}}]}
+    latency = [{"query": "q11", "cutline_p99": 0.2, "spark_p99": {nx.SPARK_DEFAULT: 0.2}}]
+    row = nx.summarise_kills(runs, ["q11"], latency)[0]
+    assert row["cutline"]["first_only"] and row["cutline"]["first_result"] == [13.0]
+    assert nx.caught_up_text(row["cutline"]) == "<= 13.00"
+    assert not row["spark"]["first_only"]  # a result was held back: the recovery shows
+    assert nx.caught_up_text(row["spark"]) == "3.00"
+    assert row["spark"]["bound"] == bound
+
+
 def test_a_merged_run_replaces_its_queries_runs_and_rows_and_keeps_the_rest(nx):
     settings = {"quick": False, "rate": 500.0, "latency_seconds": 25.0, "kill_seconds": 50.0,
                 "warmup": 5.0}
