@@ -20,7 +20,7 @@ the per-key path stores them (a tuple of accumulators per key, mean as ``(sum, c
 so a checkpoint, a restore at another parallelism and ``cutline state`` read them as
 always.  Past ``max_keys`` rows, a save keeps the half most recently seen and forgets the
 others (they come back from the backend when they are seen again): what memory holds is
-bounded, and the keys a stream keeps seeing (Nexmark's open auctions) stay.
+bounded, and the keys a stream keeps seeing (a skewed stream's hot keys) stay.
 
 A key seen for the first time is read from the backend only when the backend may hold it
 (:class:`HeldKeys`): in a job that did not restore, the backend holds only keys the columns
