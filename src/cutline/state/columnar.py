@@ -123,9 +123,7 @@ class KeyedColumns:
         self.clear()
 
     def clear(self) -> None:
-        """Forget every row (after a save; its keys are in the table)."""
-        if self.keys:
-            self.held.evicted(self.keys)
+        """No rows (at the start, and after a restore: :meth:`restored`)."""
         self.index: dict[Any, int] = {}
         self.keys = []
         self.size = 0
