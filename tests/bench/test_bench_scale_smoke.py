@@ -3,6 +3,7 @@ output checked against the input's counts, Spark's read schema checked, results 
 exit code; ``--break-output`` (cutline drops one input record) fails the benchmark.
 Numbers are not checked: this is a benchmark, not a test."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -74,7 +75,11 @@ def test_scale_every_case_and_both_queries(tmp_path):
     proc, result = scale(tmp_path, "--sizes", "3000,6000", timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert result["failures"] == []
-    assert len(result["summary"]) == 2 * 2 * 6
+    # six systems for both queries at both sizes, and Bytewax (keyed only) when installed
+    bytewax = importlib.util.find_spec("bytewax") is not None
+    assert len(result["summary"]) == 2 * 2 * 6 + (2 if bytewax else 0)
+    assert {r["query"] for r in result["summary"] if r["system"] == "bytewax -w2"} == \
+        ({"keyed"} if bytewax else set())
     # growth where both sizes have a figure: runs at a load above 1.5 per core (this test
     # under the suite's other worker) are kept out of the figures, as in a real run
     growth = [r for r in result["summary"] if r["records"] == 6000 and "cost_growth" in r]

@@ -71,6 +71,18 @@ def test_a_kill_that_held_back_no_result_only_bounds_the_recovery(nx):
     assert row["spark"]["bound"] == bound
 
 
+def test_q11_is_killed_after_its_first_sessions_close_the_others_at_20_percent(nx):
+    ctx = {"kill_seconds": 50.0, "kill_queries": ["q3", "q11"]}
+    assert nx.kill_time(ctx, "q3") == pytest.approx(10.0)
+    assert nx.kill_time(ctx, "q11") == pytest.approx(30.0)  # its first sessions: ~23 s in
+    cases = dict(nx.kill_cases(ctx))
+    assert list(cases) == ["kill q3 cutline", "kill q3 spark", "kill q11 cutline",
+                           "kill q11 spark"]
+    # each case closes over its own query's kill time (not the loop's last)
+    assert [c.__defaults__ for c in cases.values()] == [
+        ("q3", 10.0), ("q3", 10.0), ("q11", 30.0), ("q11", 30.0)]
+
+
 def test_a_merged_run_replaces_its_queries_runs_and_rows_and_keeps_the_rest(nx):
     settings = {"quick": False, "rate": 500.0, "latency_seconds": 25.0, "kill_seconds": 50.0,
                 "warmup": 5.0}
