@@ -1601,6 +1601,13 @@ def merge_into(old: dict, new: dict) -> dict:
         rows = {r["query"]: r for r in old.get(key) or []} | {
             r["query"]: r for r in new.get(key) or []}
         out[key] = [rows[q] for q in Q.QUERIES if q in rows]
+    # the new kill runs judged against the merged latency rows: a kill-only run (``--only
+    # kill``) has no failure-free p99 of its own to bound "caught up" by
+    killed = [q for part, q in done if part == "kill"]
+    if killed:
+        rows = {r["query"]: r for r in out["kills"]} | {
+            r["query"]: r for r in summarise_kills(out["runs"], killed, out["latency"])}
+        out["kills"] = [rows[q] for q in Q.QUERIES if q in rows]
     tp_new = (new.get("throughput") or {}).get("queries") or {}
     if tp_new:
         if (old.get("throughput") or {}).get("input", {}).get("events") != \
@@ -1823,6 +1830,10 @@ def main(argv: list[str] | None = None) -> int:
         merged = merge_into(json.loads(args.merge_into.read_text()), result)
         merged["plots"] = plot(merged, args.merge_into.with_suffix(""))
         write_results(args.merge_into, merged, console, note=" (merged)")
+        if kill_rows and not lat_rows:  # bounded by the merged failure-free p99s
+            print_kills(console, [r for r in merged["kills"]
+                                  if r["query"] in ctx["kill_queries"]],
+                        f"; bounds from {args.merge_into.name}'s latency runs")
     if failures:
         console.print(f"[red]{len(failures)} run(s) FAILED[/] (an error, a restarted job, or "
                       "an output that differs from Spark's): the benchmark fails",
@@ -1868,16 +1879,20 @@ def print_latency(console: Any, args: argparse.Namespace, lat_rows: list[dict],
                           f"{fmt(row['spark_add_batch_p50'][x])}" for x in triggers])
         console.print(tab)
     if kill_rows:
-        tab = table("kill -9 to caught up (s): back under 2x the failure-free p99 (>= 0.5 s) "
-                    "for 10 s.  cutline: one task's Spark Python worker; Spark: the "
-                    "application (driver Python + JVM), restarted from its checkpoint",
-                    ["query", "cutline", "cutline bound", "Spark", "Spark bound"],
-                    left=("query",))
-        for row in kill_rows:
-            c, s_ = row["cutline"], row["spark"]
-            tab.add_row(row["query"], caught_up_text(c), fmt(c["bound"], ".2f"),
-                        caught_up_text(s_), fmt(s_["bound"], ".2f"))
-        console.print(tab)
+        print_kills(console, kill_rows)
+
+
+def print_kills(console: Any, kill_rows: list[dict], note: str = "") -> None:
+    tab = table("kill -9 to caught up (s): back under 2x the failure-free p99 (>= 0.5 s) "
+                "for 10 s.  cutline: one task's Spark Python worker; Spark: the "
+                "application (driver Python + JVM), restarted from its checkpoint" + note,
+                ["query", "cutline", "cutline bound", "Spark", "Spark bound"],
+                left=("query",))
+    for row in kill_rows:
+        c, s_ = row["cutline"], row["spark"]
+        tab.add_row(row["query"], caught_up_text(c), fmt(c["bound"], ".2f"),
+                    caught_up_text(s_), fmt(s_["bound"], ".2f"))
+    console.print(tab)
 
 
 if __name__ == "__main__":

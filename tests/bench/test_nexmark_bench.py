@@ -108,5 +108,19 @@ def test_a_merged_run_replaces_its_queries_runs_and_rows_and_keeps_the_rest(nx):
     assert got["kills"] == old["kills"] and got["summary"] == old["summary"]
     assert got["merged"] == [{"runs": ["lat q8"], "stamp": {"when": "now"},
                               "git": {"commit": "c"}, "load": {"p50": 1.0}, "failures": []}]
+    # a kill-only run (no latency runs of its own): its kills are bounded by the merged
+    # file's failure-free p99s, the other queries' kill rows kept
+    killed = {"points": [(99.0, 0.2), (101.0, 3.0), (102.0, 0.3), (113.0, 0.3)],
+              "killed": {"time": 100.0, "what": "w"}}
+    kill_only = settings | {
+        "runs": {"kill q7 cutline": [killed], "kill q7 spark": [killed]},
+        "latency": [], "kills": [{"query": "q7", "cutline": None}], "summary": [],
+        "stamp": {}, "git": {}, "load": {}, "failures": []}
+    got = nx.merge_into(old | {"latency": [{"query": "q7", "cutline_p99": 0.4,
+                                            "spark_p99": {nx.SPARK_DEFAULT: 0.2}}]}, kill_only)
+    assert [r["query"] for r in got["kills"]] == ["q7", "q8"]
+    q7 = got["kills"][0]
+    assert q7["cutline"]["bound"] == pytest.approx(0.8) and q7["spark"]["bound"] == 0.5
+    assert q7["cutline"]["caught_up"] == q7["spark"]["caught_up"] == pytest.approx(2.0)
     with pytest.raises(SystemExit, match="rate 500.0 there, 250.0 here"):
         nx.merge_into(old, new | {"rate": 250.0})
