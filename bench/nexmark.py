@@ -1597,17 +1597,13 @@ def merge_into(old: dict, new: dict) -> dict:
     runs = {n: r for n, r in old.get("runs", {}).items() if _part(n) not in done}
     runs |= {n: r for n, r in new["runs"].items() if _part(n) in done}
     out = old | {"runs": {n: runs[n] for n in sorted(runs, key=_run_order)}}
-    for key in ("latency", "kills", "headline"):
-        rows = {r["query"]: r for r in old.get(key) or []} | {
-            r["query"]: r for r in new.get(key) or []}
-        out[key] = [rows[q] for q in Q.QUERIES if q in rows]
+    out["latency"] = _by_query(old.get("latency"), new.get("latency"))
     # the new kill runs judged against the merged latency rows: a kill-only run (``--only
     # kill``) has no failure-free p99 of its own to bound "caught up" by
     killed = [q for part, q in done if part == "kill"]
-    if killed:
-        rows = {r["query"]: r for r in out["kills"]} | {
-            r["query"]: r for r in summarise_kills(out["runs"], killed, out["latency"])}
-        out["kills"] = [rows[q] for q in Q.QUERIES if q in rows]
+    out["kills"] = _by_query(old.get("kills"),
+                             summarise_kills(new["runs"], killed, out["latency"]))
+    out["headline"] = _by_query(old.get("headline"), new.get("headline"))
     tp_new = (new.get("throughput") or {}).get("queries") or {}
     if tp_new:
         if (old.get("throughput") or {}).get("input", {}).get("events") != \
@@ -1624,6 +1620,12 @@ def merge_into(old: dict, new: dict) -> dict:
             f"throughput {q}" for q in tp_new), "stamp": new["stamp"], "git": new["git"],
         "load": new["load"], "failures": new["failures"]}]
     return out
+
+
+def _by_query(old: list[dict] | None, new: list[dict] | None) -> list[dict]:
+    """Rows of a table per query, ``new``'s in place of ``old``'s, in the queries' order."""
+    rows = {r["query"]: r for r in old or []} | {r["query"]: r for r in new or []}
+    return [rows[q] for q in Q.QUERIES if q in rows]
 
 
 def _run_order(name: str) -> tuple:
@@ -1678,8 +1680,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--latency-rounds", type=positive_int, default=None,
                     help="latency and kill runs: rounds (default 3, quick 1)")
     ap.add_argument("--kill-seconds", type=positive_float, default=None,
-                    help=f"kill runs: seconds of input, the kill at {KILL_AT * 100:.0f}%% "
-                         "(q11's at 60%%; default 50, quick 40)")
+                    help=f"kill runs: seconds of input, the kill at {KILL_AT * 100:.0f}%% ("
+                         + "".join(f"{q}'s at {f * 100:.0f}%%; "
+                                   for q, f in KILL_AT_QUERY.items())
+                         + "default 50, quick 40)")
     ap.add_argument("--warmup", type=positive_float, default=None,
                     help="latency runs: seconds of input not counted (default 20, quick 2)")
     ap.add_argument("--spark-drop-batches", type=int, default=None,
