@@ -480,16 +480,21 @@ def event_seconds(batch: Any) -> Any:
 def q5_local_top(batch: Any) -> Any:
     """Of one subtask's fired (auction, window, count) rows, those with the most bids of
     their window *here*: no other row can be the window's hottest over all subtasks."""
-    import numpy as np
-
     if not batch.num_rows:
         return batch
-    start = batch.column("start").to_numpy()
-    count = batch.column("count").to_numpy()
-    _, window = np.unique(start, return_inverse=True)
-    top = np.zeros(window.max() + 1, dtype=count.dtype)
-    np.maximum.at(top, window, count)
-    return batch.filter(count == top[window])
+    return batch.filter(at_group_max(batch.column("start").to_numpy(),
+                                     batch.column("count").to_numpy()))
+
+
+def at_group_max(group: Any, values: Any) -> Any:
+    """Per row (numpy arrays): whether its integer value is the largest of its group's (all
+    of them on a tie)."""
+    import numpy as np
+
+    _, g = np.unique(group, return_inverse=True)
+    top = np.full(g.max() + 1, np.iinfo(values.dtype).min, dtype=values.dtype)
+    np.maximum.at(top, g, values)
+    return values == top[g]
 
 
 def window_bounds(r: dict) -> tuple:
@@ -520,11 +525,7 @@ def q7_local_top(batch: Any) -> Any:
         return batch
     when = batch.column("dateTime").to_numpy()
     start = when - when % (WINDOW * 1000)
-    price = batch.column("price").to_numpy()
-    starts, window = np.unique(start, return_inverse=True)
-    top = np.full(len(starts), np.iinfo(np.int64).min, dtype=np.int64)
-    np.maximum.at(top, window, price)
-    at_top = np.flatnonzero(price == top[window])
+    at_top = np.flatnonzero(at_group_max(start, batch.column("price").to_numpy()))
     t = pa.Table.from_batches([batch.take(pa.array(at_top))]).append_column(
         "start", pa.array(start[at_top]))
     return first_of_each(t, Q7_ORDER, ["start"]).drop_columns(["start"])
