@@ -136,10 +136,15 @@ def _check_held_job(url: str, job_name: str, tmp_path: Path, engine: str) -> dic
     # checkpoint 1, the final one, as committed: its state files' sizes, per task
     (ck,) = job["checkpoints"]["history"]
     assert (ck["id"], ck["status"], ck["final"], ck["attempt"]) == (1, "completed", True, 0)
-    files = sorted(f.stat().st_size for f in (tmp_path / "chk" / job_name / "chk-1").glob(
-        "*.state"))
+    # bytes written: the state file, and the keyed state's files in shared/ (the in-memory
+    # backend's incremental snapshots, under its operator's "<uid>.<subtask>")
+    job_dir = tmp_path / "chk" / job_name
+    files = sorted(f.stat().st_size + sum(x.stat().st_size for x in
+                                          (job_dir / "shared" / f.stem).glob("1-*"))
+                   for f in (job_dir / "chk-1").glob("*.state"))
     assert sorted(t["bytes"] for t in ck["tasks"]) == files
-    assert ck["bytes"] == sum(files)
+    assert ck["bytes"] == sum(files) > sum(f.stat().st_size
+                                           for f in (job_dir / "chk-1").glob("*.state"))
     assert [t["task"] for t in ck["tasks"]] == sorted(want)
     assert (ck["in_flight"], ck["in_flight_bytes"]) == (0, 0)  # aligned: no channel state
     for t in ck["tasks"]:

@@ -386,9 +386,13 @@ def _from_metadata(h: Any, config: dict[str, Any] | None) -> dict[str, Any]:
     md = h.metadata
     final = bool(md.get("final"))
     tasks = [{"task": t, "bytes": int(i.get("size") or 0)} for t, i in sorted(h.states.items())]
+    # bytes written: the state files, and the shared files uploaded for this checkpoint
+    # (named "<id>-<sha256>": state backends' incremental files)
+    uploaded = sum(int(i.get("size") or 0) for rel, i in h.shared.items()
+                   if rel.rsplit("/", 1)[-1].startswith(f"{h.id}-"))
     return {"id": h.id, "status": "completed", "attempt": md.get("attempt"),
             "triggered": None, "committed": md.get("time"), "duration": None,
-            "bytes": sum(t["bytes"] for t in tasks), "in_flight": None,
+            "bytes": sum(t["bytes"] for t in tasks) + uploaded, "in_flight": None,
             "in_flight_bytes": None, "alignment": None, "final": final,
             "savepoint": h.is_savepoint,
             "type": _dash.checkpoint_type(config or _metadata_config(md),

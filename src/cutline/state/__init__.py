@@ -1,7 +1,8 @@
 """State backends: keyed state by key group, snapshotted and restored per subtask.
 
 * ``memory`` (:class:`~cutline.state.memory.MemoryStateBackend`): a dict per key group;
-  the fastest, bounded by the task's memory; a snapshot is the pickled dicts.
+  the fastest, bounded by the task's memory; a checkpoint stores what changed since the
+  last one (:mod:`cutline.state.changelog`), and a full snapshot now and then.
 * ``rocksdb`` (:class:`~cutline.state.rocksdb.RocksDBStateBackend`): an embedded RocksDB on
   local disk behind a small write-back cache; state larger than memory, incremental
   checkpoints uploaded in the background.
@@ -33,11 +34,12 @@ def create_backend(kind: str, key_groups: range, max_parallelism: int, *,
                    name: str = "state", storage: Any = None) -> KeyedStateBackend:
     """The state backend ``kind`` for a keyed operator subtask owning ``key_groups``;
     ``name`` (``<operator uid>.<subtask>``) and ``storage`` (the job's checkpoint storage)
-    matter to RocksDB only."""
+    name and hold the files of incremental snapshots (without storage, an in-memory
+    backend's snapshots are whole)."""
     if kind == "memory":
         from .memory import MemoryStateBackend
 
-        return MemoryStateBackend(key_groups, max_parallelism)
+        return MemoryStateBackend(key_groups, max_parallelism, name=name, storage=storage)
     if kind == "rocksdb":
         from .rocksdb import RocksDBStateBackend
 

@@ -256,13 +256,22 @@ class ValueState:
         self._table.delete(self._key)
 
 
-def iter_memory_entries(blobs: Iterable[bytes]) -> Iterable[tuple[int, tuple[str, Any], Any]]:
-    """``(key group, (state name, key), value)`` of in-memory snapshots (the in-memory
-    backend's format, ``{group: {(name, key): value}}`` pickled): a RocksDB backend restores
+def iter_memory_entries(blobs: Iterable[bytes], key_groups: range | None = None,
+                        storage: Any = None) -> Iterable[tuple[int, tuple[str, Any], Any]]:
+    """``(key group, (state name, key), value)`` of in-memory snapshots, for the key groups
+    in ``key_groups`` (``None``: all): the pickled ``{group: {(name, key): value}}`` of a
+    backend without checkpoint storage, or the manifest of a chain of them
+    (:mod:`cutline.state.changelog`, read from ``storage``).  A RocksDB backend restores
     them with it (here, not in :mod:`.memory`, so neither backend's module imports the
     other's but for the in-memory backend's restore of a RocksDB snapshot, when rocksdict
     is needed)."""
+    from .changelog import is_changelog_snapshot, iter_entries
+
     for blob in blobs:
+        if is_changelog_snapshot(blob):
+            yield from iter_entries(blob, key_groups, storage)
+            continue
         for g, table in pickle.loads(blob).items():
-            for slot, value in table.items():
-                yield g, slot, value
+            if key_groups is None or g in key_groups:
+                for slot, value in table.items():
+                    yield g, slot, value

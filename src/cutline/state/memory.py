@@ -1,9 +1,16 @@
 """In-memory keyed state, organised by key group so it can move between subtasks.
 
 Behind the tables' ``fast`` dicts (:mod:`cutline.state.backend`) the state is
-``{key group: {(state name, key): value}}``, which is also the snapshot (pickled): a hot
-key costs one dict lookup and one store per record, and its key group is found once per
-merge, not per record.
+``{key group: {(state name, key): value}}``: a hot key costs one dict lookup and one store
+per record, and its key group is found once per merge, not per record.
+
+Snapshots: with the job's checkpoint storage (as in a running job) they are incremental
+(:mod:`cutline.state.changelog`): the backend logs which entries change between
+checkpoints (the keys of each spill, the timers and the per-key-group values it writes in
+place, what TTL cleanup drops), and a checkpoint pickles only those entries, on the task's
+thread, as a delta on the previous checkpoint's chain; its upload thread stores it as a
+shared file.  A full snapshot starts a new chain when the deltas since the last one hold as
+many entries as the state.  Without storage a snapshot is the pickled key-group dicts.
 """
 
 from __future__ import annotations
@@ -13,6 +20,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .backend import MISSING, KeyedStateBackend, StateTable
+from .changelog import (
+    CHAIN_MAX, TOMBSTONE, apply_file, encode_manifest, is_changelog_snapshot, manifest,
+    read_groups,
+)
 from .keygroups import key_group
 from .timers import MemoryTimerQueue
 
@@ -28,13 +39,26 @@ class MemoryStateBackend(KeyedStateBackend):
     from behind ``fast`` remembers where it lives (its key group's dict and its
     ``(name, key)`` slot) until the next merge, so the merge, on the snapshot's synchronous
     path, neither hashes the key nor allocates.
+
+    ``storage`` (the job's checkpoint storage) makes snapshots incremental, stored as
+    shared files under ``name`` (``<operator uid>.<subtask>``); without it a snapshot is
+    the pickled key-group dicts.
     """
 
     def __init__(self, key_groups: range, max_parallelism: int, *,
-                 dirty_entries: int = 100_000) -> None:
+                 dirty_entries: int = 100_000, name: str = "state",
+                 storage: Any = None) -> None:
         super().__init__(key_groups, max_parallelism, dirty_entries)
         self._groups: dict[int, dict[tuple[str, Any], Any]] = {}
         self._slot_max = dirty_entries + 1024  # bounds each table's remembered slots
+        self.name, self.storage = name, storage
+        # the changelog (with storage): keys written or deleted through the tables since
+        # the last snapshot, per state name, and (key group, slot) written in place
+        self._log_keys: dict[str, set] | None = {} if storage is not None else None
+        self._log_slots: set[tuple[int, tuple[str, Any]]] = set()
+        self._log_lost = False  # the log outgrew the state and was dropped: next is full
+        self._last: _Link | None = None  # the last snapshot's link in its chain
+        self._since_full = 0  # entries in the deltas of that chain
 
     def _new_table(self, name: str) -> StateTable:
         return _MemoryTable(self, name)
@@ -43,11 +67,14 @@ class MemoryStateBackend(KeyedStateBackend):
         return MemoryTimerQueue(self, name)
 
     def put_group_value(self, name: str, value: Any) -> None:
+        slot = (name, b"")
         for g in self.key_groups:
             d = self._groups.get(g)
             if d is None:
                 d = self._groups[g] = {}
-            d[(name, b"")] = value
+            d[slot] = value
+        if self._log_keys is not None:
+            self._log_slots.update((g, slot) for g in self.key_groups)
 
     def group_values(self, name: str) -> list[Any]:
         slot = (name, b"")
@@ -82,6 +109,10 @@ class MemoryStateBackend(KeyedStateBackend):
                 del d[slot]
             elif new is not v:
                 d[slot] = new
+            else:
+                continue
+            if self._log_keys is not None:
+                self._log_keys.setdefault(name, set()).add(slot[1])
 
     def _group_dict(self, key: Any) -> dict[tuple[str, Any], Any]:
         """The dict of ``key``'s key group (an error if this subtask does not own it)."""
@@ -105,6 +136,37 @@ class MemoryStateBackend(KeyedStateBackend):
                 else:
                     table[slots[k]] = v
             t.forget()  # the next merge writes what is read (and placed) anew
+            if self._log_keys is not None:
+                log = self._log_keys.get(name)
+                if log is None:
+                    log = self._log_keys[name] = set()
+                log.update(fast)
+                log.update(t.deleted)
+        self._bound_log()
+
+    def log_slot(self, g: int, slot: tuple[str, Any]) -> None:
+        """An entry written in place (a timer): the next incremental snapshot holds it."""
+        if self._log_keys is not None:
+            self._log_slots.add((g, slot))
+
+    def _logged(self) -> int:
+        assert self._log_keys is not None
+        return sum(map(len, self._log_keys.values())) + len(self._log_slots)
+
+    def _bound_log(self) -> None:
+        """A log longer than the state (keys written and deleted again and again) is
+        dropped: the next snapshot is a full one, which costs no more than that delta."""
+        if self._log_keys is None or self._logged() <= self._dirty_max:
+            return
+        if self._logged() > 2 * sum(map(len, self._groups.values())) + self._dirty_max:
+            self._log_keys.clear()
+            self._log_slots.clear()
+            self._log_lost = True
+
+    def after_batch(self) -> None:
+        super().after_batch()
+        if len(self._log_slots) > self._dirty_max:  # timers (written in place)
+            self._bound_log()
 
     def keys(self) -> int:
         self.spill()
@@ -116,26 +178,85 @@ class MemoryStateBackend(KeyedStateBackend):
             for (name, key), value in table.items():
                 yield g, name, key, value
 
-    def snapshot(self) -> bytes:
-        """All state as bytes, by key group (user objects are pickled)."""
+    def snapshot(self) -> bytes | MemorySnapshot:
+        """The state as of now: without storage, bytes (the key-group dicts pickled); with
+        it, a :class:`MemorySnapshot` whose file (a delta on the last snapshot, or a full
+        one) is pickled now and uploaded by its ``finish``."""
         self.spill()
-        return pickle.dumps({g: t for g, t in self._groups.items() if t}, protocol=5)
+        groups = self._groups
+        if self._log_keys is None:
+            return pickle.dumps({g: t for g, t in groups.items() if t}, protocol=5)
+        changed = self._logged()
+        last = self._last
+        if (last is None or self._log_lost or last.length >= CHAIN_MAX
+                or self._since_full + changed > sum(map(len, groups.values()))):
+            link = _Link(None, pickle.dumps({g: t for g, t in groups.items() if t}, 5))
+            self._since_full = 0
+        else:
+            link = _Link(last, pickle.dumps(self._delta(), 5))
+            self._since_full += changed
+        self._log_keys.clear()
+        self._log_slots.clear()
+        self._log_lost = False
+        self._last = link
+        return MemorySnapshot(self, link, self._since_full)
+
+    def _delta(self) -> dict[int, dict[tuple[str, Any], Any]]:
+        """The logged entries' values now (:data:`TOMBSTONE`: deleted), by key group."""
+        assert self._log_keys is not None
+        groups, maxp = self._groups, self.max_parallelism
+        delta: dict[int, dict[tuple[str, Any], Any]] = {}
+        empty: dict = {}
+
+        def put(g: int, slot: tuple[str, Any]) -> None:
+            t = delta.get(g)
+            if t is None:
+                t = delta[g] = {}
+            t[slot] = groups.get(g, empty).get(slot, TOMBSTONE)
+
+        for name, keys in self._log_keys.items():
+            for k in keys:
+                put(key_group(k, maxp), (name, k))
+        for g, slot in self._log_slots:
+            put(g, slot)
+        return delta
 
     def restore(self, blobs: Iterable[bytes]) -> None:
-        """Load the key groups this subtask owns from any number of snapshots (rescaling),
-        in-memory ones or RocksDB ones (a job may switch backends)."""
+        """Load the key groups this subtask owns from any number of snapshots (rescaling):
+        in-memory ones (a chain of files, or the key-group dicts) or RocksDB ones (a job may
+        switch backends).  Restored from its own last snapshot's chain (same key groups,
+        same job), the next snapshot continues that chain."""
         self._reset()
+        blobs = list(blobs)
         for blob in blobs:
             if _is_rocksdb(blob):
                 from .rocksdb import read_entries
 
-                for g, slot, value in read_entries(blob, self.key_groups):
+                for g, slot, value in read_entries(blob, self.key_groups, self.storage):
                     self._groups.setdefault(g, {})[slot] = value
-                continue
-            for g, table in pickle.loads(blob).items():
-                if g in self.key_groups:
+            elif is_changelog_snapshot(blob):
+                for g, table in read_groups(blob, self.key_groups, self.storage).items():
                     self._groups.setdefault(g, {}).update(table)
+            else:
+                apply_file(self._groups, blob, self.key_groups)
+        self._last, self._since_full = None, 0
+        if (self._log_keys is not None and len(blobs) == 1
+                and is_changelog_snapshot(blobs[0])):
+            m = manifest(blobs[0])
+            if (m["key_groups"] == [self.key_groups.start, self.key_groups.stop]
+                    and m["max_parallelism"] == self.max_parallelism
+                    and m["base"] == self.storage.job_url):
+                self._last = _Link(None, None, files=[list(f) for f in m["files"]])
+                self._since_full = m["since_full"]
         self._restored()
+
+    def _reset(self) -> None:
+        super()._reset()
+        self._groups = {}
+        if self._log_keys is not None:
+            self._log_keys.clear()
+            self._log_slots.clear()
+        self._log_lost = False
 
     def close(self) -> None:
         pass
@@ -191,6 +312,62 @@ class _MemoryTable(StateTable):
     def reset(self) -> None:
         super().reset()
         self.forget()
+
+
+class _Link:
+    """One snapshot in a chain: its file's bytes (until uploaded), then the chain of
+    uploaded files ``[path, size, sha256]`` it restores from (``files``).  ``prev``: the
+    snapshot it is a delta on (``None``: a full one); held until this one is uploaded,
+    so a snapshot whose checkpoint was aborted before its upload is uploaded by the next
+    one's (its changes are in no other delta)."""
+
+    __slots__ = ("prev", "data", "ref", "files", "length")
+
+    def __init__(self, prev: _Link | None, data: bytes | None,
+                 files: list[list] | None = None) -> None:
+        self.prev, self.data, self.files = prev, data, files
+        self.ref: list | None = None  # [path, size, sha256] once uploaded
+        self.length: int = len(files) if files is not None else 1 + (prev.length if prev else 0)
+
+
+class MemorySnapshot:
+    """An incremental snapshot taken (its file pickled), not stored yet: :meth:`finish`
+    (on the task's upload thread) uploads it, and the files of earlier snapshots of its
+    chain not uploaded yet, and returns the manifest stored in the checkpoint; then
+    :attr:`shared` lists the files it references and :attr:`uploaded` the bytes written."""
+
+    def __init__(self, backend: MemoryStateBackend, link: _Link, since_full: int) -> None:
+        self._backend, self._link, self._since_full = backend, link, since_full
+        self.shared: dict[str, dict] = {}
+        self.uploaded = 0
+
+    def finish(self, storage: Any, checkpoint_id: int) -> bytes:
+        b = self._backend
+        pending, link = [], self._link
+        while link.files is None:  # the links not uploaded yet, back to an uploaded one
+            pending.append(link)
+            if link.prev is None:
+                break
+            link = link.prev
+        files: list[list] = [] if link.files is None else link.files
+        for link in reversed(pending):
+            if link.ref is None:
+                assert link.data is not None
+                info = storage.upload_shared_bytes(b.name, checkpoint_id, link.data, ".pkl")
+                self.uploaded += info["uploaded"]
+                link.ref = [info["path"], info["size"], info["sha256"]]
+            files = (files if link.prev is not None else []) + [link.ref]
+            link.files, link.data, link.prev = files, None, None
+        for rel, size, sha in files:
+            self.shared[rel] = {"size": size, "sha256": sha}
+        return encode_manifest(key_groups=b.key_groups, max_parallelism=b.max_parallelism,
+                               base=storage.job_url, files=files,
+                               since_full=self._since_full)
+
+    @property
+    def size(self) -> int:
+        """Bytes of state this snapshot references (after :meth:`finish`)."""
+        return sum(ref["size"] for ref in self.shared.values())
 
 
 def _is_rocksdb(blob: bytes) -> bool:

@@ -12,7 +12,6 @@ checkpoints show``.  ``cutline.state.read`` turns the rows into a Spark DataFram
 from __future__ import annotations
 
 import math
-import pickle
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
@@ -20,6 +19,7 @@ from typing import Any
 
 from ..protocol.watermarks import decode_ts, encode_ts
 from ..storage.schema import TaskState, read_task_states
+from .backend import iter_memory_entries
 from .timers import TIMER_STATES
 from .ttl import Expiring
 
@@ -53,9 +53,9 @@ def keyed_entries(blob: Any) -> Iterator[tuple[int, str, Any, Any]]:
         for group, (name, key), value in read_entries(blob):
             yield group, name, key, value
         return
-    for group, table in pickle.loads(blob).items():  # MemoryStateBackend: {g: {(n, k): v}}
-        for (name, key), value in table.items():
-            yield int(group), name, key, value
+    # MemoryStateBackend: {g: {(n, k): v}} pickled, or a chain of them (changelog)
+    for group, (name, key), value in iter_memory_entries([bytes(blob)]):
+        yield int(group), name, key, value
 
 
 def _blobs(states: Mapping[str, TaskState], uid: str) -> list[tuple[str, Any]]:

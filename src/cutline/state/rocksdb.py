@@ -328,8 +328,8 @@ class RocksDBStateBackend(KeyedStateBackend):
                     self._copy_from(m)
         if memory:
             self._put_entries((encode_slot(g, name, key), pickle.dumps(v, 5))
-                              for g, (name, key), v in iter_memory_entries(memory)
-                              if g in self.key_groups)
+                              for g, (name, key), v in iter_memory_entries(
+                                  memory, self.key_groups, self.storage))
         self._restored()
 
     def _restore_base(self, m: dict) -> None:

@@ -185,11 +185,16 @@ class MemoryTimerQueue(TimerQueue):
             d[slot] = (when, key)
             heapq.heappush(self._heap, (k, g))
             self._live += 1
+            if self._b._log_keys is not None:  # the changelog of incremental snapshots
+                self._b._log_slots.add((g, slot))
 
     def delete(self, key: Any, when: float) -> None:
-        d, _, enc = self._place(key)
-        if d.pop((self.name, time_key(when) + enc), None) is not None:
+        d, g, enc = self._place(key)
+        slot = (self.name, time_key(when) + enc)
+        if d.pop(slot, None) is not None:
             self._live -= 1
+            if self._b._log_keys is not None:
+                self._b._log_slots.add((g, slot))
             if len(self._heap) > 2 * self._live + 1024:  # mostly stale: rebuild
                 self.reload()
 
@@ -198,6 +203,7 @@ class MemoryTimerQueue(TimerQueue):
         bound = time_key(t)
         out = []
         pop = heapq.heappop
+        log = self._b._log_slots if self._b._log_keys is not None else None
         while heap and heap[0][0][:8] <= bound:
             k, g = pop(heap)
             d = groups.get(g)
@@ -205,6 +211,8 @@ class MemoryTimerQueue(TimerQueue):
             if v is not None:  # else: deleted, or a duplicate heap item of a re-registered one
                 self._live -= 1
                 out.append((k, v[0], v[1]))
+                if log is not None:
+                    log.add((g, (name, k)))
         return out
 
     def next_time(self) -> float:

@@ -6,7 +6,8 @@ Layout under ``<root>/<job>/``::
     chk-<id>/_metadata                    written last: the commit point
     savepoint-<id>-<suffix>/...           same format, never deleted by retention
     shared/<owner>/<id>-<sha256><ext>     immutable files shared between checkpoints
-                                          (RocksDB SST files of incremental checkpoints)
+                                          (RocksDB SST files of incremental checkpoints,
+                                          the in-memory backend's full and delta files)
 
 A directory without a valid ``_metadata`` is not a checkpoint (partial, in progress or
 abandoned).  ``_metadata`` is msgpack: an envelope ``{format, version, sha256, body}`` whose
@@ -25,7 +26,9 @@ and the checkpoint it was uploaded for (the ``<id>`` in its name) is not newer t
 newest completed checkpoint.  Why that is safe while newer checkpoints are still uploading:
 a task reuses only files of its own live database, and a file live at checkpoints ``k`` and
 ``p`` is live at every checkpoint between them, so the newest completed one (retained)
-references it; files uploaded for checkpoints newer than it are never touched.
+references it; files uploaded for checkpoints newer than it are never touched.  The
+in-memory backend's chains keep the same invariant: a delta or full file belongs to every
+snapshot of its subtask from the one whose changes it holds to the next full one.
 
 The module is longer than most on purpose: layout, the commit point, verification,
 shared-file references and retention are one set of invariants over one directory tree
@@ -531,12 +534,23 @@ class CheckpointStorage:
         Returns ``{"path", "size", "sha256", "uploaded"}``: ``path`` relative to the job
         directory (what ``_metadata`` lists), ``uploaded`` the bytes written (0 when the same
         file was there already)."""
+        size, sha = _file_sha256(local_path)
+        return self._put_shared(owner, checkpoint_id, os.path.splitext(local_path)[1], size,
+                                sha, local_path=local_path)
+
+    def upload_shared_bytes(self, owner: str, checkpoint_id: int, data: bytes,
+                            ext: str = "") -> dict:
+        """:meth:`upload_shared` of bytes held in memory (the in-memory state backend's
+        incremental snapshots)."""
+        return self._put_shared(owner, checkpoint_id, ext, len(data), _sha256(data),
+                                data=data)
+
+    def _put_shared(self, owner: str, checkpoint_id: int, ext: str, size: int, sha: str, *,
+                    local_path: str | None = None, data: bytes | None = None) -> dict:
         if type(checkpoint_id) is not int or checkpoint_id < 0:
             raise ValueError(f"checkpoint id must be an integer >= 0, got {checkpoint_id!r}")
-        ext = os.path.splitext(local_path)[1]
         if ext and not re.fullmatch(r"\.[A-Za-z0-9]{1,16}", ext):
             ext = ""
-        size, sha = _file_sha256(local_path)
         rel = f"{SHARED}/{_name('owner', owner)}/{checkpoint_id}-{sha}{ext}"
         path = f"{self.dir}/{rel}"
         parent = path.rsplit("/", 1)[0]
@@ -550,13 +564,20 @@ class CheckpointStorage:
         with self._writing(tmp if local else path, "shared file", final=path):
             self.fs.makedirs(parent, exist_ok=True)
             if local:
-                with open(local_path, "rb") as src, open(tmp, "wb") as out:
-                    while chunk := src.read(_CHUNK):
-                        out.write(chunk)
+                with open(tmp, "wb") as out:
+                    if data is not None:
+                        out.write(data)
+                    else:
+                        assert local_path is not None
+                        with open(local_path, "rb") as src:
+                            while chunk := src.read(_CHUNK):
+                                out.write(chunk)
                     out.flush()
                     os.fsync(out.fileno())
                 os.replace(tmp, path)
-            else:  # object stores: the object appearing under its final name is atomic
+            elif data is not None:  # object stores: the object appearing is atomic
+                self.fs.pipe_file(path, data)
+            else:
                 self.fs.put_file(local_path, path)
         return {"path": rel, "size": size, "sha256": sha, "uploaded": size}
 
