@@ -108,17 +108,20 @@ def test_a_growing_state_writes_each_entry_once(storage):
 
 def test_a_state_rewritten_whole_materialises_when_the_deltas_hold_as_much_as_it(storage):
     """Deltas that rewrite the same entries: a full snapshot as soon as the deltas hold as
-    many entries as the state (a restore reads at most about twice the state)."""
+    many entries as the state (a restore reads at most about twice the state), or when one
+    delta would hold half of it."""
     b = mem(storage)
     lengths = []
     for n in range(1, 8):
-        for i in range(1000):
-            b.put("v", i, n)
+        for i in range(400 * n, 400 * n + 400):  # 40% of the 1,000 keys each time
+            b.put("v", i % 1000, n)
         lengths.append(len(manifest(b.snapshot().finish(storage, n))["files"]))
-    assert lengths == [1, 2, 1, 2, 1, 2, 1]
-    for i in range(10):  # a small change: a delta again
+    assert lengths == [1, 2, 3, 1, 2, 3, 1]
+    for i in range(600):  # more than half the state changed: full
         b.put("v", i, -1)
-    assert len(manifest(b.snapshot().finish(storage, 8))["files"]) == 2
+    assert len(manifest(b.snapshot().finish(storage, 8))["files"]) == 1
+    b.put("v", 1, -2)  # a small change: a delta again
+    assert len(manifest(b.snapshot().finish(storage, 9))["files"]) == 2
 
 
 def test_a_chain_is_at_most_chain_max_files(storage):

@@ -9,9 +9,10 @@ file is a pickled ``{key group: {(state name, key): value}}``; in a delta a valu
 snapshot with the deltas applied in order.  This is Flink's changelog state backend
 (FLIP-158) in its simplest form: each checkpoint writes what changed since the last one,
 and a new full snapshot (a *materialisation*) starts a new chain once the deltas hold as
-many entries as the state (so a restore reads at most about twice the state) or the chain
-is :data:`CHAIN_MAX` files long.  A checkpoint's cost follows what changed, not the size of
-the state: a state that only grows costs linear time over a run, not quadratic.
+many entries as the state (so a restore reads at most about twice the state), when one
+checkpoint changed half of it, or when the chain is :data:`CHAIN_MAX` files long.  A
+checkpoint's cost follows what changed, not the size of the state: a state that only
+grows costs linear time over a run, not quadratic.
 
 Deltas and full snapshots share files across checkpoints the way RocksDB's SST files do,
 so :mod:`cutline.storage.checkpoints` keeps them by the same rules: every ``_metadata``

@@ -144,11 +144,6 @@ class MemoryStateBackend(KeyedStateBackend):
                 log.update(t.deleted)
         self._bound_log()
 
-    def log_slot(self, g: int, slot: tuple[str, Any]) -> None:
-        """An entry written in place (a timer): the next incremental snapshot holds it."""
-        if self._log_keys is not None:
-            self._log_slots.add((g, slot))
-
     def _logged(self) -> int:
         assert self._log_keys is not None
         return sum(map(len, self._log_keys.values())) + len(self._log_slots)
@@ -186,10 +181,13 @@ class MemoryStateBackend(KeyedStateBackend):
         groups = self._groups
         if self._log_keys is None:
             return pickle.dumps({g: t for g, t in groups.items() if t}, protocol=5)
-        changed = self._logged()
+        changed, total = self._logged(), sum(map(len, groups.values()))
         last = self._last
+        # a full snapshot: the first, after the log was dropped, at the chain's bound, when
+        # the deltas would hold more entries than the state, or when this delta would hold
+        # half of it (a delta costs more per entry than a full snapshot: a key-group hash)
         if (last is None or self._log_lost or last.length >= CHAIN_MAX
-                or self._since_full + changed > sum(map(len, groups.values()))):
+                or self._since_full + changed > total or 2 * changed > total):
             link = _Link(None, pickle.dumps({g: t for g, t in groups.items() if t}, 5))
             self._since_full = 0
         else:
