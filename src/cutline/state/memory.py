@@ -52,11 +52,15 @@ class MemoryStateBackend(KeyedStateBackend):
         self._groups: dict[int, dict[tuple[str, Any], Any]] = {}
         self._slot_max = dirty_entries + 1024  # bounds each table's remembered slots
         self.name, self.storage = name, storage
-        # the changelog (with storage): keys written or deleted through the tables since
-        # the last snapshot, per state name, and (key group, slot) written in place
-        self._log_keys: dict[str, set] | None = {} if storage is not None else None
+        # the changelog: keys written or deleted through the tables since the last
+        # snapshot, per state name, each with its key group's dict (where it was written:
+        # equal keys may hash apart, 5 and numpy's int64(5)), and (key group, slot) written
+        # in place (timers, per-group values).  Kept only while the next snapshot can be a
+        # delta (``_logging``): with storage, after a full snapshot, until the log is too
+        # long for a delta to pay
+        self._logging = False
+        self._log_keys: dict[str, dict[Any, dict]] = {}
         self._log_slots: set[tuple[int, tuple[str, Any]]] = set()
-        self._log_lost = False  # the log outgrew the state and was dropped: next is full
         self._last: _Link | None = None  # the last snapshot's link in its chain
         self._since_full = 0  # entries in the deltas of that chain
 
@@ -68,13 +72,14 @@ class MemoryStateBackend(KeyedStateBackend):
 
     def put_group_value(self, name: str, value: Any) -> None:
         slot = (name, b"")
+        log = self._log_slots if self._logging else None
         for g in self.key_groups:
             d = self._groups.get(g)
             if d is None:
                 d = self._groups[g] = {}
+            if log is not None and not _same(d.get(slot, MISSING), value):
+                log.add((g, slot))
             d[slot] = value
-        if self._log_keys is not None:
-            self._log_slots.update((g, slot) for g in self.key_groups)
 
     def group_values(self, name: str) -> list[Any]:
         slot = (name, b"")
@@ -111,8 +116,8 @@ class MemoryStateBackend(KeyedStateBackend):
                 d[slot] = new
             else:
                 continue
-            if self._log_keys is not None:
-                self._log_keys.setdefault(name, set()).add(slot[1])
+            if self._logging:
+                self._log_keys.setdefault(name, {})[slot[1]] = d
 
     def _group_dict(self, key: Any) -> dict[tuple[str, Any], Any]:
         """The dict of ``key``'s key group (an error if this subtask does not own it)."""
@@ -126,37 +131,41 @@ class MemoryStateBackend(KeyedStateBackend):
         for t in tables:
             assert isinstance(t, _MemoryTable)
             name, fast, where, slots = t.name, t.fast, t.where, t.slots
+            log = None
+            if self._logging:
+                log = self._log_keys.get(name)
+                if log is None:
+                    log = self._log_keys[name] = {}
             for k in t.deleted:
                 if k not in fast:
-                    self._group_dict(k).pop((name, k), None)
+                    d = self._group_dict(k)
+                    d.pop((name, k), None)
+                    if log is not None:
+                        log[k] = d
             for k, v in fast.items():
                 table = where.get(k)
                 if table is None:  # written without a read (or forgotten): find its place
-                    self._group_dict(k)[(name, k)] = v
+                    table = self._group_dict(k)
+                    table[(name, k)] = v
                 else:
                     table[slots[k]] = v
+                if log is not None:
+                    log[k] = table
             t.forget()  # the next merge writes what is read (and placed) anew
-            if self._log_keys is not None:
-                log = self._log_keys.get(name)
-                if log is None:
-                    log = self._log_keys[name] = set()
-                log.update(fast)
-                log.update(t.deleted)
         self._bound_log()
 
     def _logged(self) -> int:
-        assert self._log_keys is not None
         return sum(map(len, self._log_keys.values())) + len(self._log_slots)
 
     def _bound_log(self) -> None:
-        """A log longer than the state (keys written and deleted again and again) is
-        dropped: the next snapshot is a full one, which costs no more than that delta."""
-        if self._log_keys is None or self._logged() <= self._dirty_max:
+        """A log that makes the next snapshot a full one anyway (it holds half the state)
+        is dropped, and logging stops until that snapshot."""
+        if not self._logging or self._logged() <= self._dirty_max:
             return
-        if self._logged() > 2 * sum(map(len, self._groups.values())) + self._dirty_max:
+        if 2 * self._logged() > sum(map(len, self._groups.values())) + self._dirty_max:
             self._log_keys.clear()
             self._log_slots.clear()
-            self._log_lost = True
+            self._logging = False
 
     def after_batch(self) -> None:
         super().after_batch()
@@ -179,14 +188,16 @@ class MemoryStateBackend(KeyedStateBackend):
         one) is pickled now and uploaded by its ``finish``."""
         self.spill()
         groups = self._groups
-        if self._log_keys is None:
+        if self.storage is None:
             return pickle.dumps({g: t for g, t in groups.items() if t}, protocol=5)
         changed, total = self._logged(), sum(map(len, groups.values()))
         last = self._last
+        if last is not None and self._logging and not changed:  # nothing changed since
+            return MemorySnapshot(self, last, self._since_full)
         # a full snapshot: the first, after the log was dropped, at the chain's bound, when
         # the deltas would hold more entries than the state, or when this delta would hold
-        # half of it (a delta costs more per entry than a full snapshot: a key-group hash)
-        if (last is None or self._log_lost or last.length >= CHAIN_MAX
+        # half of it (a delta costs more per entry than a full snapshot)
+        if (last is None or not self._logging or last.length >= CHAIN_MAX
                 or self._since_full + changed > total or 2 * changed > total):
             link = _Link(None, pickle.dumps({g: t for g, t in groups.items() if t}, 5))
             self._since_full = 0
@@ -195,28 +206,28 @@ class MemoryStateBackend(KeyedStateBackend):
             self._since_full += changed
         self._log_keys.clear()
         self._log_slots.clear()
-        self._log_lost = False
+        self._logging = True
         self._last = link
         return MemorySnapshot(self, link, self._since_full)
 
     def _delta(self) -> dict[int, dict[tuple[str, Any], Any]]:
         """The logged entries' values now (:data:`TOMBSTONE`: deleted), by key group."""
-        assert self._log_keys is not None
-        groups, maxp = self._groups, self.max_parallelism
+        groups = self._groups
+        group_of = {id(d): g for g, d in groups.items()}
         delta: dict[int, dict[tuple[str, Any], Any]] = {}
-        empty: dict = {}
-
-        def put(g: int, slot: tuple[str, Any]) -> None:
+        for name, keys in self._log_keys.items():
+            for k, d in keys.items():
+                g = group_of[id(d)]
+                t = delta.get(g)
+                if t is None:
+                    t = delta[g] = {}
+                slot = (name, k)
+                t[slot] = d.get(slot, TOMBSTONE)
+        for g, slot in self._log_slots:
             t = delta.get(g)
             if t is None:
                 t = delta[g] = {}
-            t[slot] = groups.get(g, empty).get(slot, TOMBSTONE)
-
-        for name, keys in self._log_keys.items():
-            for k in keys:
-                put(key_group(k, maxp), (name, k))
-        for g, slot in self._log_slots:
-            put(g, slot)
+            t[slot] = groups[g].get(slot, TOMBSTONE)
         return delta
 
     def restore(self, blobs: Iterable[bytes]) -> None:
@@ -238,23 +249,22 @@ class MemoryStateBackend(KeyedStateBackend):
             else:
                 apply_file(self._groups, blob, self.key_groups)
         self._last, self._since_full = None, 0
-        if (self._log_keys is not None and len(blobs) == 1
-                and is_changelog_snapshot(blobs[0])):
+        if self.storage is not None and len(blobs) == 1 and is_changelog_snapshot(blobs[0]):
             m = manifest(blobs[0])
             if (m["key_groups"] == [self.key_groups.start, self.key_groups.stop]
                     and m["max_parallelism"] == self.max_parallelism
                     and m["base"] == self.storage.job_url):
                 self._last = _Link(None, None, files=[list(f) for f in m["files"]])
                 self._since_full = m["since_full"]
+                self._logging = True
         self._restored()
 
     def _reset(self) -> None:
         super()._reset()
         self._groups = {}
-        if self._log_keys is not None:
-            self._log_keys.clear()
-            self._log_slots.clear()
-        self._log_lost = False
+        self._log_keys.clear()
+        self._log_slots.clear()
+        self._logging = False
 
     def close(self) -> None:
         pass
@@ -366,6 +376,14 @@ class MemorySnapshot:
     def size(self) -> int:
         """Bytes of state this snapshot references (after :meth:`finish`)."""
         return sum(ref["size"] for ref in self.shared.values())
+
+
+def _same(old: Any, new: Any) -> bool:
+    """Whether a per-group value is unchanged (a watermark: a float, or ``MISSING``)."""
+    try:
+        return old is new or bool(old == new)
+    except Exception:  # noqa: BLE001 - an object without a truth-valued ==: changed
+        return False
 
 
 def _is_rocksdb(blob: bytes) -> bool:

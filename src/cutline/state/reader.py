@@ -58,6 +58,20 @@ def keyed_entries(blob: Any) -> Iterator[tuple[int, str, Any, Any]]:
         yield int(group), name, key, value
 
 
+def state_bytes(blob: Any) -> int:
+    """Bytes of state a subtask's snapshot of a keyed operator holds: the files a manifest
+    names (RocksDB's, the in-memory backend's chain), or the pickled key groups."""
+    from .changelog import is_changelog_snapshot, manifest
+    from .rocksdb import _manifest, is_rocksdb_snapshot
+
+    if is_changelog_snapshot(blob):
+        return sum(size for _, size, _ in manifest(blob)["files"])
+    if is_rocksdb_snapshot(blob):
+        m = _manifest(blob)
+        return sum(f[2] for f in m["files"]) + sum(len(v) for v in m["inline"].values())
+    return len(blob)
+
+
 def _blobs(states: Mapping[str, TaskState], uid: str) -> list[tuple[str, Any]]:
     return [(task, st.ops[uid]) for task, st in sorted(states.items()) if uid in st.ops]
 
@@ -196,7 +210,7 @@ def summary(handle: Any) -> dict:
         for uid, blob in st.ops.items():
             op = per_op[uid]
             op["tasks"] += 1
-            op["bytes"] += len(blob)
+            op["bytes"] += state_bytes(blob)
             window = (plan.get(uid) or {}).get("kind") in WINDOW_KINDS
             keys: set = set()
             held: dict[Any, Any] = {}  # a window operator's: key -> its windows held

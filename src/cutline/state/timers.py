@@ -185,7 +185,7 @@ class MemoryTimerQueue(TimerQueue):
             d[slot] = (when, key)
             heapq.heappush(self._heap, (k, g))
             self._live += 1
-            if self._b._log_keys is not None:  # the changelog of incremental snapshots
+            if self._b._logging:  # the changelog of incremental snapshots
                 self._b._log_slots.add((g, slot))
 
     def delete(self, key: Any, when: float) -> None:
@@ -193,7 +193,7 @@ class MemoryTimerQueue(TimerQueue):
         slot = (self.name, time_key(when) + enc)
         if d.pop(slot, None) is not None:
             self._live -= 1
-            if self._b._log_keys is not None:
+            if self._b._logging:
                 self._b._log_slots.add((g, slot))
             if len(self._heap) > 2 * self._live + 1024:  # mostly stale: rebuild
                 self.reload()
@@ -203,7 +203,7 @@ class MemoryTimerQueue(TimerQueue):
         bound = time_key(t)
         out = []
         pop = heapq.heappop
-        log = self._b._log_slots if self._b._log_keys is not None else None
+        log = self._b._log_slots if self._b._logging else None
         while heap and heap[0][0][:8] <= bound:
             k, g = pop(heap)
             d = groups.get(g)
