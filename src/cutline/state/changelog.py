@@ -34,7 +34,7 @@ from typing import Any
 import msgpack
 
 __all__ = ["CHAIN_MAX", "MAGIC", "TOMBSTONE", "apply_file", "encode_manifest",
-           "is_changelog_snapshot", "manifest", "read_groups"]
+           "is_changelog_snapshot", "iter_entries", "manifest", "read_groups"]
 
 MAGIC = b"cutline-memlog\x00\x00"
 FORMAT_VERSION = 1

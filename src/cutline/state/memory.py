@@ -10,7 +10,8 @@ checkpoints (the keys of each spill, the timers and the per-key-group values it 
 place, what TTL cleanup drops), and a checkpoint pickles only those entries, on the task's
 thread, as a delta on the previous checkpoint's chain; its upload thread stores it as a
 shared file.  A full snapshot starts a new chain when the deltas since the last one hold as
-many entries as the state.  Without storage a snapshot is the pickled key-group dicts.
+many entries as the state (the rules: :mod:`cutline.state.changelog`).  Without storage a
+snapshot is the pickled key-group dicts.
 """
 
 from __future__ import annotations
