@@ -373,11 +373,6 @@ class MemorySnapshot:
                                base=storage.job_url, files=files,
                                since_full=self._since_full)
 
-    @property
-    def size(self) -> int:
-        """Bytes of state this snapshot references (after :meth:`finish`)."""
-        return sum(ref["size"] for ref in self.shared.values())
-
 
 def _same(old: Any, new: Any) -> bool:
     """Whether a per-group value is unchanged (a watermark: a float, or ``MISSING``)."""
