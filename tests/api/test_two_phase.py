@@ -302,6 +302,42 @@ def test_columnar_state_merges_as_merge_partial_does(batches, restart, max_keys)
         assert list(stored) == [tuple(a) if isinstance(a, tuple) else a for a in acc]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 12), st.integers(-50, 50) | st.none()), min_size=1,
+                max_size=60),
+       st.lists(st.integers(1, 6), min_size=1, max_size=20), st.randoms())
+def test_columnar_runs_merge_as_merge_partial_does(rows, runs, rnd):
+    """Rows merged in runs (``merged``: a sliding window as the merge of its panes) give
+    what merge_partial gives merging each run's accumulators one after another, nulls
+    (a sum, min, max, mean of nulls only) included."""
+    from cutline.runtime.batches import Partials
+
+    aggs = (("n", None, "count"), ("s", "v", "sum"), ("lo", "v", "min"), ("hi", "v", "max"),
+            ("m", "v", "mean"))
+    partials = Partials(aggs)
+    t = pa.table({"k": pa.array([k for k, _ in rows], pa.int64()),
+                  "v": pa.array([v for _, v in rows], pa.int64())})
+    key_cols, arrays = partials.arrow(t, ["k"])
+    cols = ColumnarAggregates([f for _, f in partials.parts], [a.type for a in arrays],
+                              [pa.int64()], partials.reads, {}, fresh=True)
+    cols.merge(key_cols, arrays)
+    accs = cols.accumulators(np.arange(cols.size))
+    order, heads = [], []
+    for n in runs:
+        heads.append(len(order))
+        order += [rnd.randrange(cols.size) for _ in range(n)]
+    got = pa.Table.from_arrays(cols.merged(np.array(order), np.array(heads)),
+                               names=[a[0] for a in aggs]).to_pylist()
+    bounds = [*heads, len(order)]
+    for r, lo, hi in zip(got, bounds, bounds[1:]):
+        acc = None
+        for i in order[lo:hi]:
+            acc = list(accs[i]) if acc is None else [
+                merge_partial(fn, a, b) for (fn, _), a, b in zip(partials.reads, acc, accs[i])]
+        mean = acc[4][0] / acc[4][1] if acc[4][0] is not None and acc[4][1] else None
+        assert (r["n"], r["s"], r["lo"], r["hi"], r["m"]) == (*acc[:4], mean)
+
+
 def test_two_key_columns_and_a_batch_of_another_type(tmp_path):
     """Keys of two columns merge into columns as single keys do; a later batch whose
     aggregate has another type converts when exact, else fails naming the types."""

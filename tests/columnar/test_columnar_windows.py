@@ -138,35 +138,60 @@ def _open_windows(op):
     return held
 
 
-@settings(max_examples=30, deadline=None)
-@given(st.integers(1, 8), st.sampled_from([["k"], ["k", "j"]]), st.integers(0, 2**32),
+def _per_key(assigner, keys):
+    """A batch window operator that keeps its windows (or panes) key by key, never as
+    columns: the oracle of the columns' state."""
+    op, _ = _ops(assigner, 0, keys)
+    op.decided = True
+    return op
+
+
+_columnar_assigners = st.one_of(
+    st.integers(1, 8).map(tumbling),
+    st.tuples(st.integers(2, 5), st.sampled_from([1, 2, 0.5])).map(
+        lambda a: sliding(a[0] * a[1], a[1])))
+
+
+@settings(max_examples=40, deadline=None)
+@given(_columnar_assigners, st.sampled_from([["k"], ["k", "j"]]), st.integers(0, 2**32),
        st.integers(0, 12))
-def test_tumbling_windows_as_columns_snapshot_and_restore_as_per_key(size, keys, seed, cut):
-    """Tumbling windows without lateness are held as columns; a snapshot taken at any step
-    writes them into the per-key table (the windows the per-record operator holds, key by
-    key), and an operator restored from it goes on as the one that was not stopped: the
-    same rows at every step, nothing fired twice."""
+def test_windows_as_columns_snapshot_and_restore_as_per_key(assigner, keys, seed, cut):
+    """Tumbling windows without lateness, and sliding windows as panes, are held as
+    columns: each watermark fires the rows the per-key path fires (the per-record
+    operator's windows), a snapshot taken at any step writes them into the per-key table
+    (what the per-key path holds, key by key), and an operator restored from it goes on as
+    the one that was not stopped: the same rows at every step, nothing fired twice."""
     steps = _steps(seed)
     cut = min(cut, len(steps) - 1)
-    batch, records = _ops(tumbling(size), 0, keys)
+    batch, records = _ops(assigner, 0, keys)
+    oracle = _per_key(assigner, keys)
     outputs: list = []
     blob, late_before = None, 0
     for i, step in enumerate(steps):
         if i == cut:
             blob, late_before = batch.snapshot(), batch.late_records
-            assert _table_windows(batch) == _table_windows(records[0])
+            assert _table_windows(batch) == _table_windows(oracle)
+            assert {k: m for _, name, k, m in batch.state.entries() if name == "windows"
+                    and m} == {k: m for _, name, k, m in oracle.state.entries()
+                               if name == "windows" and m}
         if isinstance(step, float):
-            outputs.append(sorted(_batch_out(batch.on_watermark(step), keys)[0]))
-            for op in records:
-                op.on_watermark(step)
+            got = _batch_out(batch.on_watermark(step), keys)[0]
+            assert [r[1:3] for r in got] == sorted(r[1:3] for r in got)  # by end
+            assert sorted(got) == sorted(_batch_out(oracle.on_watermark(step), keys)[0])
+            outputs.append(sorted(got))
+            want, _ = _record_out([op.on_watermark(step) for op in records])
+            assert sorted(got) == sorted(want)
         else:
             outputs.append(_batch_out(batch.process([step]), keys))
+            assert outputs[-1] == _batch_out(oracle.process([step]), keys)
             for op in records:
                 op.process(step.to_pylist())
         if batch.decided:
-            assert batch.open is not None  # tumbling, no lateness, numbers: as columns
+            assert batch.open is not None  # no lateness, numbers: as columns
+            assert oracle.open is None
     assert not _open_windows(batch)
-    again, _ = _ops(tumbling(size), 0, keys)
+    assert batch.fired == oracle.fired
+    again, _ = _ops(assigner, 0, keys)
     again.restore([blob])
     for step, want in zip(steps[cut:], outputs[cut:]):
         if isinstance(step, float):

@@ -30,7 +30,12 @@
     slices hopping windows.  A row's partial goes to its one pane (``group_by(keys +
     pane)``: a fifth of the groups for ``sliding(10, 2)``), and a window fires as the
     merge of the panes it covers; a pane is dropped when its last window fired, and a row
-    whose pane is gone is late (all its windows fired), as per record;
+    whose pane is gone is late (all its windows fired), as per record.  On the memory
+    backend, with numeric aggregates, the panes are held as columns as the tumbling
+    windows are (one row per key and pane), and a watermark fires its windows as one
+    record batch: each pane's windows ending by it, sorted by (end, key), the panes of
+    each merged with numpy (:meth:`ColumnarAggregates.merged`), no Python call per key
+    and window;
   - sessions: a key whose rows all open windows past the watermark has them merged into
     sessions first (sorted by key and time; order does not matter, nothing fires), one
     partial per session merged into the key's sessions.  A key with a row at or behind
@@ -173,6 +178,8 @@ class BatchWindowAggregate(WindowOperator):
             self.size, self.slide, self.offset = a.size, a.slide, a.offset  # type: ignore
             self.copies = int(np.ceil(self.size / self.slide))
         self.panes = spec.panes  # state per key and pane (one slide), windows merge panes
+        if type(a) is not Session:  # what a window of the state spans: a pane, or a window
+            self.length = self.slide if self.panes else self.size
         # two-phase (``spec.partial``): the partials a combine sends (and their row counts)
         self.combined = window_partials(spec) if spec.partial else None
         # tumbling windows: the parts each (key, window) holds, of rows or of partials
@@ -366,9 +373,10 @@ class BatchWindowAggregate(WindowOperator):
         return late
 
     def _merge_windows(self, table: pa.Table, partial: bool = False) -> None:
-        """Tumbling and sliding windows: ``table``'s rows (``partial``: a combine's
-        partials) grouped per key and window start (``_START``), merged into the key's
-        windows: as columns (:attr:`open`), or key by key."""
+        """Tumbling and sliding windows (or panes): ``table``'s rows (``partial``: a
+        combine's partials) grouped per key and window (pane) start (``_START``), merged
+        into the key's windows: as columns (:attr:`open`), or key by key (a new pane is
+        due at the first of its windows not fired yet)."""
         key_cols, part_arrays = self.vparts.arrow(table, [*self.keys, _START], partial)
         if not self.decided:
             self._decide(key_cols, part_arrays)
@@ -379,7 +387,8 @@ class BatchWindowAggregate(WindowOperator):
         key_lists = [c.to_pylist() for c in key_cols]
         n = len(self.partials.reads)  # (a combine's partials count their rows last)
         parts = [t[:n] for t in self.vparts.tuples([a.to_pylist() for a in part_arrays])]
-        self._add_groups(list(zip(*key_lists)), parts, self.size)
+        self._add_groups(list(zip(*key_lists)), parts, self.length,
+                         self._next_end(self.wm) if self.panes else -np.inf)
 
     # ------------------------------------------------------------------ open windows as columns
 
@@ -390,13 +399,15 @@ class BatchWindowAggregate(WindowOperator):
         fires its windows as one record batch) when the windows are tumbling and exact,
         without allowed lateness, with numeric aggregates, on the memory backend, and the
         restore brought neither per-key-group watermarks (a rescale) nor windows the end
-        of an earlier run's input fired.  Otherwise key by key, as the per-record
-        operator.  The backend's ``windows`` table keeps its format either way: the
-        columns are written into it at each snapshot (:meth:`_save_open`), and what a
-        restore brought is loaded from it here."""
+        of an earlier run's input fired.  Sliding windows held as panes
+        (:attr:`BatchWindowSpec.panes`) the same way: a row per key and pane.  Otherwise
+        key by key, as the per-record operator.  The backend's ``windows`` table keeps
+        its format either way: the columns are written into it at each snapshot
+        (:meth:`_save_open`), and what a restore brought is loaded from it here."""
         self.decided = True
         a = self.assigner
-        if not (self.memory and type(a) is Tumbling and a.exact and not self.lateness
+        if not (self.memory and (type(a) is Tumbling or self.panes) and a.exact
+                and not self.lateness
                 and self.agg.full is None and not self.fired and not self.ahead
                 and all(numeric(p.type) for p in part_arrays)):
             return
@@ -435,50 +446,62 @@ class BatchWindowAggregate(WindowOperator):
         self.starts[rows] = starts
 
     def _window_of(self, key: tuple) -> tuple[Any, tuple]:
-        """A row's (key, window) from its key in :attr:`open`: (key columns..., start)."""
+        """A row's (key, window or pane) from its key in :attr:`open`: (key columns...,
+        start)."""
         s = float(key[-1])
         return (key[0] if len(key) == 2 else key[:-1],
-                (_whole(s), _whole(float(s + self.size))))
+                (_whole(s), _whole(float(s + self.length))))
 
     def _fire_open(self, ts: float) -> pa.RecordBatch | None:
         """:meth:`on_watermark` of columns: the windows whose end watermark ``ts`` reached,
-        as one record batch (by end; in a window, its keys in the order they came), taken
-        out of the columns and, if a snapshot saved them, out of the backend's table.  At
-        the end of input they are marked fired (as :meth:`WindowOperator.on_watermark`
+        as one record batch (by end; in a window, its keys in the order they came).
+        Tumbling: their rows are taken out of the columns; panes: each window ending after
+        the last watermark and by ``ts`` fires as the merge of the panes it covers
+        (:meth:`_merged_panes`), and the panes whose last window fired are taken out.  Rows
+        taken out leave the backend's table too if a snapshot saved them.  At the end of
+        input the windows fired are marked so (as :meth:`WindowOperator.on_watermark`
         marks them)."""
         if ts <= self.wm:
             return None
         final = ts == math.inf
         if final:  # the last real watermark stays, for a restore
             self._real = (self.wm, dict(self.ahead))
-        self.wm = ts
+        prev, self.wm = self.wm, ts
         o = self.open
         assert o is not None
         starts = self.starts[:o.size]
-        due = np.flatnonzero((starts + self.size <= ts) & (starts < math.inf))  # (gone: inf)
-        if not len(due):
-            return None
-        due = due[np.argsort(starts[due], kind="stable")]
-        cols = o.rows(due)
-        nk = len(self.keys)
-        out: dict[str, Any] = {k: _as_inferred(a) for k, a in zip(self.keys, cols[:nk])}
-        s = starts[due]
-        out["start"] = pa.array(s, pa.float64())
-        out["end"] = pa.array(s + self.size, pa.float64())
-        for name, arr in zip(self.names, cols[nk + 1:]):
-            out[name] = _as_inferred(arr)
-        saved = due[self.saved[due]]
-        if len(saved) or final:
-            table, window_of = self.windows, self._window_of
-            for r in (due if final else saved).tolist():
-                k, w = window_of(o.keys[r])
-                if self.saved[r]:
-                    m = table.mutable(k, dict)
-                    m.pop(w, None)
-                    if not m:
-                        table.delete(k)
+        fired: list = []  # at the end of input: (row, window) of each window fired
+        if self.panes:
+            out = self._merged_panes(starts, prev, ts, fired if final else None)
+            due = np.flatnonzero((starts + self.size <= ts) & (starts < math.inf))
+        else:
+            due = np.flatnonzero((starts + self.size <= ts) & (starts < math.inf))  # (gone: inf)
+            out = None
+            if len(due):
+                due = due[np.argsort(starts[due], kind="stable")]
+                cols = o.rows(due)
+                nk = len(self.keys)
+                out = {k: _as_inferred(a) for k, a in zip(self.keys, cols[:nk])}
+                s = starts[due]
+                out["start"] = pa.array(s, pa.float64())
+                out["end"] = pa.array(s + self.size, pa.float64())
+                for name, arr in zip(self.names, cols[nk + 1:]):
+                    out[name] = _as_inferred(arr)
                 if final:
-                    self._mark(k, w)
+                    fired = [(r, None) for r in due.tolist()]
+        if not len(due):
+            return None if out is None else pa.RecordBatch.from_pydict(out)
+        saved = due[self.saved[due]]
+        table, window_of = self.windows, self._window_of
+        for r in saved.tolist():
+            k, w = window_of(o.keys[r])
+            m = table.mutable(k, dict)
+            m.pop(w, None)
+            if not m:
+                table.delete(k)
+        for r, w in fired:
+            k, own = window_of(o.keys[r])
+            self._mark(k, own if w is None else w)
         self.starts[due] = np.inf
         self.saved[due] = False
         o.unsaved[due] = False
@@ -489,7 +512,45 @@ class BatchWindowAggregate(WindowOperator):
             self.starts, self.saved = self.starts[keep], self.saved[keep]  # (_held grows them)
             self.gone = 0
         self.state.after_batch()
-        return pa.RecordBatch.from_pydict(out)
+        return None if out is None else pa.RecordBatch.from_pydict(out)
+
+    def _merged_panes(self, starts: np.ndarray, prev: float, ts: float,
+                      fired: list | None) -> dict | None:
+        """Panes held as columns (rows of :attr:`open` starting at ``starts``): every
+        window ending after ``prev`` and by ``ts`` that covers one of them, as the merge of
+        those panes (by end; in a window, its keys in the order their first pane came; a
+        window's panes merged by start, as the per-key path merges them); ``fired`` gets
+        (a row of the key, window) of each.  None when no window ends then."""
+        slide, size, o = self.slide, self.size, self.open
+        assert o is not None
+        live = np.flatnonzero((starts + slide <= ts) & (starts < math.inf))
+        if not len(live):
+            return None
+        s = starts[live]
+        ends = s[:, None] + np.arange(1, self.copies + 1)[None, :] * slide
+        at, j = np.nonzero((ends > prev) & (ends <= ts))
+        if not len(at):
+            return None
+        e = ends[at, j]
+        kid = _key_ids(pa.record_batch(o.key_arrays(live)[:-1], names=self.keys), self.keys)
+        order = np.lexsort((s[at], kid[at], e))
+        rows, e, k = live[at[order]], e[order], kid[at[order]]
+        new = np.ones(len(rows), dtype=bool)
+        new[1:] = (e[1:] != e[:-1]) | (k[1:] != k[:-1])
+        heads = np.flatnonzero(new)
+        firsts = rows[heads]
+        nk = len(self.keys)
+        out: dict[str, Any] = {name: _as_inferred(a) for name, a in
+                               zip(self.keys, o.key_arrays(firsts)[:nk])}
+        end = e[heads]
+        out["start"] = pa.array(end - size, pa.float64())
+        out["end"] = pa.array(end, pa.float64())
+        for name, arr in zip(self.names, o.merged(rows, heads)):
+            out[name] = _as_inferred(arr)
+        if fired is not None:
+            fired.extend((r, (_whole(float(x - size)), _whole(float(x))))
+                         for r, x in zip(firsts.tolist(), end.tolist()))
+        return out
 
     def _save_open(self) -> None:
         """The windows changed since the last save into the backend's table, in the
@@ -566,11 +627,7 @@ class BatchWindowAggregate(WindowOperator):
             if not len(rows):
                 return late
             pane = pane[rows]
-        table = self._table(rb, rows).append_column(_START, pa.array(pane))
-        _, keys, _, part_cols = self.partials.group(table, [*self.keys, _START])
-        # a new pane is due at the first of its windows not fired yet
-        self._add_groups(keys, self.partials.tuples(part_cols), slide,
-                         self._next_end(self.wm))
+        self._merge_windows(self._table(rb, rows).append_column(_START, pa.array(pane)))
         return late
 
     def _all_fired(self, rb: pa.RecordBatch, pane: np.ndarray, cur: np.ndarray) -> np.ndarray:
@@ -733,11 +790,11 @@ class BatchWindowAggregate(WindowOperator):
     # ------------------------------------------------------------------ time
 
     def on_watermark(self, ts: float) -> list:
-        if self.panes:
-            rows = self._fire_panes(ts)
-            return [rows] if rows is not None else []
         if self.open is not None:
             rows = self._fire_open(ts)
+            return [rows] if rows is not None else []
+        if self.panes:
+            rows = self._fire_panes(ts)
             return [rows] if rows is not None else []
         fired = super().on_watermark(ts)
         return [self._rows(fired)] if fired else []

@@ -359,22 +359,51 @@ class ColumnarAggregates(KeyedColumns):
     def rows(self, rows: np.ndarray) -> list[pa.Array]:
         """Rows ``rows`` as Arrow columns: the key columns, then each aggregate's value
         (mean: sum / count, a float; null where nothing was aggregated)."""
-        out = self._key_arrays(rows)
+        return self.key_arrays(rows) + self._results([v[rows] for v in self.vals],
+                                                      [m[rows] for m in self.valid])
+
+    def merged(self, rows: np.ndarray, heads: np.ndarray) -> list[pa.Array]:
+        """Rows ``rows`` merged in runs (``heads``: where each run starts in ``rows``,
+        increasing from 0), each run in its order, as the per-key path merges accumulators
+        one after another: per run, each aggregate's value as :meth:`rows` gives it (a
+        sliding window fired as the merge of its panes)."""
+        lengths = np.diff(heads, append=len(rows))
+        vals, valid = [], []
+        for fn, v, m in zip(self.fns, self.vals, self.valid):
+            acc, ok = v[rows[heads]], m[rows[heads]].copy()
+            for j in range(1, int(lengths.max(initial=1))):
+                runs = np.flatnonzero(lengths > j)
+                at = rows[heads[runs] + j]
+                x, has = v[at], m[at]
+                cur, had = acc[runs], ok[runs]
+                if fn in ("count_all", "count", "sum"):
+                    best = cur + x
+                else:
+                    best = np.minimum(cur, x) if fn == "min" else np.maximum(cur, x)
+                acc[runs] = np.where(has, np.where(had, best, x), cur)
+                ok[runs] = had | has
+            vals.append(acc)
+            valid.append(ok)
+        return self._results(vals, valid)
+
+    def _results(self, vals: list[np.ndarray], valid: list[np.ndarray]) -> list[pa.Array]:
+        """Each aggregate's value from its parts' values and validity (mean: sum / count,
+        a float; null where nothing was aggregated)."""
+        out: list[pa.Array] = []
         for fn, parts in self.reads:
             if fn == "mean":
                 s, c = parts
-                total, n = self.vals[s][rows].astype(np.float64), self.vals[c][rows]
-                ok = self.valid[s][rows] & (n > 0)
-                mean = np.divide(total, n, out=np.zeros(len(rows)), where=ok)
+                total, n = vals[s].astype(np.float64), vals[c]
+                ok = valid[s] & (n > 0)
+                mean = np.divide(total, n, out=np.zeros(len(n)), where=ok)
                 out.append(pa.array(mean, mask=~ok, type=pa.float64()))
             else:
                 p = parts[0]
-                out.append(pa.array(self.vals[p][rows], mask=~self.valid[p][rows],
-                                    type=self.types[p]))
+                out.append(pa.array(vals[p], mask=~valid[p], type=self.types[p]))
         return out
 
-    def _key_arrays(self, rows: np.ndarray) -> list[pa.Array]:
-        """The key columns of rows ``rows`` (Arrow)."""
+    def key_arrays(self, rows: np.ndarray) -> list[pa.Array]:
+        """The key columns of rows ``rows`` (Arrow), in the order of ``rows``."""
         taken = pa.array(rows, type=pa.int64())
         out: list[pa.Array] = []
         for chunks, t in zip(self.key_chunks, self.key_types):
@@ -409,7 +438,7 @@ class ColumnarAggregates(KeyedColumns):
 
     def _save_rows(self, rows: np.ndarray, keys: list) -> None:
         if self._primes:
-            self._prime(keys, self._key_arrays(rows))
+            self._prime(keys, self.key_arrays(rows))
         self.table.fast.update(zip(keys, self.accumulators(rows)))
 
 
