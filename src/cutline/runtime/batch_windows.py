@@ -454,7 +454,8 @@ class BatchWindowAggregate(WindowOperator):
 
     def _fire_open(self, ts: float) -> pa.RecordBatch | None:
         """:meth:`on_watermark` of columns: the windows whose end watermark ``ts`` reached,
-        as one record batch (by end; in a window, its keys in the order they came).
+        as one record batch (by end; in a tumbling window, its keys in the order they
+        came).
         Tumbling: their rows are taken out of the columns; panes: each window ending after
         the last watermark and by ``ts`` fires as the merge of the panes it covers
         (:meth:`_merged_panes`), and the panes whose last window fired are taken out.  Rows
@@ -471,11 +472,11 @@ class BatchWindowAggregate(WindowOperator):
         assert o is not None
         starts = self.starts[:o.size]
         fired: list = []  # at the end of input: (row, window) of each window fired
+        # the rows done with: windows that fire, panes whose last window fires (gone: inf)
+        due = np.flatnonzero((starts + self.size <= ts) & (starts < math.inf))
         if self.panes:
             out = self._merged_panes(starts, prev, ts, fired if final else None)
-            due = np.flatnonzero((starts + self.size <= ts) & (starts < math.inf))
         else:
-            due = np.flatnonzero((starts + self.size <= ts) & (starts < math.inf))  # (gone: inf)
             out = None
             if len(due):
                 due = due[np.argsort(starts[due], kind="stable")]
@@ -518,8 +519,8 @@ class BatchWindowAggregate(WindowOperator):
                       fired: list | None) -> dict | None:
         """Panes held as columns (rows of :attr:`open` starting at ``starts``): every
         window ending after ``prev`` and by ``ts`` that covers one of them, as the merge of
-        those panes (by end; in a window, its keys in the order their first pane came; a
-        window's panes merged by start, as the per-key path merges them); ``fired`` gets
+        those panes (by end, then key; a window's panes merged by start, as the per-key
+        path merges them); ``fired`` gets
         (a row of the key, window) of each.  None when no window ends then."""
         slide, size, o = self.slide, self.size, self.open
         assert o is not None
