@@ -305,18 +305,20 @@ def test_columnar_state_merges_as_merge_partial_does(batches, restart, max_keys)
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 12), st.integers(-50, 50) | st.none()), min_size=1,
                 max_size=60),
-       st.lists(st.integers(1, 6), min_size=1, max_size=20), st.randoms())
-def test_columnar_runs_merge_as_merge_partial_does(rows, runs, rnd):
+       st.lists(st.integers(1, 6), min_size=1, max_size=20), st.randoms(),
+       st.sampled_from([pa.int64(), pa.float64()]))
+def test_columnar_runs_merge_as_merge_partial_does(rows, runs, rnd, vtype):
     """Rows merged in runs (``merged``: a sliding window as the merge of its panes) give
     what merge_partial gives merging each run's accumulators one after another, nulls
-    (a sum, min, max, mean of nulls only) included."""
+    (a sum, min, max, mean of nulls only) included; float sums added in the same order."""
     from cutline.runtime.batches import Partials
 
     aggs = (("n", None, "count"), ("s", "v", "sum"), ("lo", "v", "min"), ("hi", "v", "max"),
             ("m", "v", "mean"))
     partials = Partials(aggs)
     t = pa.table({"k": pa.array([k for k, _ in rows], pa.int64()),
-                  "v": pa.array([v for _, v in rows], pa.int64())})
+                  "v": pa.array([v if v is None or vtype == pa.int64() else v / 7
+                                 for _, v in rows], vtype)})
     key_cols, arrays = partials.arrow(t, ["k"])
     cols = ColumnarAggregates([f for _, f in partials.parts], [a.type for a in arrays],
                               [pa.int64()], partials.reads, {}, fresh=True)

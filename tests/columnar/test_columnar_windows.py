@@ -202,6 +202,69 @@ def test_windows_as_columns_snapshot_and_restore_as_per_key(assigner, keys, seed
     assert not _open_windows(again)
 
 
+def _both(assigner, steps, keys=("k",)):
+    """Each step's rows out of the columns and of the per-key path (sorted)."""
+    keys = list(keys)
+    outs = []
+    for op in (_ops(assigner, 0, keys)[0], _per_key(assigner, keys)):
+        got = []
+        for step in steps:
+            items = op.on_watermark(step) if isinstance(step, float) else op.process([step])
+            got.append(sorted(_batch_out(items, keys)[0], key=repr))
+        outs.append((op, got))
+    return outs
+
+
+def test_panes_as_columns_key_zero_and_minus_zero_as_one_key():
+    """Keys 0.0 and -0.0 are one key (Python's dict, the per-key path): a window covering
+    a pane of each fires once, with both rows."""
+    rb = [pa.record_batch({"k": pa.array([k]), "j": [0], "ts": [t], "v": [v]})
+          for k, t, v in ((0.0, 1.0, 1), (-0.0, 3.0, 2))]
+    (cols, got), (_, want) = _both(sliding(4, 2), [*rb, 10.0])
+    assert cols.open is not None
+    got = [sorted((r[0] + 0.0, *r[1:]) for r in rows) for rows in got]  # (equal keys)
+    assert got == want
+    assert [r[1:] for r in got[-1]] == [(-2.0, 2.0, 1, 1, 1, 1.0), (0.0, 4.0, 2, 3, 2, 1.5),
+                                        (2.0, 6.0, 1, 2, 2, 2.0)]
+
+
+@pytest.mark.parametrize("assigner", [sliding(4, 2), tumbling(4)])
+def test_windows_as_columns_take_batches_with_null_typed_columns(assigner):
+    """A batch whose value or key column holds nulls only (Arrow type null) merges into
+    the columns as the per-key path takes it; a first batch with null-typed keys keeps the
+    windows key by key."""
+    def rb(k, v):
+        return pa.record_batch({"k": k, "j": [0], "ts": [1.0], "v": v})
+
+    for steps in ([rb(["a"], [1]), rb(["a"], pa.array([None])), 10.0],
+                  [rb(pa.array([None]), [1]), rb(["a"], [2]), 10.0],
+                  [rb(["a"], [1]), rb(pa.array([None]), [2]), 10.0]):
+        (_, got), (_, want) = _both(assigner, steps)
+        assert got == want and got[-1]
+
+
+def test_firing_panes_of_long_windows_costs_the_windows_that_fire():
+    """A watermark fires the windows ending by it from the panes they cover, not from
+    every live pane times the panes per window: one window of 2,000 panes fires with
+    memory for about its panes (a matrix of every pane and window took 40 MB)."""
+    import tracemalloc
+
+    n = 2000
+    (op, _), = [(o, None) for o in [_ops(sliding(n, 1), 0, ["k"])[0]]]
+    op.process([pa.record_batch({"k": ["a"] * n, "j": [0] * n,
+                                 "ts": [float(t) for t in range(n)], "v": [1] * n})])
+    op.on_watermark(float(n))
+    assert op.open is not None
+    tracemalloc.start()
+    try:
+        rows, _ = _batch_out(op.on_watermark(float(n + 1)), ["k"])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert rows == [("a", 1.0, float(n + 1), n - 1, n - 1, 1, 1.0)]
+    assert peak < 4_000_000, peak
+
+
 def test_windows_saved_then_fired_leave_the_table():
     """A window a snapshot saved and the watermark then fired is gone from the next
     snapshot: restored from it, nothing fires twice."""

@@ -147,7 +147,10 @@ def _key_ids(rb: pa.RecordBatch, columns: list[str]) -> np.ndarray:
     """A dense id per row of ``rb``, equal for rows with equal keys (the ``columns``)."""
     ids: np.ndarray | None = None
     for c in columns:
-        enc = pc.dictionary_encode(rb.column(c), null_encoding="encode")
+        col = rb.column(c)
+        if pa.types.is_floating(col.type):  # -0.0 is 0.0, as Python keys compare
+            col = pc.add(col, pa.scalar(0.0, col.type))
+        enc = pc.dictionary_encode(col, null_encoding="encode")
         col = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         if ids is None:
             ids = col
@@ -409,7 +412,8 @@ class BatchWindowAggregate(WindowOperator):
         if not (self.memory and (type(a) is Tumbling or self.panes) and a.exact
                 and not self.lateness
                 and self.agg.full is None and not self.fired and not self.ahead
-                and all(numeric(p.type) for p in part_arrays)):
+                and all(numeric(p.type) for p in part_arrays)
+                and not any(pa.types.is_null(c.type) for c in key_cols)):
             return
         self.open = ColumnarAggregates(
             [f for _, f in self.vparts.parts], [p.type for p in part_arrays],
@@ -528,11 +532,19 @@ class BatchWindowAggregate(WindowOperator):
         if not len(live):
             return None
         s = starts[live]
-        ends = s[:, None] + np.arange(1, self.copies + 1)[None, :] * slide
-        at, j = np.nonzero((ends > prev) & (ends <= ts))
-        if not len(at):
+        with np.errstate(invalid="ignore"):
+            lo = np.maximum(1.0, np.floor((prev - s) / slide) + 1)
+            hi = np.minimum(float(self.copies), np.floor((ts - s) / slide))
+        lo = lo + (s + lo * slide <= prev)  # (exact: a quotient may round)
+        lo = lo - ((lo > 1) & (s + (lo - 1) * slide > prev))
+        hi = hi - (s + hi * slide > ts)
+        n = np.maximum(hi - lo + 1, 0).astype(np.int64)
+        if not n.sum():
             return None
-        e = ends[at, j]
+        at = np.repeat(np.arange(len(s)), n)
+        first = np.repeat(np.cumsum(n) - n, n)
+        jj = np.repeat(lo, n) + (np.arange(len(at)) - first)
+        e = s[at] + jj * slide
         kid = _key_ids(pa.record_batch(o.key_arrays(live)[:-1], names=self.keys), self.keys)
         order = np.lexsort((s[at], kid[at], e))
         rows, e, k = live[at[order]], e[order], kid[at[order]]

@@ -370,17 +370,29 @@ class ColumnarAggregates(KeyedColumns):
         lengths = np.diff(heads, append=len(rows))
         vals, valid = [], []
         for fn, v, m in zip(self.fns, self.vals, self.valid):
+            x, has = v[rows], m[rows]
+            if fn in ("min", "max") or x.dtype.kind != "f":  # exact in any order: at once
+                ufunc: Any = np.add
+                if fn == "min" or fn == "max":  # (a part with no value never wins)
+                    if x.dtype.kind == "f":
+                        fill: Any = np.inf if fn == "min" else -np.inf
+                    else:
+                        fill = np.iinfo(x.dtype).max if fn == "min" else np.iinfo(x.dtype).min
+                    ufunc = np.minimum if fn == "min" else np.maximum
+                    x = np.where(has, x, fill)
+                else:
+                    x = np.where(has, x, 0)
+                vals.append(ufunc.reduceat(x, heads))
+                valid.append(np.logical_or.reduceat(has, heads))
+                continue
+            # float sums: one pane after another, as the per-key path adds them
             acc, ok = v[rows[heads]], m[rows[heads]].copy()
             for j in range(1, int(lengths.max(initial=1))):
                 runs = np.flatnonzero(lengths > j)
                 at = rows[heads[runs] + j]
                 x, has = v[at], m[at]
                 cur, had = acc[runs], ok[runs]
-                if fn in ("count_all", "count", "sum"):
-                    best = cur + x
-                else:
-                    best = np.minimum(cur, x) if fn == "min" else np.maximum(cur, x)
-                acc[runs] = np.where(has, np.where(had, best, x), cur)
+                acc[runs] = np.where(has, np.where(had, cur + x, x), cur)
                 ok[runs] = had | has
             vals.append(acc)
             valid.append(ok)
@@ -455,6 +467,8 @@ def _cast_exact(arr: Any, t: Any) -> Any:
     became inf.)"""
     import pyarrow.compute as pc
 
+    if pa.types.is_null(arr.type):  # (a batch whose column holds nulls only)
+        return pa.nulls(len(arr), t)
     out = arr.cast(t)
     same = pc.equal(arr, out.cast(arr.type))
     if pa.types.is_floating(arr.type):
