@@ -345,6 +345,105 @@ def test_a_rescaled_restore_never_reopens_a_fired_window(backend, storage):
         op.close()
 
 
+# ---------------------------------------------------------------------- sliding windows as panes
+
+def test_sliding_windows_without_lateness_are_held_as_panes(backend):
+    """A record goes into its one pane (one slide), not into size / slide windows; a window
+    fires as the merge of its panes, and a pane goes when its last window fired."""
+    op = make(sliding(10, 2), backend=backend, late=True)
+    try:
+        assert op.panes
+        op.process([("a", 1), ("a", 3), ("a", 3.5), ("b", 9)])
+        assert {k: set(m) for k, m in op.windows.fast.items()} == {
+            "a": {(0, 2), (2, 4)}, "b": {(8, 10)}}
+        assert results(op.on_watermark(4)) == results([
+            WindowResult("a", -8, 2, 1), WindowResult("a", -6, 4, 3)])
+        assert results(op.on_watermark(12)) == results(
+            [WindowResult("a", s, s + 10, 3 if s > -8 else 1) for s in (-4, -2, 0)]
+            + [WindowResult("a", 2, 12, 2)]
+            + [WindowResult("b", s, s + 10, 1) for s in (0, 2)])
+        assert {k: set(m) for k, m in op.windows.fast.items()} == {"b": {(8, 10)}}
+        # late only for a pane whose last window fired: [2, 12) did, [4, 14) did not
+        assert op.process([("a", 3), ("a", 4.5)]) == [LateRecord(("a", 3))]
+        assert results(op.on_watermark(14)) == results([
+            WindowResult("a", 4, 14, 1), WindowResult("b", 4, 14, 1)])
+    finally:
+        op.close()
+    for lateness, agg in ((3, counting()),
+                          (0, applying(lambda key, window, records: [len(records)]))):
+        other = make(sliding(10, 2), agg, backend=backend, lateness=lateness)
+        try:
+            assert not other.panes  # (windows whole: lateness, or apply)
+        finally:
+            other.close()
+
+
+def test_a_merge_that_reuses_its_target_leaves_the_panes_alone(backend):
+    """A user's merge may reuse its first accumulator (as Flink allows): the panes' own
+    accumulators stay as they were, every window as the per-window operator gives it."""
+    def merge(a, b):
+        a.extend(b)
+        return a
+
+    agg = aggregating(list, lambda acc, r: acc + [r[1]], merge, sorted)
+    steps = [[("a", 1), ("a", 3), ("a", 5), ("a", 9)], 6, [("a", 11)], math.inf]
+    op = make(sliding(6, 2), agg, backend=backend)
+    try:
+        assert op.panes
+        got = results(run(op, steps))
+    finally:
+        op.close()
+    want = collections.defaultdict(list)
+    for t in (1, 3, 5, 9, 11):
+        for w in sliding(6, 2).assign(t):
+            want[(w.start, w.end)].append(t)
+    assert got == results([WindowResult("a", s, e, sorted(v)) for (s, e), v in want.items()])
+
+
+def _outputs(op, steps):
+    """What ``op`` emits for ``steps``, in the model's shape: records' output in order, a
+    Counter of results per watermark."""
+    out = []
+    for step in steps:
+        if isinstance(step, (int, float)):
+            out.append(collections.Counter(op.on_watermark(step)))
+        else:
+            out.extend(op.process(step))
+    return out
+
+
+def test_a_checkpoint_of_whole_sliding_windows_restores_whole(backend, storage):
+    """A checkpoint taken before sliding windows were held as panes (whole windows in the
+    state) restores as whole windows and goes on exactly; one holding panes restored into
+    an operator that now has allowed lateness is refused, naming it."""
+    steps = [[("a", 1), ("b", 2), ("a", 7)], 4, [("a", 8), ("c", 9)]]
+    rest = [[("a", 12), ("b", 3)], 10, [("c", 30)], math.inf]
+    want = model(sliding(10, 5), 0, steps + rest)
+    old = make(sliding(10, 5), backend=backend, late=True)
+    old.panes = False  # as the operator was before panes
+    got = _outputs(old, steps)
+    blob = blob_of(old, storage, 1)
+    old.close()
+    new = make(sliding(10, 5), backend=backend, late=True)
+    try:
+        new.restore([blob])
+        assert not new.panes
+        got += _outputs(new, rest)
+    finally:
+        new.close()
+    assert got == want
+    panes = make(sliding(10, 5), backend=backend, late=True)
+    run(panes, steps)
+    blob = blob_of(panes, storage, 2)
+    panes.close()
+    late = make(sliding(10, 5), backend=backend, lateness=3, late=True)
+    try:
+        with pytest.raises(ValueError, match="'win'.*as panes"):
+            late.restore([blob])
+    finally:
+        late.close()
+
+
 # ---------------------------------------------------------------------- properties
 
 

@@ -618,7 +618,20 @@ class WindowSpec:
     # were (their window was due already where it ran)
     partial: bool = False
 
+    @property
+    def panes(self) -> bool:
+        """Sliding windows kept as panes (slices of one slide; a window fires as the merge
+        of the ``size / slide`` panes it covers, as Flink SQL slices hopping windows): exact
+        sliding windows whose size is a whole number of slides, without allowed lateness,
+        with an aggregate that merges (not ``apply``)."""
+        a, agg = self.assigner, self.aggregate
+        return (type(a) is Sliding and a.exact and a.slide < a.size
+                and not self.allowed_lateness and (a.size / a.slide).is_integer()
+                and agg.merge is not None and agg.full is None and not self.partial)
+
     def state_signature(self) -> str:
         """What a checkpoint's state of this operator depends on (a restore into another
-        signature is refused): the windows and the aggregate, not the lateness."""
+        signature is refused): the windows and the aggregate, not the lateness.  (Panes
+        and whole windows share it: a restore tells them apart by their length,
+        :meth:`cutline.runtime.windows.WindowOperator.restore`.)"""
         return f"{self.assigner.signature()}.{self.aggregate.name}"

@@ -68,11 +68,10 @@ from ..protocol.watermarks import NO_WATERMARK
 from ..protocol.windows import Session, Tumbling
 from ..state.arrow_keys import key_groups
 from ..state.columnar import ColumnarAggregates, numeric
-from ..state.keygroups import key_group
 from .batches import Described, HeldPartials, Partials, is_partial
 from .late import late_error
 from .operators import AssignTimestamps, Operator, UserFunctionError
-from .windows import LateRecord, WindowOperator
+from .windows import LateRecord, WindowOperator, _whole
 
 __all__ = ["BatchAssignTimestamps", "BatchWindowAggregate", "BatchWindowCombine", "seconds"]
 
@@ -128,19 +127,6 @@ def latest_start(ts: np.ndarray, offset: float, slide: float) -> np.ndarray:
     names); the window operator and its combine name windows with it."""
     last = offset + np.floor((ts - offset) / slide) * slide
     return np.where(last > ts, last - slide, np.where(last + slide <= ts, last + slide, last))
-
-
-def _by_window(f: tuple) -> tuple:
-    return f[:3]
-
-
-def _whole(x: float) -> Any:
-    return int(x) if x.is_integer() else x
-
-
-def _grid(t: float) -> float:
-    """A window end, to compare ends computed in different ways (stepping, multiplying)."""
-    return round(float(t), 9)
 
 
 def _key_ids(rb: pa.RecordBatch, columns: list[str]) -> np.ndarray:
@@ -654,97 +640,17 @@ class BatchWindowAggregate(WindowOperator):
         names = self.keys
         keyed = pa.table({k: rb.column(k) for k in names}).take(pa.array(rows)).to_pylist()
         for i, r in zip(rows.tolist(), keyed):
-            marked = self.fired.get(r[names[0]] if len(names) == 1 else
-                                    tuple(r[c] for c in names))
-            if marked:
-                ends = {_grid(w[1]) for w in marked}
-                p, c = float(pane[i]), float(cur[i])
-                out[i] = all(p + j * self.slide <= c or _grid(p + j * self.slide) in ends
-                             for j in range(1, self.copies + 1))
+            k = r[names[0]] if len(names) == 1 else tuple(r[c] for c in names)
+            out[i] = self._pane_fired(k, float(pane[i]), float(cur[i]))
         return out
 
-    def _next_end(self, t: float) -> float:
-        """The first window end after ``t``."""
-        if math.isinf(t):
-            return t
-        return _whole(float(t - np.mod(t - self.offset, self.slide) + self.slide))
-
     def _fire_panes(self, ts: float) -> pa.RecordBatch | None:
-        """:meth:`on_watermark` of panes: per due key, every window ending after the
-        watermark acted on (the key group's, after a rescale) and by ``ts`` that covers one
-        of its panes fires with the merge of those panes; panes whose last window fired
-        are dropped; the key is due again at its next window end.  A window the end of an
-        earlier run's input fired (:attr:`fired`) does not fire again; at the end of input,
-        the windows fired are marked so (as :meth:`WindowOperator.on_watermark` does)."""
-        prev = self.wm
-        keys = self._due_keys(ts)
-        if keys is None:
-            return None
-        marks, final = self.fired, ts == math.inf
-        table, ahead, maxp = self.windows, self.ahead, self.max_parallelism
-        fast, read, delete, at = table.fast, table.read, table.delete, self._at
-        slide, size, copies = self.slide, self.size, self.copies
-        merge, result = self.agg.merge, self.agg.result
-        assert merge is not None  # columns() merge as they add
-        nxt = self._next_end(ts)
-        fired: list = []
-        for seq, k in enumerate(keys):
-            marked = marks.get(k) if marks else None
-            done = None
-            if marked is not None:
-                done = {_grid(w[1]) for w in marked}
-                if not final:
-                    self._unmark_passed(k, marked, ts)
-            m = fast.get(k)
-            if m is None:
-                m = read(k, None)
-                if not m:
-                    continue
-                fast[k] = m
-            p = prev
-            if ahead:
-                g = ahead.get(key_group(k, maxp))
-                if g is not None and g > p:
-                    p = g
-            # the window ends after p and by ts that cover a pane: stepping one slide from
-            # the first (panes and ends are on the grid: exact floats, equal as dict keys)
-            starts = [w[0] for w in m]
-            e = min(starts) + slide
-            if e <= p:
-                e += (math.floor((p - e) / slide) + 1) * slide
-                while e <= p:
-                    e += slide
-            last = min(ts, max(starts) + size)
-            while e <= last:
-                if done is not None and _grid(e) in done:  # fired at an end of input
-                    e += slide
-                    continue
-                acc = None
-                s = e - size
-                for _ in range(copies):
-                    a = m.get((s, s + slide))
-                    if a is not None:
-                        acc = a if acc is None else merge(acc, a)
-                    s += slide
-                if acc is not None:
-                    fired.append((e, e - size, seq, k, acc))
-                    if final:
-                        self._mark(k, (_whole(float(e - size)), _whole(float(e))))
-                e += slide
-            gone = ts - size  # panes starting by then: their last window fired
-            dead = [w for w in m if w[0] <= gone]
-            if len(dead) == len(m):
-                delete(k)
-                continue
-            for w in dead:
-                del m[w]
-            at(max(nxt, min(x for x in starts if x > gone) + slide), k)
-        if ahead:
-            self.ahead = {g: v for g, v in ahead.items() if v > ts}
-        self.state.after_batch()
+        """:meth:`on_watermark` of panes held key by key (:meth:`_panes_due`), as one
+        record batch."""
+        fired = self._panes_due(ts)
         if not fired:
             return None
-        fired.sort(key=_by_window)  # by end, start; keys in the order they came
+        result = self.agg.result
         return self._columns([f[3] for f in fired], [f[1] for f in fired],
                              [f[0] for f in fired], [result(f[4]) for f in fired])
 

@@ -5,7 +5,12 @@ every keyed operator):
 
 * table ``windows``: key -> ``{(start, end): accumulator}``, the key's open windows (and,
   with ``allowed_lateness``, its fired windows until the watermark passes ``end +
-  allowed_lateness``);
+  allowed_lateness``).  Sliding windows whose size is a whole number of slides, without
+  allowed lateness, with an aggregate that merges (``WindowSpec.panes``), hold *panes*
+  there instead, one slide each: a record is added to its one pane, not to ``size /
+  slide`` windows, and a window fires as the merge of the panes it covers (Flink SQL's
+  slicing of hopping windows); a pane goes when its last window fired.  A checkpoint of
+  whole windows (taken before panes) restores as whole windows;
 * table ``window-watermark``: per key group, the watermark the operator acted on, under a
   key that falls in that group (:func:`group_keys`).  After a rescale a subtask's
   watermark starts at the lowest of its inputs' old watermarks; a key group keeps its
@@ -46,7 +51,8 @@ from typing import Any
 
 from ..logical import Node, WindowPartial
 from ..protocol.watermarks import NO_WATERMARK, to_timestamp
-from ..protocol.windows import TimeWindow, Tumbling, WindowResult, WindowSpec, merge_into
+from ..protocol.windows import (Sliding, TimeWindow, Tumbling, WindowResult, WindowSpec,
+                                merge_into)
 from ..state import DeferredSnapshot
 from ..state.keygroups import key_group
 from .late import LATE_STATE, LateDrops, late_error
@@ -100,6 +106,18 @@ def group_keys(max_parallelism: int) -> tuple[int, ...]:
 def _fired_order(f: tuple) -> tuple:
     return f[0]
 
+
+def _by_window(f: tuple) -> tuple:
+    return f[:3]
+
+
+def _whole(x: float) -> Any:
+    return int(x) if x.is_integer() else x
+
+
+def _grid(t: float) -> float:
+    """A window end, to compare ends computed in different ways (stepping, multiplying)."""
+    return round(float(t), 9)
 
 
 _NO_WINDOW = (0, 0)  # (no timestamp is in it: the first record computes its window)
@@ -157,6 +175,13 @@ class WindowOperator(Keyed):
         self.late_records = 0  # dropped or sent to the late output
         # the dropped ones, per key group: keyed state, so counted exactly once
         self.late = LateDrops(self.state.table(LATE_STATE), self.mark_keys, max_parallelism)
+        # sliding windows as panes (one slide each; a window fires as the merge of its
+        # panes): state per key and pane, not per key and window
+        self.panes = spec.panes
+        a = self.assigner
+        if self.panes:
+            self.size, self.slide, self.offset = a.size, a.slide, a.offset  # type: ignore
+            self.copies = round(a.size / a.slide)  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ records
 
@@ -222,6 +247,8 @@ class WindowOperator(Keyed):
         out: list = []
         if type(self.assigner) is Tumbling and self.assigner.exact:
             self._process_tumbling(batch, out)
+        elif self.panes:
+            self._process_panes(batch, out)
         else:
             self._process_any(batch, out)
         self.state.after_batch()
@@ -338,6 +365,13 @@ class WindowOperator(Keyed):
         if end <= cur:  # a fired window, within the lateness: emit it again
             self._fire(k, w, m[w], emit)
 
+    def _not_tumbling(self, record: WindowPartial) -> None:
+        raise RuntimeError(
+            f"window operator {self.uid!r} got a tumbling window's partial aggregate "
+            f"{record!r} (from a checkpoint's in-flight data of a tumbling window), "
+            f"but its windows are {self.assigner!r}: restore it with the windows "
+            f"the checkpoint was taken with")
+
     def _process_any(self, batch: list, out: list) -> None:
         """Sliding and session windows (any assigner)."""
         emit = out.append
@@ -348,11 +382,7 @@ class WindowOperator(Keyed):
         at, n, fired = self._at, len(batch), self.fired
         for i, record in enumerate(batch):
             if type(record) is WindowPartial:
-                raise RuntimeError(
-                    f"window operator {self.uid!r} got a tumbling window's partial aggregate "
-                    f"{record!r} (from a checkpoint's in-flight data of a tumbling window), "
-                    f"but its windows are {self.assigner!r}: restore it with the windows "
-                    f"the checkpoint was taken with")
+                self._not_tumbling(record)
             try:
                 k = key_fn(record)
                 ts = to_timestamp(ts_fn(record))
@@ -388,6 +418,150 @@ class WindowOperator(Keyed):
                             self._fire(k, w, acc, emit)
                 if late:
                     self._late(record, emit, k, ts, cur)
+            except Exception as exc:  # noqa: BLE001 - reported with the record
+                self._failed(record, exc, i, n)
+
+    def _next_end(self, t: float) -> float:
+        """The first window end after ``t``."""
+        if math.isinf(t):
+            return t
+        return _whole(float(t - (t - self.offset) % self.slide + self.slide))
+
+    def _panes_due(self, ts: float) -> list | None:
+        """:meth:`on_watermark` of panes held key by key: per due key, every window ending
+        after the watermark acted on (the key group's, after a rescale) and by ``ts`` that
+        covers one of its panes fires with the merge of those panes; panes whose last window fired
+        are dropped; the key is due again at its next window end.  A window the end of an
+        earlier run's input fired (:attr:`fired`) does not fire again; at the end of input,
+        the windows fired are marked so (as :meth:`on_watermark` does).  Returns the
+        windows fired, ``(end, start, seq, key, accumulator)`` by end, start and the order
+        the keys came in, or None."""
+        prev = self.wm
+        keys = self._due_keys(ts)
+        if keys is None:
+            return None
+        marks, final = self.fired, ts == _INF
+        table, ahead, maxp = self.windows, self.ahead, self.max_parallelism
+        fast, read, delete, at = table.fast, table.read, table.delete, self._at
+        slide, size, copies = self.slide, self.size, self.copies
+        merge, create = self.agg.merge, self.agg.create
+        assert merge is not None  # (panes only where the aggregate merges)
+        # a user's merge may reuse its first accumulator as the target (as Flink allows):
+        # a pane's stays its own, the merge starts from a new one
+        own = self.agg.name == "aggregate"
+        nxt = self._next_end(ts)
+        fired: list = []
+        for seq, k in enumerate(keys):
+            marked = marks.get(k) if marks else None
+            done = None
+            if marked is not None:
+                done = {_grid(w[1]) for w in marked}
+                if not final:
+                    self._unmark_passed(k, marked, ts)
+            m = fast.get(k)
+            if m is None:
+                m = read(k, None)
+                if not m:
+                    continue
+                fast[k] = m
+            p = prev
+            if ahead:
+                g = ahead.get(key_group(k, maxp))
+                if g is not None and g > p:
+                    p = g
+            # the window ends after p and by ts that cover a pane: stepping one slide from
+            # the first (panes and ends are on the grid: exact floats, equal as dict keys)
+            starts = [w[0] for w in m]
+            e = min(starts) + slide
+            if e <= p:
+                e += (math.floor((p - e) / slide) + 1) * slide
+                while e <= p:
+                    e += slide
+            last = min(ts, max(starts) + size)
+            while e <= last:
+                if done is not None and _grid(e) in done:  # fired at an end of input
+                    e += slide
+                    continue
+                acc = None
+                s = e - size
+                for _ in range(copies):
+                    a = m.get((s, s + slide))
+                    if a is not None:
+                        acc = (merge(create(), a) if own else a) if acc is None else \
+                            merge(acc, a)
+                    s += slide
+                if acc is not None:
+                    fired.append((e, e - size, seq, k, acc))
+                    if final:
+                        self._mark(k, (_whole(float(e - size)), _whole(float(e))))
+                e += slide
+            gone = ts - size  # panes starting by then: their last window fired
+            dead = [w for w in m if w[0] <= gone]
+            if len(dead) == len(m):
+                delete(k)
+                continue
+            for w in dead:
+                del m[w]
+            at(max(nxt, min(x for x in starts if x > gone) + slide), k)
+        if ahead:
+            self.ahead = {g: v for g, v in ahead.items() if v > ts}
+        self.state.after_batch()
+        if not fired:
+            return None
+        fired.sort(key=_by_window)  # by end, start; keys in the order they came
+        return fired
+
+    def _pane_fired(self, key: Any, pane: float, cur: float) -> bool:
+        """Whether every window of pane ``pane`` of ``key`` that ends after watermark
+        ``cur`` is one the end of an earlier run's input fired (:attr:`fired`): a value
+        for it is late."""
+        marked = self.fired.get(key)
+        if not marked:
+            return False
+        ends = {_grid(w[1]) for w in marked}
+        slide = self.slide
+        return all(pane + j * slide <= cur or _grid(pane + j * slide) in ends
+                   for j in range(1, self.copies + 1))
+
+    def _process_panes(self, batch: list, out: list) -> None:
+        """Sliding windows as panes (:attr:`WindowSpec.panes`), record by record: a
+        record's value goes into its one pane (its slide) instead of ``size / slide``
+        windows; it is late when its pane's last window fired (all its windows did).  A
+        new pane is due at the first of its windows not fired yet."""
+        emit = out.append
+        key_fn, ts_fn, agg = self.key_fn, self.ts_fn, self.agg
+        value_fn, create, add = agg.value, agg.create, agg.add
+        table = self.windows
+        fast, mutable = table.fast, table.mutable
+        slide, size, offset = self.slide, self.size, self.offset
+        wm, ahead, at, fired = self.wm, self.ahead, self._at, self.fired
+        nxt = self._next_end(wm)
+        floor, w = math.floor, _NO_WINDOW
+        n = len(batch)
+        for i, record in enumerate(batch):
+            if type(record) is WindowPartial:
+                self._not_tumbling(record)
+            try:
+                k = key_fn(record)
+                ts = ts_fn(record)
+                t = type(ts)
+                if t is not int and (t is not float or ts != ts or ts == _INF or ts == -_INF):
+                    ts = to_timestamp(ts)
+                cur = self._watermark_of(k) if ahead else wm
+                if not w[0] <= ts < w[1]:  # not the previous record's pane
+                    w = window_of(ts, offset, slide, floor)
+                if w[0] + size <= cur or (fired and self._pane_fired(k, w[0], cur)):
+                    self._late(record, emit, k, ts, cur)
+                    continue
+                m = fast.get(k)
+                if m is None:
+                    m = mutable(k, dict)
+                acc = m.get(w, _MISSING)
+                if acc is _MISSING:
+                    acc = create()
+                    end = w[1]
+                    at(end if end > nxt else nxt, k)
+                m[w] = add(acc, record if value_fn is None else value_fn(record))
             except Exception as exc:  # noqa: BLE001 - reported with the record
                 self._failed(record, exc, i, n)
 
@@ -465,6 +639,8 @@ class WindowOperator(Keyed):
         those past ``end + allowed_lateness``.  At the end of input (``inf``) the windows it
         fires above the last real watermark are marked fired, and the accumulators the
         lateness still covers (from that watermark) are kept: see the module docstring."""
+        if self.panes:
+            return self._pane_results(ts)
         prev = self.wm
         keys = self._due_keys(ts)
         if keys is None:
@@ -540,6 +716,23 @@ class WindowOperator(Keyed):
         self.state.after_batch()
         return out
 
+    def _pane_results(self, ts: float) -> list:
+        """:meth:`on_watermark` of panes: a result per key and window fired."""
+        fired = self._panes_due(ts)
+        if not fired:
+            return []
+        result, new = self.agg.result, tuple.__new__
+        e = k = None
+        try:
+            out = []
+            for e, s, _, k, acc in fired:
+                out.append(new(WindowResult, (k, _whole(float(s)), _whole(float(e)),
+                                              result(acc))))
+        except Exception as exc:
+            raise UserFunctionError(self.uid, "window", f"window ending {e!r} of key {k!r}",
+                                    exc) from exc
+        return out
+
     def held_windows(self) -> int:
         """How many (key, window) pairs are due to fire or be dropped (an upper bound on
         the windows open: an entry may be stale)."""
@@ -566,12 +759,15 @@ class WindowOperator(Keyed):
         marks: dict[int, float] = {}
         late: dict[int, int] = {}
         lateness, at = self.lateness, self._at
+        span = None  # one window's length: panes (a slide) or whole windows
         for g, name, key, value in self.state.entries():
             if name == WINDOWS:
                 for w in value:
                     at(w[1], key)
                     if lateness:
                         at(w[1] + lateness, key)
+                    if span is None:
+                        span = w[1] - w[0]
             elif name == MARKS and self.mark_keys.get(g) == key:
                 marks[g] = value
             elif name == FIRED and value:  # fired at the end of input: due to be forgotten
@@ -582,10 +778,29 @@ class WindowOperator(Keyed):
             elif name == LATE_STATE:
                 late[g] = value
         self.late.restored(late)
+        self._restored_span(span)
         owned = self.mark_keys
         self.wm = (min(marks[g] for g in owned) if owned and all(g in marks for g in owned)
                    else NO_WATERMARK)
         self.ahead = {g: v for g, v in marks.items() if v > self.wm}
+
+    def _restored_span(self, span: Any) -> None:
+        """Sliding windows: a checkpoint taken before they were kept as panes holds whole
+        windows, which do not split into panes: the operator keeps them whole (as it kept
+        them).  One whose state holds panes restored where panes cannot serve (allowed
+        lateness or ``apply`` added since) is refused, naming the operator."""
+        a = self.assigner
+        if span is None or type(a) is not Sliding or not a.exact or a.slide >= a.size:
+            return
+        if self.panes and span != a.slide:
+            self.panes = False
+        elif not self.panes and span == a.slide:
+            raise ValueError(
+                f"window operator {self.uid!r}: the checkpoint holds its sliding windows "
+                f"as panes (one slide each), which only serve windows without "
+                f"allowed_lateness and with an aggregate that merges (not apply); the "
+                f"pipeline now asks for allowed_lateness={self.lateness!r} or apply: "
+                f"restore it as it was, or start it without this checkpoint")
 
 
 class WindowCombine(Operator):
