@@ -378,63 +378,40 @@ def test_sliding_windows_without_lateness_are_held_as_panes(backend):
             other.close()
 
 
-def test_a_merge_that_reuses_its_target_leaves_the_panes_alone(backend):
-    """A user's merge may reuse its first accumulator (as Flink allows): the panes' own
-    accumulators stay as they were, every window as the per-window operator gives it."""
+def test_only_counts_and_summaries_of_few_slides_are_held_as_panes():
+    """A user's reduce runs in arrival order and a user's merge may reuse either
+    accumulator (as Flink allows): those keep whole windows, as do windows of more than
+    MAX_PANES slides (a window merges that many panes)."""
     def merge(a, b):
         a.extend(b)
         return a
 
-    agg = aggregating(list, lambda acc, r: acc + [r[1]], merge, sorted)
-    steps = [[("a", 1), ("a", 3), ("a", 5), ("a", 9)], 6, [("a", 11)], math.inf]
-    op = make(sliding(6, 2), agg, backend=backend)
-    try:
-        assert op.panes
-        got = results(run(op, steps))
-    finally:
-        op.close()
-    want = collections.defaultdict(list)
-    for t in (1, 3, 5, 9, 11):
-        for w in sliding(6, 2).assign(t):
-            want[(w.start, w.end)].append(t)
-    assert got == results([WindowResult("a", s, e, sorted(v)) for (s, e), v in want.items()])
+    for agg, assigner, held in (
+            (counting(), sliding(64, 1), True), (summarizing("mean", "x"), sliding(6, 2), True),
+            (counting(), sliding(65, 1), False), (reducing(lambda a, b: b), sliding(6, 2), False),
+            (aggregating(list, lambda acc, r: acc + [r], merge, None), sliding(6, 2), False)):
+        op = make(assigner, agg)
+        try:
+            assert op.panes is held, (agg.name, assigner)
+        finally:
+            op.close()
 
 
-def _outputs(op, steps):
-    """What ``op`` emits for ``steps``, in the model's shape: records' output in order, a
-    Counter of results per watermark."""
-    out = []
-    for step in steps:
-        if isinstance(step, (int, float)):
-            out.append(collections.Counter(op.on_watermark(step)))
-        else:
-            out.extend(op.process(step))
-    return out
-
-
-def test_a_checkpoint_of_whole_sliding_windows_restores_whole(backend, storage):
+def test_a_checkpoint_of_whole_sliding_windows_restores_beside_panes(backend, storage):
     """A checkpoint taken before sliding windows were held as panes (whole windows in the
-    state) restores as whole windows and goes on exactly; one holding panes restored into
-    an operator that now has allowed lateness is refused, naming it."""
-    steps = [[("a", 1), ("b", 2), ("a", 7)], 4, [("a", 8), ("c", 9)]]
-    rest = [[("a", 12), ("b", 3)], 10, [("c", 30)], math.inf]
-    want = model(sliding(10, 5), 0, steps + rest)
+    state) restores beside panes, rescaled to two subtasks (one with whole windows, one
+    without) and back to one (both kinds in one state): a window fires as the merge of
+    its whole window and its panes, exactly the model's output.  A state holding panes
+    restored into an operator that now has allowed lateness is refused, naming it."""
+    steps = [[("a", 1), ("b", 2), ("a", 7)], 4, [("a", 8), ("c", 9)], [("a", 12), ("b", 3)],
+             10, [("c", 30), ("a", 13)], 12, [("b", 14), ("a", 9)], 16, math.inf]
     old = make(sliding(10, 5), backend=backend, late=True)
     old.panes = False  # as the operator was before panes
-    got = _outputs(old, steps)
-    blob = blob_of(old, storage, 1)
-    old.close()
-    new = make(sliding(10, 5), backend=backend, late=True)
-    try:
-        new.restore([blob])
-        assert not new.panes
-        got += _outputs(new, rest)
-    finally:
-        new.close()
-    assert got == want
+    got = drive([old], steps, storage, {3: 2, 6: 1}, backend, sliding(10, 5), 0)
+    assert got == model(sliding(10, 5), 0, steps)
     panes = make(sliding(10, 5), backend=backend, late=True)
-    run(panes, steps)
-    blob = blob_of(panes, storage, 2)
+    run(panes, steps[:3])
+    blob = blob_of(panes, storage, 9)
     panes.close()
     late = make(sliding(10, 5), backend=backend, lateness=3, late=True)
     try:
@@ -517,6 +494,8 @@ def test_same_output_as_the_model_with_any_restores(steps, kind, lateness, data,
                                          st.sampled_from([1, 2, 3]), max_size=3))
     backend = data.draw(st.sampled_from(BACKENDS))
     ops = [make(assigner, backend=backend, lateness=lateness, late=True)]
+    if data.draw(st.booleans()):  # whole sliding windows, as before panes, restored beside them
+        ops[0].panes = False
     got = drive(ops, steps, storage, restores, backend, assigner, lateness)
     assert got == want
 

@@ -598,6 +598,10 @@ def applying(fn: Callable[[Any, TimeWindow, list], Iterable[Any] | None]) -> Agg
     return Aggregate("apply", _new_list, _append, _plus, _identity, full=fn)
 
 
+MAX_PANES = 64  # sliding windows of more slides keep whole windows (a window merges them)
+_PANE_AGGREGATES = ("sum(", "min(", "max(", "mean(")  # (summarizing's names; and count)
+
+
 @dataclass
 class WindowSpec:
     """A window operator's definition (its logical node's ``fn``): the assigner, how late a
@@ -622,12 +626,16 @@ class WindowSpec:
     def panes(self) -> bool:
         """Sliding windows kept as panes (slices of one slide; a window fires as the merge
         of the ``size / slide`` panes it covers, as Flink SQL slices hopping windows): exact
-        sliding windows whose size is a whole number of slides, without allowed lateness,
-        with an aggregate that merges (not ``apply``)."""
-        a, agg = self.assigner, self.aggregate
+        sliding windows whose size is a whole number of slides (at most
+        :data:`MAX_PANES`: a window merges that many), without allowed lateness, counting
+        or summarizing (``sum``, ``min``, ``max``, ``mean``: a user's ``reduce`` runs in
+        arrival order and a user's ``merge`` may reuse either accumulator, so those keep
+        whole windows)."""
+        a, name = self.assigner, self.aggregate.name
         return (type(a) is Sliding and a.exact and a.slide < a.size
                 and not self.allowed_lateness and (a.size / a.slide).is_integer()
-                and agg.merge is not None and agg.full is None and not self.partial)
+                and a.size / a.slide <= MAX_PANES and not self.partial
+                and (name == "count" or name.startswith(_PANE_AGGREGATES)))
 
     def state_signature(self) -> str:
         """What a checkpoint's state of this operator depends on (a restore into another

@@ -6,11 +6,12 @@ every keyed operator):
 * table ``windows``: key -> ``{(start, end): accumulator}``, the key's open windows (and,
   with ``allowed_lateness``, its fired windows until the watermark passes ``end +
   allowed_lateness``).  Sliding windows whose size is a whole number of slides, without
-  allowed lateness, with an aggregate that merges (``WindowSpec.panes``), hold *panes*
+  allowed lateness, counting or summarizing (``WindowSpec.panes``), hold *panes*
   there instead, one slide each: a record is added to its one pane, not to ``size /
   slide`` windows, and a window fires as the merge of the panes it covers (Flink SQL's
-  slicing of hopping windows); a pane goes when its last window fired.  A checkpoint of
-  whole windows (taken before panes) restores as whole windows;
+  slicing of hopping windows); a pane goes when its last window fired.  Whole windows
+  from a checkpoint taken before panes stay beside them and fire merged with their
+  panes;
 * table ``window-watermark``: per key group, the watermark the operator acted on, under a
   key that falls in that group (:func:`group_keys`).  After a rescale a subtask's
   watermark starts at the lowest of its inputs' old watermarks; a key group keeps its
@@ -178,6 +179,7 @@ class WindowOperator(Keyed):
         # sliding windows as panes (one slide each; a window fires as the merge of its
         # panes): state per key and pane, not per key and window
         self.panes = spec.panes
+        self.whole = False  # panes, and whole windows restored from before panes
         a = self.assigner
         if self.panes:
             self.size, self.slide, self.offset = a.size, a.slide, a.offset  # type: ignore
@@ -444,11 +446,8 @@ class WindowOperator(Keyed):
         table, ahead, maxp = self.windows, self.ahead, self.max_parallelism
         fast, read, delete, at = table.fast, table.read, table.delete, self._at
         slide, size, copies = self.slide, self.size, self.copies
-        merge, create = self.agg.merge, self.agg.create
+        merge, whole = self.agg.merge, self.whole
         assert merge is not None  # (panes only where the aggregate merges)
-        # a user's merge may reuse its first accumulator as the target (as Flink allows):
-        # a pane's stays its own, the merge starts from a new one
-        own = self.agg.name == "aggregate"
         nxt = self._next_end(ts)
         fired: list = []
         for seq, k in enumerate(keys):
@@ -482,13 +481,13 @@ class WindowOperator(Keyed):
                 if done is not None and _grid(e) in done:  # fired at an end of input
                     e += slide
                     continue
-                acc = None
                 s = e - size
+                # a whole window from a checkpoint taken before panes: its records so far
+                acc = m.get((s, e)) if whole else None
                 for _ in range(copies):
                     a = m.get((s, s + slide))
                     if a is not None:
-                        acc = (merge(create(), a) if own else a) if acc is None else \
-                            merge(acc, a)
+                        acc = a if acc is None else merge(acc, a)
                     s += slide
                 if acc is not None:
                     fired.append((e, e - size, seq, k, acc))
@@ -759,15 +758,14 @@ class WindowOperator(Keyed):
         marks: dict[int, float] = {}
         late: dict[int, int] = {}
         lateness, at = self.lateness, self._at
-        span = None  # one window's length: panes (a slide) or whole windows
+        spans = set()  # the windows' lengths: panes (a slide), whole windows (the size)
         for g, name, key, value in self.state.entries():
             if name == WINDOWS:
                 for w in value:
                     at(w[1], key)
                     if lateness:
                         at(w[1] + lateness, key)
-                    if span is None:
-                        span = w[1] - w[0]
+                    spans.add(w[1] - w[0])
             elif name == MARKS and self.mark_keys.get(g) == key:
                 marks[g] = value
             elif name == FIRED and value:  # fired at the end of input: due to be forgotten
@@ -778,29 +776,31 @@ class WindowOperator(Keyed):
             elif name == LATE_STATE:
                 late[g] = value
         self.late.restored(late)
-        self._restored_span(span)
+        self._restored_spans(spans)
         owned = self.mark_keys
         self.wm = (min(marks[g] for g in owned) if owned and all(g in marks for g in owned)
                    else NO_WATERMARK)
         self.ahead = {g: v for g, v in marks.items() if v > self.wm}
 
-    def _restored_span(self, span: Any) -> None:
+    def _restored_spans(self, spans: set) -> None:
         """Sliding windows: a checkpoint taken before they were kept as panes holds whole
-        windows, which do not split into panes: the operator keeps them whole (as it kept
-        them).  One whose state holds panes restored where panes cannot serve (allowed
-        lateness or ``apply`` added since) is refused, naming the operator."""
+        windows (any subtask's, after a rescale: beside panes): a window fires as the
+        merge of its whole window, if any, and its panes, so whole windows drain as they
+        fire.  A state holding panes restored where panes cannot serve (allowed lateness,
+        another aggregate, since) is refused, naming the operator."""
         a = self.assigner
-        if span is None or type(a) is not Sliding or not a.exact or a.slide >= a.size:
+        if not spans or type(a) is not Sliding or not a.exact or a.slide >= a.size:
             return
-        if self.panes and span != a.slide:
-            self.panes = False
-        elif not self.panes and span == a.slide:
+        if self.panes:
+            self.whole = any(x != a.slide for x in spans)
+        elif a.slide in spans:
             raise ValueError(
                 f"window operator {self.uid!r}: the checkpoint holds its sliding windows "
-                f"as panes (one slide each), which only serve windows without "
-                f"allowed_lateness and with an aggregate that merges (not apply); the "
-                f"pipeline now asks for allowed_lateness={self.lateness!r} or apply: "
-                f"restore it as it was, or start it without this checkpoint")
+                f"as panes (one slide each), which serve only windows without "
+                f"allowed_lateness counting or summarizing (sum, min, max, mean); the "
+                f"pipeline now has allowed_lateness={self.lateness!r} and "
+                f"{self.agg.name}: restore it as it was, or start it without this "
+                f"checkpoint")
 
 
 class WindowCombine(Operator):
