@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from .protocol.windows import WindowSpec
+from .protocol.windows import WindowSpec, sliceable
 
 __all__ = ["AGGREGATES", "AggSpec", "BatchFunction", "BatchWindowSpec", "CountSpec", "FORWARD",
            "LatestSpec",
@@ -387,9 +387,7 @@ class BatchWindowSpec:
         """Sliding windows kept as panes (slices of one slide; a window is the merge of the
         ``size / slide`` panes it covers, as Flink SQL slices hopping windows): exact
         sliding windows whose size is a whole number of slides, without allowed lateness."""
-        a = self.assigner
-        return (type(a).__name__ == "Sliding" and a.exact and a.slide < a.size
-                and not self.allowed_lateness and (a.size / a.slide).is_integer())
+        return sliceable(self.assigner, self.allowed_lateness)
 
     def state_signature(self) -> str:
         """A restore into other windows or aggregates is refused (panes too: their state

@@ -602,6 +602,15 @@ MAX_PANES = 64  # sliding windows of more slides keep whole windows (a window me
 _PANE_AGGREGATES = ("sum(", "min(", "max(", "mean(")  # (summarizing's names; and count)
 
 
+def sliceable(assigner: WindowAssigner, allowed_lateness: float) -> bool:
+    """Windows that panes (slices of one slide) can hold: exact sliding windows whose size
+    is a whole number of slides, without allowed lateness (the batch and the per-record
+    window operators add their own conditions)."""
+    a = assigner
+    return (type(a) is Sliding and a.exact and a.slide < a.size
+            and not allowed_lateness and (a.size / a.slide).is_integer())
+
+
 @dataclass
 class WindowSpec:
     """A window operator's definition (its logical node's ``fn``): the assigner, how late a
@@ -632,9 +641,8 @@ class WindowSpec:
         arrival order and a user's ``merge`` may reuse either accumulator, so those keep
         whole windows)."""
         a, name = self.assigner, self.aggregate.name
-        return (type(a) is Sliding and a.exact and a.slide < a.size
-                and not self.allowed_lateness and (a.size / a.slide).is_integer()
-                and a.size / a.slide <= MAX_PANES and not self.partial
+        return (sliceable(a, self.allowed_lateness)
+                and a.size / a.slide <= MAX_PANES and not self.partial  # type: ignore
                 and (name == "count" or name.startswith(_PANE_AGGREGATES)))
 
     def state_signature(self) -> str:

@@ -472,12 +472,8 @@ class BatchWindowAggregate(WindowOperator):
                 due = due[np.argsort(starts[due], kind="stable")]
                 cols = o.rows(due)
                 nk = len(self.keys)
-                out = {k: _as_inferred(a) for k, a in zip(self.keys, cols[:nk])}
                 s = starts[due]
-                out["start"] = pa.array(s, pa.float64())
-                out["end"] = pa.array(s + self.size, pa.float64())
-                for name, arr in zip(self.names, cols[nk + 1:]):
-                    out[name] = _as_inferred(arr)
+                out = self._fired_columns(cols[:nk], s, s + self.size, cols[nk + 1:])
                 if final:
                     fired = [(r, None) for r in due.tolist()]
         if not len(due):
@@ -504,6 +500,17 @@ class BatchWindowAggregate(WindowOperator):
             self.gone = 0
         self.state.after_batch()
         return None if out is None else pa.RecordBatch.from_pydict(out)
+
+    def _fired_columns(self, keys: list, starts: np.ndarray, ends: np.ndarray,
+                       values: list) -> dict[str, Any]:
+        """Windows fired from columns: key columns, start, end, aggregates (as
+        :meth:`_columns` types them)."""
+        out: dict[str, Any] = {k: _as_inferred(a) for k, a in zip(self.keys, keys)}
+        out["start"] = pa.array(starts, pa.float64())
+        out["end"] = pa.array(ends, pa.float64())
+        for name, arr in zip(self.names, values):
+            out[name] = _as_inferred(arr)
+        return out
 
     def _merged_panes(self, starts: np.ndarray, prev: float, ts: float,
                       fired: list | None) -> dict | None:
@@ -538,14 +545,9 @@ class BatchWindowAggregate(WindowOperator):
         new[1:] = (e[1:] != e[:-1]) | (k[1:] != k[:-1])
         heads = np.flatnonzero(new)
         firsts = rows[heads]
-        nk = len(self.keys)
-        out: dict[str, Any] = {name: _as_inferred(a) for name, a in
-                               zip(self.keys, o.key_arrays(firsts)[:nk])}
         end = e[heads]
-        out["start"] = pa.array(end - size, pa.float64())
-        out["end"] = pa.array(end, pa.float64())
-        for name, arr in zip(self.names, o.merged(rows, heads)):
-            out[name] = _as_inferred(arr)
+        out = self._fired_columns(o.key_arrays(firsts)[:len(self.keys)], end - size, end,
+                                  o.merged(rows, heads))
         if fired is not None:
             fired.extend((r, (_whole(float(x - size)), _whole(float(x))))
                          for r, x in zip(firsts.tolist(), end.tolist()))
