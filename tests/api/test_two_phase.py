@@ -544,3 +544,42 @@ def test_per_record_tumbling_windows_name_each_window_once_exactly(size, offset,
     for r in op.on_watermark(float("inf")):
         got[(r.key, Fraction(r.start), Fraction(r.end))] += r.value
     assert got == want
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d"]),
+                          st.sampled_from([0.0, -0.0, 60.0, 120.0, float("nan")]),
+                          st.integers(-5, 5) | st.none()), min_size=1, max_size=30),
+       st.booleans(), st.sampled_from([pa.float64(), pa.int64()]), st.booleans())
+def test_grouping_by_a_constant_key_column_gives_every_keys_groups(rows, same, stype, partial):
+    """Partials grouped by (key, start) where ``start`` holds one value (a window combine's
+    batch, most often) come out as grouping by both columns gives them: the same groups in
+    the same order, the column's type kept; a column that is not one value bit for bit
+    (0.0 beside -0.0, a null) is grouped as it is."""
+    from cutline.runtime.batches import Partials, _constant_key
+
+    partials = Partials((("n", None, "count"), ("s", "v", "sum"), ("m", "v", "mean")))
+    starts = [rows[0][1]] * len(rows) if same else [s for _, s, _ in rows]
+    if stype == pa.int64():
+        starts = [None if s != s else int(s) for s in starts]  # (nan: a null)
+    t = pa.table({"user": [u for u, _, _ in rows], "__window_start": pa.array(starts, stype),
+                  "v": pa.array([v for _, _, v in rows], pa.int64())})
+    if partial:  # partials merged again (the combine's and the aggregation's merge)
+        t = partials.partial(pa.concat_tables([t, t]), ["user", "__window_start"])
+    got = partials.partial(t, ["user", "__window_start"], partial)
+    grouped = t.group_by(["user", "__window_start"], use_threads=False).aggregate(
+        partials.merge if partial else [([] if c == "" else c, f) for c, f in partials.parts])
+    names = partials.merged_names if partial else partials.names
+    want = pa.table([grouped["user"], grouped["__window_start"], *(grouped[n] for n in names)],
+                    names=got.column_names)
+    assert got.schema == want.schema
+    assert got.to_pylist() == want.to_pylist() or (  # (nan != nan: compared as bits)
+        pa.types.is_floating(stype) and got.drop_columns(["__window_start"]).equals(
+            want.drop_columns(["__window_start"])) and np.array_equal(
+            got["__window_start"].to_numpy().view(np.int64),
+            want["__window_start"].to_numpy().view(np.int64)))
+    col = t["__window_start"].combine_chunks()
+    bits = col.to_numpy(zero_copy_only=False).view(np.int64) if not col.null_count else None
+    constant = t.num_rows > 1 and bits is not None and bool((bits == bits[0]).all())
+    assert _constant_key(t, ["user", "__window_start"]) == ("__window_start" if constant
+                                                            else None)

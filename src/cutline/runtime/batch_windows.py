@@ -67,7 +67,7 @@ from ..logical import BatchWindowSpec, Node
 from ..protocol.watermarks import NO_WATERMARK
 from ..protocol.windows import Session, Tumbling
 from ..state.arrow_keys import key_groups
-from ..state.columnar import ColumnarAggregates, numeric
+from ..state.columnar import ColumnarAggregates, HeldKeys, numeric
 from .batches import Described, HeldPartials, Partials, is_partial
 from .late import late_error
 from .operators import AssignTimestamps, Operator, UserFunctionError
@@ -401,10 +401,6 @@ class BatchWindowAggregate(WindowOperator):
                 and all(numeric(p.type) for p in part_arrays)
                 and not any(pa.types.is_null(c.type) for c in key_cols)):
             return
-        self.open = ColumnarAggregates(
-            [f for _, f in self.vparts.parts], [p.type for p in part_arrays],
-            [c.type for c in key_cols], self.vparts.reads[:len(self.partials.reads)],
-            table={}, track=False)
         # the restored windows (every key holding any is due: :meth:`restore`)
         keys: dict = {}
         for due in self._due.values():
@@ -416,10 +412,15 @@ class BatchWindowAggregate(WindowOperator):
                 found[(k, float(w[0])) if one else (*k, float(w[0]))] = acc
         self._due.clear()
         self._times.clear()
+        # the columns read what a restore brought (``found``) once, by its rows, and
+        # nothing else: a new window's row starts empty, with no lookup
+        self.open = ColumnarAggregates(
+            [f for _, f in self.vparts.parts], [p.type for p in part_arrays],
+            [c.type for c in key_cols], self.vparts.reads[:len(self.partials.reads)],
+            table=found, track=False, fresh=not found)
         if found:
-            self.open.table = found  # (read once, by the new rows: ``_load``)
             rows = self.open.rows_of(list(found))
-            self.open.table = {}
+            self.open.table, self.open.held = {}, HeldKeys(True)
             self._held(rows, np.array([k[-1] for k in found], dtype=np.float64))
             self.saved[rows] = True
 
@@ -802,12 +803,17 @@ class BatchWindowCombine(HeldPartials, Operator):
                 cols = {k: rb.column(k) for k in self.keys}
                 cols.update({c: rb.column(c) for c, _ in self.partials.parts if c})
                 table = pa.table(cols).append_column(_START, pa.array(starts))
-                part = self.partials.partial(table, self.group)
+                lo, hi = starts.min(), starts.max()
+                if lo == hi or (hi - lo) / self.size >= 4:
+                    parts = [self.partials.partial(table, self.group)]
+                else:  # a few windows: grouped one at a time, by key alone (Partials.arrow)
+                    parts = [self.partials.partial(table.filter(pa.array(starts == s)),
+                                                   self.group) for s in np.unique(starts)]
             except (KeyError, ValueError, TypeError, pa.ArrowInvalid,
                     pa.ArrowNotImplementedError) as exc:
                 raise UserFunctionError(self.agg_uid, "window", Described(rb), exc) from exc
-            self.held.append(part)
-            self.rows += part.num_rows
+            self.held.extend(parts)
+            self.rows += sum(part.num_rows for part in parts)
         out.extend(self._spill())
         return out
 

@@ -280,14 +280,21 @@ class Partials:
         """``table`` grouped by ``keys``: the key columns and the partial columns (Arrow).
         ``partial``: ``table`` holds partials already (:meth:`partial`'s columns): they
         are merged."""
+        keys = list(keys)
+        # a key column holding one value (a window start, in most batches) is left out of
+        # the grouping and put back: hashing one column less (a third of a window
+        # combine's ``group_by``)
+        same = _constant_key(table, keys)
+        by = keys if same is None else [k for k in keys if k != same]
         if partial:
-            grouped = table.group_by(list(keys), use_threads=False).aggregate(self.merge)
+            grouped = table.group_by(by, use_threads=False).aggregate(self.merge)
             names, wanted = grouped.column_names, self.merged_names
         else:
-            grouped = table.group_by(list(keys), use_threads=False).aggregate(
+            grouped = table.group_by(by, use_threads=False).aggregate(
                 [([] if c == "" else c, f) for c, f in self.parts])
             names, wanted = grouped.column_names, self.names
-        return ([grouped.column(names.index(k)) for k in keys],
+        return ([pa.repeat(table.column(k)[0], grouped.num_rows) if k == same
+                 else grouped.column(names.index(k)) for k in keys],
                 [grouped.column(names.index(n)) for n in wanted])
 
     def partial(self, table: pa.Table, keys: tuple[str, ...] | list[str],
@@ -307,6 +314,25 @@ class Partials:
         """Group ``i``'s partial per aggregate (mean: ``(sum, count)``)."""
         return tuple((part_cols[idx[0]][i], part_cols[idx[1]][i]) if fn == "mean"
                      else part_cols[idx[0]][i] for fn, idx in self.reads)
+
+
+def _constant_key(table: pa.Table, keys: list[str]) -> str | None:
+    """The last of several ``keys`` whose column in ``table`` (rows > 1) holds one value
+    bit for bit (64-bit numbers without nulls, as window starts are), or ``None``."""
+    if len(keys) < 2 or table.num_rows < 2:
+        return None
+    for k in reversed(keys):
+        col = table.column(k)
+        if col.type not in _WORDS or col.null_count:
+            continue
+        a = (col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col).to_numpy(
+            zero_copy_only=False).view(np.int64)
+        if (a == a[0]).all():
+            return k
+    return None
+
+
+_WORDS = (pa.float64(), pa.int64())
 
 
 def is_partial(rb: pa.RecordBatch) -> bool:
