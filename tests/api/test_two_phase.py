@@ -583,3 +583,93 @@ def test_grouping_by_a_constant_key_column_gives_every_keys_groups(rows, same, s
     constant = t.num_rows > 1 and bits is not None and bool((bits == bits[0]).all())
     assert _constant_key(t, ["user", "__window_start"]) == ("__window_start" if constant
                                                             else None)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=12), st.integers(0, 2**16),
+       st.sampled_from([8, 64, 1 << 17]))
+def test_combines_holding_rows_send_what_the_operator_alone_computes(sizes, seed, max_rows):
+    """The keyed and the window combine hold the rows they are given and group them when
+    more than ``MAX_ROWS`` are held, a window is due or at a flush: batches spanning one, a
+    few or many windows, watermarks between them; the partials they send, merged by the
+    operator, give what the operator computes from the rows alone."""
+    from cutline.logical import AggSpec, BatchWindowSpec, ColumnKey, make_node
+    from cutline.protocol.windows import columns
+    from cutline.runtime.batch_windows import BatchWindowCombine
+    from cutline.runtime.batches import BatchCombine
+    from cutline.runtime.registry import build_operator
+
+    rng = np.random.default_rng(seed)
+    aggs = (("n", None, "count"), ("s", "v", "sum"), ("m", "v", "mean"))
+    batches, t0 = [], 0.0
+    for n in sizes:  # each batch a few seconds of event time, some spanning many windows
+        span = rng.choice([0.5, 4.0, 60.0])
+        ts = np.round(t0 + rng.uniform(0, span, n), 3)
+        t0 += span / 2
+        batches.append(pa.record_batch({
+            "user": pa.array([f"u{u}" for u in rng.integers(0, 5, n)]), "ts": pa.array(ts),
+            "v": pa.array(rng.integers(-9, 9, n))}))
+    # keyed
+    want = collections.defaultdict(lambda: [0, 0])
+    for rb in batches:
+        for u, v in zip(rb["user"].to_pylist(), rb["v"].to_pylist()):
+            want[u][0] += 1
+            want[u][1] += v
+    spec = AggSpec(("user",), aggs, partial=True)
+    comb = BatchCombine(make_node(1, "a.combine", "combine", spec, columnar=True))
+    comb.MAX_ROWS = max_rows
+    sent = [b for rb in batches for b in comb.process([rb])] + comb.flush()
+    op = build_operator(make_node(0, "a", "aggregate", spec, key_fn=ColumnKey(("user",)),
+                                  columnar=True), 0, 1, 128)
+    op.process(sent)
+    got = {r["user"]: [r["n"], r["s"]] for r in pa.Table.from_batches(op.flush()).to_pylist()}
+    assert got == {k: v for k, v in want.items()}
+    # windows: the combine's watermark trails the batches' times by 1 s
+    fired = []
+    for combined in (False, True):
+        wspec = BatchWindowSpec(("user",), aggs, tumbling(2.0), 0, "ts", columns(aggs),
+                                partial=combined)
+        op = build_operator(make_node(0, "w", "window_agg", wspec,
+                                      key_fn=ColumnKey(("user",)), columnar=True), 0, 1, 128)
+        wc = BatchWindowCombine(make_node(1, "w.combine", "combine", wspec, columnar=True))
+        wc.MAX_ROWS = max_rows
+        out = []
+        for rb in batches:
+            wm = float(rb["ts"].to_numpy().min()) - 1.0
+            out += op.process(wc.process([rb]) if combined else [rb])
+            if combined:
+                out += op.process(wc.on_watermark(wm))
+            out += op.on_watermark(wm)
+        if combined:
+            out += op.process(wc.flush())
+        out += op.on_watermark(float("inf"))
+        rows = pa.Table.from_batches([b for b in out if b.num_rows]).to_pylist()
+        fired.append(sorted((r["user"], r["start"], r["n"], r["s"]) for r in rows))
+    assert fired[0] == fired[1]
+
+
+def test_a_combine_sends_batches_of_another_type_and_names_a_bad_one():
+    """Rows whose summed column is int64, then float64: the combine sends both partials
+    (the aggregation converts them, exact); a column the aggregate cannot take fails
+    naming the batch it came in."""
+    from cutline.logical import AggSpec, ColumnKey, make_node
+    from cutline.runtime.batches import BatchCombine
+    from cutline.runtime.operators import UserFunctionError
+    from cutline.runtime.registry import build_operator
+
+    spec = AggSpec(("k",), (("s", "v", "sum"),), partial=True)
+    comb = BatchCombine(make_node(1, "a.combine", "combine", spec, columnar=True))
+    comb.process([pa.record_batch({"k": [1, 2], "v": [3, 4]})])
+    comb.process([pa.record_batch({"k": [1], "v": [2.0]})])
+    sent = comb.flush()
+    op = build_operator(make_node(0, "a", "aggregate", spec, key_fn=ColumnKey(("k",)),
+                                  columnar=True), 0, 1, 128)
+    assert len(sent) == 2
+    for b in sent:  # (one task batch each: the aggregation's from_batches takes one type)
+        op.process([b])
+    assert sorted((r["k"], r["s"]) for r in pa.Table.from_batches(op.flush()).to_pylist()) \
+        == [(1, 5), (2, 4)]
+    comb.process([pa.record_batch({"k": [1], "v": [1]})])
+    comb.process([pa.record_batch({"k": [7, 8, 9], "v": ["a", "b", "c"]})])
+    with pytest.raises(UserFunctionError, match="record batch of 3 rows"):
+        comb.flush()

@@ -765,12 +765,14 @@ class BatchWindowCombine(HeldPartials, Operator):
     planned by :func:`cutline.plan.plan` for windows without allowed lateness whose late
     rows are dropped): the rows of windows still open by the watermark this task has sent
     on (so by the aggregation's, which is never ahead of it while this task's output is
-    active) are grouped per key and window into partials, held, and sent before the
-    watermark that reaches their window's end (:meth:`on_watermark`), a barrier, the task
-    going idle, or the end of input; a row of a window the watermark reached goes on as it
-    is, and the window operator decides on it as on any row.  No state."""
+    active) are held per window as they came, grouped per key into partials once more
+    than ``MAX_ROWS`` are held or their window is due, and sent before the watermark that
+    reaches their window's end (:meth:`on_watermark`), a barrier, the task going idle, or
+    the end of input; a row of a window the watermark reached goes on as it is, and the
+    window operator decides on it as on any row.  No state."""
 
     flushes = True
+    kind = "window"
 
     def __init__(self, node: Node) -> None:
         super().__init__(node)
@@ -784,6 +786,9 @@ class BatchWindowCombine(HeldPartials, Operator):
         self.wm = NO_WATERMARK  # the watermark sent on after this operator
         self.held: list[pa.Table] = []
         self.rows = 0
+        self.raw: list[pa.Table] = []  # (unused: rows are held per window, below)
+        self.raw_rows = 0
+        self.by_start: dict[float, list[pa.Table]] = {}  # window start -> rows held
         self.agg_uid = node.uid.rsplit(".", 1)[0]
 
     def process(self, batch: list) -> list:
@@ -802,20 +807,40 @@ class BatchWindowCombine(HeldPartials, Operator):
                     rb, starts = rb.filter(pa.array(fresh)), starts[fresh]
                 cols = {k: rb.column(k) for k in self.keys}
                 cols.update({c: rb.column(c) for c, _ in self.partials.parts if c})
-                table = pa.table(cols).append_column(_START, pa.array(starts))
+                table = pa.table(cols)
                 lo, hi = starts.min(), starts.max()
-                if lo == hi or (hi - lo) / self.size >= 4:
-                    parts = [self.partials.partial(table, self.group)]
-                else:  # a few windows: grouped one at a time, by key alone (Partials.arrow)
-                    parts = [self.partials.partial(table.filter(pa.array(starts == s)),
-                                                   self.group) for s in np.unique(starts)]
+                windows = np.unique(starts) if lo != hi else None
+                if windows is not None and len(windows) > 8:  # many: grouped now, at once
+                    self._held_part(self.partials.partial(
+                        table.append_column(_START, pa.array(starts)), self.group))
+                    continue
             except (KeyError, ValueError, TypeError, pa.ArrowInvalid,
                     pa.ArrowNotImplementedError) as exc:
                 raise UserFunctionError(self.agg_uid, "window", Described(rb), exc) from exc
-            self.held.extend(parts)
-            self.rows += sum(part.num_rows for part in parts)
+            for s, t in ([(float(lo), table)] if windows is None else
+                         [(float(s), table.filter(pa.array(starts == s))) for s in windows]):
+                self.by_start.setdefault(s, []).append(t)
+                self.raw_rows += t.num_rows
+        if self.raw_rows > self.MAX_ROWS:
+            self._fold()
         out.extend(self._spill())
         return out
+
+    def _windows(self, starts: list[float]) -> list[pa.Table]:
+        """The rows held of the windows starting at ``starts``, grouped per key: one
+        table of partials per window (its start as the ``_START`` column)."""
+        n = len(self.keys)
+        out = []
+        for s in starts:
+            tables = self.by_start.pop(s)
+            self.raw_rows -= sum(t.num_rows for t in tables)
+            for part in self._grouped(tables, self.keys):
+                out.append(part.add_column(n, _START, pa.array(np.full(part.num_rows, s))))
+        return out
+
+    def _fold(self) -> None:
+        for part in self._windows(list(self.by_start)):
+            self._held_part(part)
 
     def on_watermark(self, ts: float) -> list:
         """The partials of the windows that watermark ``ts`` reaches (``end <= ts``) go on
@@ -823,9 +848,7 @@ class BatchWindowCombine(HeldPartials, Operator):
         window (it is never ahead of what this task sends), so the others stay held and
         merge with later rows, until their window is due, a barrier or the end of input."""
         self.wm = ts
-        if not self.held:
-            return []
-        due: list[pa.Table] = []
+        due = self._windows([s for s in self.by_start if s + self.size <= ts])
         keep: list[pa.Table] = []
         for t in self.held:
             ends = t.column(_START).to_numpy(zero_copy_only=False) + self.size
@@ -841,6 +864,5 @@ class BatchWindowCombine(HeldPartials, Operator):
         self.held, self.rows = keep, sum(t.num_rows for t in keep)
         if not due:
             return []
-        merged = due[0] if len(due) == 1 else self.partials.partial(
-            pa.concat_tables(due), [*self.keys, _START], True)
-        return [b for b in merged.combine_chunks().to_batches() if b.num_rows]
+        return [b for t in self._merged(due) for b in t.combine_chunks().to_batches()
+                if b.num_rows]

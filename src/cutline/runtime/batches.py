@@ -342,14 +342,68 @@ def is_partial(rb: pa.RecordBatch) -> bool:
 
 class HeldPartials:
     """What a combine holds (:class:`BatchCombine`, the window combine in
-    :mod:`cutline.runtime.batch_windows`): partial aggregates grouped by ``group``, merged
-    once more than ``MAX_ROWS`` are held, sent on at :meth:`flush` (or past 4x that)."""
+    :mod:`cutline.runtime.batch_windows`): the rows it was given, as they came (only the
+    columns the aggregates read), grouped into partials once more than ``MAX_ROWS`` of them
+    are held (:meth:`_fold`: one ``Table.group_by`` over many batches costs a fifth of one
+    per batch, whose keys repeat little), and the partial aggregates grouped by ``group``,
+    merged once more than ``MAX_ROWS`` are held, sent on at :meth:`flush` (or past 4x
+    that)."""
 
-    MAX_ROWS = 1 << 17  # held partials merged past this many rows; sent past 4x
+    MAX_ROWS = 1 << 17  # held rows grouped, held partials merged past this many; sent past 4x
     held: list[pa.Table]
     rows: int
     partials: Partials
     group: list[str]
+    agg_uid: str
+    kind = "aggregate"  # what an error names
+    raw: list[pa.Table]  # rows not grouped yet (:meth:`_hold`)
+    raw_rows: int
+
+    def _hold(self, table: pa.Table) -> list:
+        """Rows ``table`` held; what must go now."""
+        self.raw.append(table)
+        self.raw_rows += table.num_rows
+        if self.raw_rows > self.MAX_ROWS:
+            self._fold()
+            return self._spill()
+        return []
+
+    def _fold(self) -> None:
+        """The rows held, grouped into partials (held with the others)."""
+        if not self.raw:
+            return
+        raw, self.raw, self.raw_rows = self.raw, [], 0
+        for part in self._grouped(raw, self.group):
+            self._held_part(part)
+
+    def _grouped(self, tables: list[pa.Table], group: list[str]) -> list[pa.Table]:
+        """Rows ``tables`` as one partial per key of ``group`` (tables of other column
+        types grouped each alone: the aggregation converts them, or fails naming them);
+        a table the aggregates cannot take fails naming its first batch."""
+        try:
+            table = pa.concat_tables(tables, promote_options="default")
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            return [self._grouped_one(t, group) for t in tables]
+        try:
+            return [self.partials.partial(table, group)]
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
+                KeyError):
+            for t in tables:  # (which one: each alone)
+                self._grouped_one(t, group)
+            raise
+
+    def _grouped_one(self, table: pa.Table, group: list[str]) -> pa.Table:
+        try:
+            return self.partials.partial(table, group)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
+                KeyError) as exc:
+            rb = next((b for b in table.to_batches() if b.num_rows), None)
+            raise UserFunctionError(self.agg_uid, self.kind, Described(
+                rb if rb is not None else table), exc) from exc
+
+    def _held_part(self, part: pa.Table) -> None:
+        self.held.append(part)
+        self.rows += part.num_rows
 
     def _spill(self) -> list:
         """After holding more: merge what is held past ``MAX_ROWS``; what must go now."""
@@ -360,15 +414,30 @@ class HeldPartials:
         return []
 
     def _compact(self) -> None:
+        """The partials held merged into one table (those of other column types stay
+        beside it, sent as they are: the aggregation converts them, or fails naming
+        them)."""
         if len(self.held) > 1:
-            merged = self.partials.partial(pa.concat_tables(self.held), self.group, True)
-            self.held, self.rows = [merged], merged.num_rows
+            self.held = self._merged(self.held)
+            self.rows = sum(t.num_rows for t in self.held)
+
+    def _merged(self, parts: list[pa.Table]) -> list[pa.Table]:
+        """Partials ``parts`` merged into one table (or, of other column types, as they
+        are)."""
+        if len(parts) < 2:
+            return parts
+        try:
+            table = pa.concat_tables(parts, promote_options="default")
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            return parts
+        return [self.partials.partial(table, self.group, True)]
 
     def flush(self) -> list:
+        self._fold()
         if not self.held:
             return []
         self._compact()
-        out = [b for b in self.held[0].combine_chunks().to_batches() if b.num_rows]
+        out = [b for t in self.held for b in t.combine_chunks().to_batches() if b.num_rows]
         self.held, self.rows = [], 0
         return out
 
@@ -392,18 +461,20 @@ class BatchCombine(HeldPartials, Operator):
         self.interval = update_interval(getattr(spec, "updates", None))
         self.held: list[pa.Table] = []
         self.rows = 0
+        self.raw: list[pa.Table] = []
+        self.raw_rows = 0
+        self.columns = list(dict.fromkeys([*self.keys, *(c for c, _ in self.partials.parts
+                                                         if c)]))
         self.agg_uid = node.uid.rsplit(".", 1)[0]  # errors name the aggregation
 
     def process(self, batch: list) -> list:
-        try:
-            part = self.partials.partial(pa.Table.from_batches(batch), self.keys)
+        try:  # (the columns read, there: a missing one fails with its batch)
+            table = pa.Table.from_batches(batch).select(self.columns)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
                 KeyError) as exc:
             raise UserFunctionError(self.agg_uid, "aggregate", Described(batch[0]),
                                     exc) from exc
-        self.held.append(part)
-        self.rows += part.num_rows
-        return self._spill()
+        return self._hold(table)
 
 
 class ColumnarKeyed(Keyed):
