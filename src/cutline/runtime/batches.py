@@ -444,11 +444,12 @@ class HeldPartials:
 
 class BatchCombine(HeldPartials, Operator):
     """The local half of a keyed aggregation of a batch stream (two-phase aggregation,
-    planned by :func:`cutline.plan.plan`): each record batch grouped by key into partial
-    aggregates (``Table.group_by``), held and merged with those before, and sent on as one
-    partial per key at each :meth:`flush` (before every barrier, at the end of input, every
-    ``updates`` seconds), or when more than ``MAX_ROWS`` partials are held after merging.
-    No state: a snapshot never finds anything held."""
+    planned by :func:`cutline.plan.plan`): the rows of its record batches held, grouped by
+    key into partial aggregates (``Table.group_by``) once more than ``MAX_ROWS`` are held
+    (:class:`HeldPartials`), merged with those before, and sent on as one partial per key
+    at each :meth:`flush` (before every barrier, at the end of input, every ``updates``
+    seconds), or when more than ``MAX_ROWS`` partials are held after merging.  No state: a
+    snapshot never finds anything held."""
 
     flushes = True
 
