@@ -19,7 +19,8 @@
   - tumbling windows without allowed lateness, with numeric aggregates, on the memory
     backend: the open windows are held as columns, one row per (key, window start)
     (:class:`~cutline.state.columnar.ColumnarAggregates`): a batch's partials merge with
-    numpy, no Python call per key and window, and a watermark fires its windows as one
+    numpy, no Python call per key and window (a batch of partials of a window no row
+    holds yet adds its keys without a lookup), and a watermark fires its windows as one
     record batch with no Python call per window either.  The ``windows`` table keeps
     its per-key format: each snapshot writes the windows changed since the last into it,
     a fired window that a snapshot had written leaves it, and a restore loads it back
@@ -179,6 +180,10 @@ class BatchWindowAggregate(WindowOperator):
         self.open: ColumnarAggregates | None = None
         self.decided = False
         self.starts = np.zeros(0)  # per row of ``open``: its window's start (inf: fired)
+        # the starts some row of ``open`` holds (a window's, or pane's, rows all fire or
+        # go at once): a batch of partials of one start not among them holds only keys
+        # ``open`` does not, added without a lookup
+        self.open_starts: set[float] = set()
         self.saved = np.zeros(0, dtype=bool)  # per row: in the backend's table since a save
         self.gone = 0  # rows of ``open`` fired since it was last compacted
 
@@ -370,7 +375,10 @@ class BatchWindowAggregate(WindowOperator):
         if not self.decided:
             self._decide(key_cols, part_arrays)
         if self.open is not None:
-            rows = self.open.merge(key_cols, part_arrays)
+            s = key_cols[-1].to_numpy()
+            unheld = bool(len(s)) and float(s[0]) not in self.open_starts and bool(
+                (s == s[0]).all())
+            rows = self.open.merge(key_cols, part_arrays, unheld)
             self._held(rows, key_cols[-1].to_numpy())
             return
         key_lists = [c.to_pylist() for c in key_cols]
@@ -435,6 +443,9 @@ class BatchWindowAggregate(WindowOperator):
             saved[:len(self.saved)] = self.saved
             self.starts, self.saved = grown, saved
         self.starts[rows] = starts
+        if len(starts):
+            lo, hi = starts.min(), starts.max()
+            self.open_starts.update((float(lo),) if lo == hi else np.unique(starts).tolist())
 
     def _window_of(self, key: tuple) -> tuple[Any, tuple]:
         """A row's (key, window or pane) from its key in :attr:`open`: (key columns...,
@@ -490,6 +501,7 @@ class BatchWindowAggregate(WindowOperator):
         for r, w in fired:
             k, own = window_of(o.keys[r])
             self._mark(k, own if w is None else w)
+        self.open_starts.difference_update(np.unique(starts[due]).tolist())
         self.starts[due] = np.inf
         self.saved[due] = False
         o.unsaved[due] = False
@@ -584,6 +596,7 @@ class BatchWindowAggregate(WindowOperator):
     def restore(self, blobs: list[bytes]) -> None:
         super().restore(blobs)
         self.open, self.decided, self.gone = None, False, 0
+        self.open_starts = set()
         self.starts, self.saved = np.zeros(0), np.zeros(0, dtype=bool)
 
     def _add_groups(self, keys: list, parts: list, length: float,

@@ -182,20 +182,26 @@ class KeyedColumns:
         self.changed = _resized(self.changed, cap)
         self.seen = _resized(self.seen, cap)
 
-    def _add(self, keys: list) -> tuple[np.ndarray, np.ndarray, list, np.ndarray]:
+    def _add(self, keys: list, unheld: bool = False
+             ) -> tuple[np.ndarray, np.ndarray, list, np.ndarray]:
         """The rows of ``keys`` (``rows``), new rows made for those not held: their
-        positions in ``keys`` (``new``), the keys (``fresh``) and their rows (``at``)."""
+        positions in ``keys`` (``new``), the keys (``fresh``) and their rows (``at``).
+        ``unheld``: the caller knows that none of ``keys`` (distinct) is held: no
+        lookup."""
         index = self.index
-        rows = np.fromiter(map(index.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
+        if unheld:
+            rows = np.full(len(keys), -1, dtype=np.int64)
+        else:
+            rows = np.fromiter(map(index.get, keys, repeat(-1)), dtype=np.int64,
+                               count=len(keys))
         new = np.flatnonzero(rows < 0)
         if not len(new):
             self.seen[rows] = self.saves
             return rows, new, [], new
         start = self.size
         self._grow(start + len(new))
-        fresh = [keys[i] for i in new.tolist()]
-        for r, k in enumerate(fresh, start):
-            index[k] = r
+        fresh = keys if len(new) == len(keys) else [keys[i] for i in new.tolist()]
+        index.update(zip(fresh, range(start, start + len(fresh))))
         self.keys.extend(fresh)
         self.size = start + len(fresh)
         at = np.arange(start, self.size)
@@ -280,11 +286,12 @@ class ColumnarAggregates(KeyedColumns):
 
     # ------------------------------------------------------------------ merging
 
-    def rows_of(self, keys: list, key_cols: list | None = None) -> np.ndarray:
+    def rows_of(self, keys: list, key_cols: list | None = None,
+                unheld: bool = False) -> np.ndarray:
         """The rows of ``keys`` (Python values; tuples for several key columns; ``key_cols``:
         the same as Arrow columns), new ones added with what the backend holds for
-        them."""
-        rows, new, fresh, at = self._add(keys)
+        them (``unheld``: :meth:`_add`)."""
+        rows, new, fresh, at = self._add(keys, unheld)
         if len(new):
             for v, m in zip(self.vals, self.valid):
                 v[at] = 0
@@ -295,13 +302,14 @@ class ColumnarAggregates(KeyedColumns):
             elif maybe.any():
                 some = np.flatnonzero(maybe)
                 self._load([fresh[i] for i in some.tolist()], at[some])
-            taken = pa.array(new)
+            taken = pa.array(new) if len(new) < len(keys) else None
             for j, chunks in enumerate(self.key_chunks):
                 if key_cols is not None:
                     col = key_cols[j]
                     if isinstance(col, pa.ChunkedArray):
                         col = col.combine_chunks()
-                    chunks.append(col.take(taken).cast(self.key_types[j]))
+                    chunks.append((col if taken is None else col.take(taken)).cast(
+                        self.key_types[j]))
                 else:
                     vals = fresh if len(self.key_chunks) == 1 else [k[j] for k in fresh]
                     chunks.append(pa.array(vals, type=self.key_types[j]))
@@ -324,12 +332,13 @@ class ColumnarAggregates(KeyedColumns):
                         self.vals[p][r] = value
                         self.valid[p][r] = True
 
-    def merge(self, key_cols: list, part_arrays: list) -> np.ndarray:
+    def merge(self, key_cols: list, part_arrays: list, unheld: bool = False) -> np.ndarray:
         """One partial per key (``key_cols``, ``part_arrays``: Arrow columns of one
-        ``group_by``, keys unique) merged in; returns the keys' rows."""
+        ``group_by``, keys unique) merged in; returns the keys' rows (``unheld``: none of
+        the keys is held, :meth:`_add`)."""
         lists = [c.to_pylist() for c in key_cols]
         keys = lists[0] if len(lists) == 1 else list(zip(*lists))
-        rows = self.rows_of(keys, key_cols)
+        rows = self.rows_of(keys, key_cols, unheld)
         for fn, v, m, arr, t in zip(self.fns, self.vals, self.valid, part_arrays, self.types):
             if isinstance(arr, pa.ChunkedArray):
                 arr = arr.combine_chunks()
