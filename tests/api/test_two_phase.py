@@ -665,8 +665,7 @@ def test_a_combine_sends_batches_of_another_type_and_names_a_bad_one():
     op = build_operator(make_node(0, "a", "aggregate", spec, key_fn=ColumnKey(("k",)),
                                   columnar=True), 0, 1, 128)
     assert len(sent) == 2
-    for b in sent:  # (one task batch each: the aggregation's from_batches takes one type)
-        op.process([b])
+    op.process(sent)  # (one task batch: taken one record batch at a time)
     assert sorted((r["k"], r["s"]) for r in pa.Table.from_batches(op.flush()).to_pylist()) \
         == [(1, 5), (2, 4)]
     comb.process([pa.record_batch({"k": [1], "v": [1]})])

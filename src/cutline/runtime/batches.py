@@ -547,6 +547,9 @@ class BatchAggregate(ColumnarKeyed):
     def process(self, batch: list) -> list:
         if not batch:
             return batch
+        first = batch[0].schema
+        if any(not b.schema.equals(first) for b in batch[1:]):  # (columns of other types:
+            return [r for b in batch for r in self.process([b])]  # one batch at a time)
         key_cols, part_arrays = self._grouped(batch)
         if self.vectorised is None:
             self.vectorised = all(numeric(a.type) for a in part_arrays)
