@@ -130,6 +130,14 @@ def latest_start(ts: np.ndarray, offset: float, slide: float) -> np.ndarray:
     return np.where(last > ts, last - slide, np.where(last + slide <= ts, last + slide, last))
 
 
+def _distinct(starts: np.ndarray) -> np.ndarray:
+    """The distinct values of ``starts`` (window starts), sorted: most often one, found
+    without sorting."""
+    if len(starts) and starts.min() == starts.max():
+        return starts[:1]
+    return np.unique(starts)
+
+
 def _key_ids(rb: pa.RecordBatch, columns: list[str]) -> np.ndarray:
     """A dense id per row of ``rb``, equal for rows with equal keys (the ``columns``)."""
     ids: np.ndarray | None = None
@@ -375,11 +383,11 @@ class BatchWindowAggregate(WindowOperator):
         if not self.decided:
             self._decide(key_cols, part_arrays)
         if self.open is not None:
-            s = key_cols[-1].to_numpy()
-            unheld = bool(len(s)) and float(s[0]) not in self.open_starts and bool(
-                (s == s[0]).all())
+            starts = key_cols[-1].to_numpy()
+            windows = _distinct(starts)
+            unheld = len(windows) == 1 and float(windows[0]) not in self.open_starts
             rows = self.open.merge(key_cols, part_arrays, unheld)
-            self._held(rows, key_cols[-1].to_numpy())
+            self._held(rows, starts, windows)
             return
         key_lists = [c.to_pylist() for c in key_cols]
         n = len(self.partials.reads)  # (a combine's partials count their rows last)
@@ -432,8 +440,10 @@ class BatchWindowAggregate(WindowOperator):
             self._held(rows, np.array([k[-1] for k in found], dtype=np.float64))
             self.saved[rows] = True
 
-    def _held(self, rows: np.ndarray, starts: np.ndarray) -> None:
-        """Rows ``rows`` of :attr:`open` hold windows starting at ``starts``."""
+    def _held(self, rows: np.ndarray, starts: np.ndarray,
+              windows: np.ndarray | None = None) -> None:
+        """Rows ``rows`` of :attr:`open` hold windows starting at ``starts`` (``windows``:
+        the distinct ones, when known)."""
         n = self.open.size  # type: ignore[union-attr]
         if len(self.starts) < n:
             cap = max(1024, 2 * n)
@@ -443,9 +453,7 @@ class BatchWindowAggregate(WindowOperator):
             saved[:len(self.saved)] = self.saved
             self.starts, self.saved = grown, saved
         self.starts[rows] = starts
-        if len(starts):
-            lo, hi = starts.min(), starts.max()
-            self.open_starts.update((float(lo),) if lo == hi else np.unique(starts).tolist())
+        self.open_starts.update((_distinct(starts) if windows is None else windows).tolist())
 
     def _window_of(self, key: tuple) -> tuple[Any, tuple]:
         """A row's (key, window or pane) from its key in :attr:`open`: (key columns...,
@@ -501,7 +509,7 @@ class BatchWindowAggregate(WindowOperator):
         for r, w in fired:
             k, own = window_of(o.keys[r])
             self._mark(k, own if w is None else w)
-        self.open_starts.difference_update(np.unique(starts[due]).tolist())
+        self.open_starts.difference_update(_distinct(starts[due]).tolist())
         self.starts[due] = np.inf
         self.saved[due] = False
         o.unsaved[due] = False
@@ -799,7 +807,6 @@ class BatchWindowCombine(HeldPartials, Operator):
         self.wm = NO_WATERMARK  # the watermark sent on after this operator
         self.held: list[pa.Table] = []
         self.rows = 0
-        self.raw: list[pa.Table] = []  # (unused: rows are held per window, below)
         self.raw_rows = 0
         self.by_start: dict[float, list[pa.Table]] = {}  # window start -> rows held
         self.agg_uid = node.uid.rsplit(".", 1)[0]
@@ -821,16 +828,15 @@ class BatchWindowCombine(HeldPartials, Operator):
                 cols = {k: rb.column(k) for k in self.keys}
                 cols.update({c: rb.column(c) for c, _ in self.partials.parts if c})
                 table = pa.table(cols)
-                lo, hi = starts.min(), starts.max()
-                windows = np.unique(starts) if lo != hi else None
-                if windows is not None and len(windows) > 8:  # many: grouped now, at once
+                windows = _distinct(starts)
+                if len(windows) > 8:  # many: grouped now, at once
                     self._held_part(self.partials.partial(
                         table.append_column(_START, pa.array(starts)), self.group))
                     continue
             except (KeyError, ValueError, TypeError, pa.ArrowInvalid,
                     pa.ArrowNotImplementedError) as exc:
                 raise UserFunctionError(self.agg_uid, "window", Described(rb), exc) from exc
-            for s, t in ([(float(lo), table)] if windows is None else
+            for s, t in ([(float(windows[0]), table)] if len(windows) == 1 else
                          [(float(s), table.filter(pa.array(starts == s))) for s in windows]):
                 self.by_start.setdefault(s, []).append(t)
                 self.raw_rows += t.num_rows
