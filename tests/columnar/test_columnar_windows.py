@@ -88,10 +88,13 @@ def _steps(seed: int) -> list:
             continue
         n = rnd.randint(1, 12)
         lo = max(0, int(wm) - 10) * 2
+        ts = [rnd.randint(lo, int(wm) * 2 + 24) / 2 for _ in range(n)]
+        if rnd.random() < 0.3:  # a batch of one instant: of one window (or pane)
+            ts = [ts[0]] * n
         out.append(pa.record_batch({
             "k": [rnd.choice("abc") for _ in range(n)],
             "j": [rnd.randint(0, 1) for _ in range(n)],
-            "ts": pa.array([rnd.randint(lo, int(wm) * 2 + 24) / 2 for _ in range(n)]),
+            "ts": pa.array(ts),
             "v": [rnd.randint(-5, 20) for _ in range(n)]}))
     out.append(float("inf"))
     return out
