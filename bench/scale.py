@@ -452,22 +452,11 @@ def child_main(spec_path: str) -> int:
 
 def read_output(system: str, query: str, out: Path) -> dict:
     """What a run wrote, as {key: count} (key: user, or (user, window start))."""
-    import pyarrow.parquet as pq
-
     got: dict = {}
     if system == COLUMNAR:  # committed Parquet parts by subtask and checkpoint: later wins
         from cutline.connectors import ParquetSink
 
-        for f in ParquetSink(str(out)).committed_files():
-            t = pq.read_table(f).to_pydict()
-            if query == KEYED:
-                got.update(zip(t["user"], t["count"]))
-                continue
-            keys = list(zip(t["user"], t["start"]))
-            twice = [k for k in keys if k in got]
-            if twice:
-                raise RunFailed(f"window {twice[0]} written twice")
-            got.update(zip(keys, t["count"]))
+        add_parquet_counts(got, ParquetSink(str(out)).committed_files(), query)
     elif system == CUTLINE:
         parts = sorted(out.glob("*.pkl"), key=lambda f: int(f.stem.split("-")[1]))
         for f in parts:
@@ -475,23 +464,34 @@ def read_output(system: str, query: str, out: Path) -> dict:
     elif system in (ARROW_1, ARROW_POOL, BYTEWAX):
         got = pickle.loads((out / "result.pkl").read_bytes())
     elif query == KEYED:  # update mode, a directory per micro-batch: the latest count wins
-        for d in sorted(p for p in out.iterdir() if p.name.startswith("batch-")):
-            t = pq.read_table(d, columns=["user", "count"]).to_pydict()
-            got.update(zip(t["user"], t["count"]))
+        add_parquet_counts(got, sorted(p for p in out.iterdir()
+                                       if p.name.startswith("batch-")), query)
     else:
-        files = [p for p in out.rglob("*.parquet")
-                 if not any(s.startswith(("_", ".")) for s in p.relative_to(out).parts)]
-        for f in files:
-            t = pq.read_table(f, columns=["user", "start", "count"]).to_pydict()
-            for k in zip(t["user"], t["start"]):
-                if k in got:
-                    raise RunFailed(f"window {k} written twice")
-            got.update(zip(zip(t["user"], t["start"]), t["count"]))
+        add_parquet_counts(got, [p for p in out.rglob("*.parquet") if not any(
+            s.startswith(("_", ".")) for s in p.relative_to(out).parts)], query)
     if query == WINDOWED:
         got = {(u, float(s)): c for (u, s), c in got.items() if u != vs.SENTINEL}
     else:
         got.pop(vs.SENTINEL, None)
     return got
+
+
+def add_parquet_counts(got: dict, paths: list, query: str) -> None:
+    """The counts Parquet ``paths`` (files or directories) hold, read in order into ``got``:
+    a later count of a user wins (an update stream); a window written twice fails the run."""
+    import pyarrow.parquet as pq
+
+    for path in paths:
+        if query == KEYED:
+            t = pq.read_table(path, columns=["user", "count"]).to_pydict()
+            got.update(zip(t["user"], t["count"]))
+            continue
+        t = pq.read_table(path, columns=["user", "start", "count"]).to_pydict()
+        keys = list(zip(t["user"], t["start"]))
+        twice = next((k for k in keys if k in got), None)
+        if twice is not None:
+            raise RunFailed(f"window {twice} written twice")
+        got.update(zip(keys, t["count"]))
 
 
 def check_output(system: str, query: str, out: Path, expected: dict) -> dict:
