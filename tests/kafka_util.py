@@ -9,6 +9,7 @@ answering.  The helpers create topics, produce records and read a whole topic ba
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -79,17 +80,20 @@ class Broker:
         self.paused = False
 
     def stop(self, timeout: float = 5.0) -> None:
-        """SIGTERM, then SIGKILL if it has not exited within ``timeout`` seconds."""
-        if self.process.poll() is not None:
-            return
-        if self.paused:
-            self.resume()
-        self.process.terminate()
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout)
+        """SIGTERM, then SIGKILL if it has not exited within ``timeout`` seconds; its log
+        file goes with it (``CUTLINE_KEEP_BROKER_LOGS=1`` keeps it)."""
+        if self.process.poll() is None:
+            if self.paused:
+                self.resume()
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout)
+        if not os.environ.get("CUTLINE_KEEP_BROKER_LOGS"):
+            with contextlib.suppress(OSError):
+                os.remove(self.log_path)
 
     def log(self) -> str:
         try:

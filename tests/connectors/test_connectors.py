@@ -292,6 +292,33 @@ def sink(request, tmp_path):
     return request.param(tmp_path)
 
 
+def test_collect_sink_temporary_directory_goes_with_the_sink(tmp_path):
+    """A CollectSink without a path removes the directory it made when it is collected
+    (or at exit); a copy unpickled elsewhere (a worker's) removes nothing; a path given
+    stays."""
+    import gc
+
+    made = CollectSink()
+    w = writer(made)
+    w.write(recs(1, 2))
+    w.commit([w.pre_commit(1)])
+    copy = pickle.loads(pickle.dumps(made))
+    assert copy.results() == recs(1, 2)
+    del copy
+    gc.collect()
+    assert made.results() == recs(1, 2)  # the copy's end removed nothing
+    path = pathlib.Path(made.path)
+    assert path.is_dir()
+    del made, w
+    gc.collect()
+    assert not path.exists()
+    given = CollectSink(str(tmp_path / "kept"))
+    writer(given).write(recs(3))
+    del given
+    gc.collect()
+    assert (tmp_path / "kept").is_dir()
+
+
 def staged_files(sink):
     return sorted(p for p in (pathlib.Path(sink.path) / "_staging").rglob("*") if p.is_file())
 

@@ -252,7 +252,7 @@ class ColumnarFileReader(FileReader):
         size = len(data) - len(self._rest)
         if self._columnar.schema is not None and not self._per_split and \
                 self._src.files_at_once == 1:  # parsed with other blocks by read_batch
-            out.append(_Chunk(chunk, self._current_path(), self._off, self._line))
+            out.append(_Chunk(bytes(chunk), self._current_path(), self._off, self._line))
         else:
             here = _Chunk(chunk, self._current_path(), self._off, self._line)
             table = self._parse_jsonl(chunk, self._schema, here)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pickle
 import re
+import shutil
 import sys
 import tempfile
+import weakref
 
 from ..storage.fs import check_storage_options
 from .base import PICKLING_ERRORS, StagedWriter, get_fs, join, unpicklable
@@ -21,12 +23,19 @@ class CollectSink:
     since the previous one to ``<dir>/_staging/<job>/<subtask>/chk-<id>.pkl``; commit renames it
     to ``<dir>/committed/<job>/part-<subtask>-<id>.pkl``. ``path`` defaults to a fresh temporary
     directory created at construction: fine for local mode, but on a cluster pass a path (or
-    fsspec URL) that the driver and all executors share.
+    fsspec URL) that the driver and all executors share.  A temporary directory the sink
+    created goes when the sink does (garbage collected, or at the process's exit); a
+    ``path`` given stays.
     """
 
     def __init__(self, path: str | None = None, name: str = "collect", *,
                  storage_options: dict | None = None):
-        self.path = str(path) if path is not None else tempfile.mkdtemp(prefix="cutline-collect-")
+        if path is None:
+            self.path = tempfile.mkdtemp(prefix="cutline-collect-")
+            # only here: a copy unpickled in a worker (no ``__init__``) removes nothing
+            weakref.finalize(self, shutil.rmtree, self.path, True)
+        else:
+            self.path = str(path)
         self.name = name
         self.storage_options = check_storage_options(storage_options)
 
