@@ -29,7 +29,7 @@ from ..logical import AggSpec, BatchFunction, Node
 from ..logical import update_interval
 from ..protocol.windows import merge_partial
 from ..state.arrow_keys import key_groups
-from ..state.columnar import ColumnarAggregates, KeyedColumns, numeric
+from ..state.columnar import ColumnarAggregates, KeyedColumns, SumOverflow, numeric
 from ..state.keygroups import subtask_for_key_group
 from .operators import Keyed, Operator, UserFunctionError
 
@@ -287,9 +287,12 @@ class Partials:
         same = _constant_key(table, keys)
         by = keys if same is None else [k for k in keys if k != same]
         if partial:
+            _check_sums(table, [n for (n, f), (_, g) in zip(self.merge, self.parts)
+                                if f == "sum" and g == "sum"], by)
             grouped = table.group_by(by, use_threads=False).aggregate(self.merge)
             names, wanted = grouped.column_names, self.merged_names
         else:
+            _check_sums(table, [c for c, f in self.parts if f == "sum"], by)
             grouped = table.group_by(by, use_threads=False).aggregate(
                 [([] if c == "" else c, f) for c, f in self.parts])
             names, wanted = grouped.column_names, self.names
@@ -314,6 +317,37 @@ class Partials:
         """Group ``i``'s partial per aggregate (mean: ``(sum, count)``)."""
         return tuple((part_cols[idx[0]][i], part_cols[idx[1]][i]) if fn == "mean"
                      else part_cols[idx[0]][i] for fn, idx in self.reads)
+
+
+def _check_sums(table: pa.Table, columns: list[str], by: list[str]) -> None:
+    """Integer columns ``columns`` of ``table`` summed per key of ``by`` within their type,
+    or :class:`~cutline.state.columnar.SumOverflow`: Arrow's grouped sum wraps around
+    (modulo 2**64: a total in range comes out right, whatever it passed on the way).  No
+    sum can leave the type when the largest magnitude times the rows fits (every batch of
+    ordinary numbers: one ``min_max`` a column); otherwise the keys' sums are taken again
+    exactly (as decimals) and checked."""
+    for c in columns:
+        col = table.column(c)
+        t = col.type
+        if not pa.types.is_integer(t) or not table.num_rows:
+            continue
+        mm = pc.min_max(col)
+        lo, hi = mm["min"].as_py(), mm["max"].as_py()
+        if lo is None:
+            continue
+        info = np.iinfo(t.to_pandas_dtype())
+        if max(hi, -lo) <= info.max // table.num_rows:
+            continue
+        exact = pa.table({**{k: table.column(k) for k in by},
+                          c: pc.cast(col, pa.decimal128(38, 0))}).group_by(
+            by, use_threads=False).aggregate([(c, "sum")]).column(f"{c}_sum")
+        got = pc.min_max(exact)
+        low, high = got["min"].as_py(), got["max"].as_py()
+        if low is not None and (low < info.min or high > info.max):
+            raise SumOverflow(
+                f"the sum of column {c!r} overflows {t}: a key's sum reaches "
+                f"{high if high > info.max else low}, outside [{info.min}, {info.max}] "
+                "(Arrow would wrap it around): use a float column, or sum smaller values")
 
 
 def _constant_key(table: pa.Table, keys: list[str]) -> str | None:
@@ -387,19 +421,23 @@ class HeldPartials:
         try:
             return [self.partials.partial(table, group)]
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
-                KeyError):
+                KeyError) as exc:
             for t in tables:  # (which one: each alone)
                 self._grouped_one(t, group)
-            raise
+            raise self._failed(table, exc) from exc  # (only together: a sum's overflow)
+
+    def _failed(self, table: pa.Table, exc: Exception) -> UserFunctionError:
+        """The aggregation failed on ``table`` (named by its first batch)."""
+        rb = next((b for b in table.to_batches() if b.num_rows), None)
+        return UserFunctionError(self.agg_uid, self.kind, Described(
+            rb if rb is not None else table), exc)
 
     def _grouped_one(self, table: pa.Table, group: list[str]) -> pa.Table:
         try:
             return self.partials.partial(table, group)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
                 KeyError) as exc:
-            rb = next((b for b in table.to_batches() if b.num_rows), None)
-            raise UserFunctionError(self.agg_uid, self.kind, Described(
-                rb if rb is not None else table), exc) from exc
+            raise self._failed(table, exc) from exc
 
     def _held_part(self, part: pa.Table) -> None:
         self.held.append(part)
@@ -430,7 +468,10 @@ class HeldPartials:
             table = pa.concat_tables(parts, promote_options="default")
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             return parts
-        return [self.partials.partial(table, self.group, True)]
+        try:
+            return [self.partials.partial(table, self.group, True)]
+        except SumOverflow as exc:  # (partials that each fit, merged)
+            raise self._failed(table, exc) from exc
 
     def flush(self) -> list:
         self._fold()
@@ -562,6 +603,9 @@ class BatchAggregate(ColumnarKeyed):
         if self.columns is not None:
             try:
                 rows = self.columns.merge(key_cols, part_arrays)
+            except SumOverflow as exc:  # (a key's total and this batch's partial)
+                raise UserFunctionError(self.uid, "aggregate", Described(batch[0]),
+                                        exc) from exc
             except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
                 raise UserFunctionError(self.uid, "aggregate", Described(batch[0]), TypeError(
                     f"a column's aggregate is {[str(a.type) for a in part_arrays]} in this "

@@ -40,12 +40,34 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["ColumnarAggregates", "ColumnarRows", "HeldKeys", "KeyedColumns", "numeric"]
+__all__ = ["ColumnarAggregates", "ColumnarRows", "HeldKeys", "KeyedColumns", "SumOverflow",
+           "add_exact", "numeric"]
 
 
 def numeric(t: pa.DataType) -> bool:
     """A partial Arrow type the columns hold: integers and floats."""
     return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+
+class SumOverflow(pa.ArrowInvalid):
+    """An integer sum left its type's range (int64: beyond +-9.2e18).  numpy and Arrow
+    would wrap it around without a word; the job fails instead, as Spark SQL's ANSI mode
+    does (``ARITHMETIC_OVERFLOW``): a float column, or smaller values, sum without it."""
+
+
+def add_exact(cur: np.ndarray, x: np.ndarray, what: str = "a sum") -> np.ndarray:
+    """``cur + x`` for integer arrays, raising :class:`SumOverflow` where a sum leaves the
+    type's range (two's complement: the result's sign differs from both operands')."""
+    out = cur + x
+    if out.dtype.kind == "i":
+        bad = ((cur ^ out) & (x ^ out)) < 0
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise SumOverflow(
+                f"{what} overflows {out.dtype}: {int(cur[i])} + {int(x[i])} is outside "
+                f"[{np.iinfo(out.dtype).min}, {np.iinfo(out.dtype).max}] (use a float "
+                "column, or sum smaller values)")
+    return out
 
 
 class HeldKeys:
@@ -350,7 +372,7 @@ class ColumnarAggregates(KeyedColumns):
                 arr = arr.fill_null(0)
             x = arr.to_numpy(zero_copy_only=False)
             if fn in ("count_all", "count", "sum"):
-                v[rows] += x
+                v[rows] = add_exact(v[rows], x) if v.dtype.kind == "i" else v[rows] + x
             else:
                 had = m[rows]
                 cur = v[rows]
@@ -391,6 +413,17 @@ class ColumnarAggregates(KeyedColumns):
                     x = np.where(has, x, fill)
                 else:
                     x = np.where(has, x, 0)
+                    if x.dtype.kind == "i" and len(x) and max(int(x.max()), -int(x.min())) \
+                            > np.iinfo(x.dtype).max // max(1, int(lengths.max())):
+                        # a run's sum may leave the type: summed exactly, then checked
+                        exact = np.add.reduceat(x.astype(object), heads)
+                        lo, hi = np.iinfo(x.dtype).min, np.iinfo(x.dtype).max
+                        for total in exact.tolist():
+                            if not lo <= total <= hi:
+                                raise SumOverflow(
+                                    f"a sum overflows {x.dtype}: {total} is outside "
+                                    f"[{lo}, {hi}] (use a float column, or sum smaller "
+                                    "values)")
                 vals.append(ufunc.reduceat(x, heads))
                 valid.append(np.logical_or.reduceat(has, heads))
                 continue
