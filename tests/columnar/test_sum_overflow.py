@@ -143,3 +143,28 @@ def test_panes_merged_into_a_window_refuse_a_sum_past_int64():
     assert cols.merged(rows, np.array([0, 2]))[0].to_pylist() == [TOP, BIG]  # in range
     with pytest.raises(SumOverflow, match="overflows int64"):
         cols.merged(rows, np.array([0]))
+
+
+def test_a_sliding_window_whose_panes_overflow_fails_naming_it(tmp_path):
+    """Each pane's sum fits (one value per key and pane); the window over six of them
+    does not: it fails when it fires, naming the operator."""
+    from cutline import sliding
+
+    def panes(ids: np.ndarray) -> pa.RecordBatch:
+        return pa.record_batch({"k": pa.array(ids % 2), "v": pa.array(np.full(len(ids), BIG)),
+                                "ts": pa.array((ids // 2) * 10.0)})
+
+    p = _pipeline("overflow-panes", tmp_path)
+    (p.source(GeneratorSource(count=16, batch_fn=panes, batch_rows=2), uid="ev")
+     .assign_timestamps("ts", max_delay=0.0, uid="time")
+     .key_by("k").window(sliding(60, 10)).agg(uid="slid", total=("v", "sum"))
+     .sink(ParquetSink(str(tmp_path / "out")), uid="out"))
+    with pytest.raises(Exception, match=r"'slid' failed .*SumOverflow: .*overflows int64"):
+        p.run(engine="threads", timeout=60)
+
+
+def test_narrow_integers_sum_as_int64_as_arrow_does():
+    """int32 values past int32's range in sum: Arrow's sum is int64, nothing overflows."""
+    table = pa.table({"k": [0] * 8, "v": pa.array([2**30] * 8, pa.int32())})
+    keys, sums = Partials((("total", "v", "sum"),)).arrow(table, ["k"])
+    assert sums[0].to_pylist() == [2**33] and sums[0].type == pa.int64()

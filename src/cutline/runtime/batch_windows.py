@@ -68,7 +68,7 @@ from ..logical import BatchWindowSpec, Node
 from ..protocol.watermarks import NO_WATERMARK
 from ..protocol.windows import Session, Tumbling
 from ..state.arrow_keys import key_groups
-from ..state.columnar import ColumnarAggregates, HeldKeys, numeric
+from ..state.columnar import ColumnarAggregates, HeldKeys, SumOverflow, numeric
 from .batches import Described, HeldPartials, Partials, is_partial
 from .late import late_error
 from .operators import AssignTimestamps, Operator, UserFunctionError
@@ -734,7 +734,11 @@ class BatchWindowAggregate(WindowOperator):
 
     def on_watermark(self, ts: float) -> list:
         if self.open is not None:
-            rows = self._fire_open(ts)
+            try:
+                rows = self._fire_open(ts)
+            except SumOverflow as exc:  # (a sliding window's panes, merged)
+                raise UserFunctionError(self.uid, "window", f"<the windows watermark {ts} "
+                                        "fires>", exc) from exc
             return [rows] if rows is not None else []
         if self.panes:
             rows = self._fire_panes(ts)

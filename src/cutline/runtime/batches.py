@@ -335,6 +335,8 @@ def _check_sums(table: pa.Table, columns: list[str], by: list[str]) -> None:
         lo, hi = mm["min"].as_py(), mm["max"].as_py()
         if lo is None:
             continue
+        # (Arrow sums integers as 64 bits: int64, uint64 for unsigned)
+        t = pa.uint64() if pa.types.is_unsigned_integer(t) else pa.int64()
         info = np.iinfo(t.to_pandas_dtype())
         if max(hi, -lo) <= info.max // table.num_rows:
             continue
