@@ -29,7 +29,8 @@ from ..logical import AggSpec, BatchFunction, Node
 from ..logical import update_interval
 from ..protocol.windows import merge_partial
 from ..state.arrow_keys import key_groups
-from ..state.columnar import ColumnarAggregates, KeyedColumns, SumOverflow, numeric
+from ..state.columnar import (ColumnarAggregates, KeyedColumns, SumOverflow, numeric,
+                              sum_overflow)
 from ..state.keygroups import subtask_for_key_group
 from .operators import Keyed, Operator, UserFunctionError
 
@@ -336,8 +337,7 @@ def _check_sums(table: pa.Table, columns: list[str], by: list[str]) -> None:
         if lo is None:
             continue
         # (Arrow sums integers as 64 bits: int64, uint64 for unsigned)
-        t = pa.uint64() if pa.types.is_unsigned_integer(t) else pa.int64()
-        info = np.iinfo(t.to_pandas_dtype())
+        info = np.iinfo(np.uint64 if pa.types.is_unsigned_integer(t) else np.int64)
         if max(hi, -lo) <= info.max // table.num_rows:
             continue
         exact = pa.table({**{k: table.column(k) for k in by},
@@ -346,10 +346,8 @@ def _check_sums(table: pa.Table, columns: list[str], by: list[str]) -> None:
         got = pc.min_max(exact)
         low, high = got["min"].as_py(), got["max"].as_py()
         if low is not None and (low < info.min or high > info.max):
-            raise SumOverflow(
-                f"the sum of column {c!r} overflows {t}: a key's sum reaches "
-                f"{high if high > info.max else low}, outside [{info.min}, {info.max}] "
-                "(Arrow would wrap it around): use a float column, or sum smaller values")
+            raise sum_overflow(f"the sum of column {c!r}", f"a key's sum of "
+                               f"{high if high > info.max else low}", info.dtype)
 
 
 def _constant_key(table: pa.Table, keys: list[str]) -> str | None:

@@ -41,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 
 __all__ = ["ColumnarAggregates", "ColumnarRows", "HeldKeys", "KeyedColumns", "SumOverflow",
-           "add_exact", "numeric"]
+           "add_exact", "numeric", "sum_overflow"]
 
 
 def numeric(t: pa.DataType) -> bool:
@@ -55,7 +55,14 @@ class SumOverflow(pa.ArrowInvalid):
     does (``ARITHMETIC_OVERFLOW``): a float column, or smaller values, sum without it."""
 
 
-def add_exact(cur: np.ndarray, x: np.ndarray, what: str = "a sum") -> np.ndarray:
+def sum_overflow(what: str, value: Any, dtype: Any) -> SumOverflow:
+    """:class:`SumOverflow`: ``what`` came to ``value``, outside integer ``dtype``."""
+    info = np.iinfo(dtype)
+    return SumOverflow(f"{what} overflows {info.dtype}: {value} is outside [{info.min}, "
+                       f"{info.max}] (use a float column, or sum smaller values)")
+
+
+def add_exact(cur: np.ndarray, x: np.ndarray) -> np.ndarray:
     """``cur + x`` for integer arrays, raising :class:`SumOverflow` where a sum leaves the
     type's range (two's complement: the result's sign differs from both operands')."""
     out = cur + x
@@ -63,10 +70,7 @@ def add_exact(cur: np.ndarray, x: np.ndarray, what: str = "a sum") -> np.ndarray
         bad = ((cur ^ out) & (x ^ out)) < 0
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise SumOverflow(
-                f"{what} overflows {out.dtype}: {int(cur[i])} + {int(x[i])} is outside "
-                f"[{np.iinfo(out.dtype).min}, {np.iinfo(out.dtype).max}] (use a float "
-                "column, or sum smaller values)")
+            raise sum_overflow("a sum", f"{int(cur[i])} + {int(x[i])}", out.dtype)
     return out
 
 
@@ -416,14 +420,10 @@ class ColumnarAggregates(KeyedColumns):
                     if x.dtype.kind == "i" and len(x) and max(int(x.max()), -int(x.min())) \
                             > np.iinfo(x.dtype).max // max(1, int(lengths.max())):
                         # a run's sum may leave the type: summed exactly, then checked
-                        exact = np.add.reduceat(x.astype(object), heads)
-                        lo, hi = np.iinfo(x.dtype).min, np.iinfo(x.dtype).max
-                        for total in exact.tolist():
-                            if not lo <= total <= hi:
-                                raise SumOverflow(
-                                    f"a sum overflows {x.dtype}: {total} is outside "
-                                    f"[{lo}, {hi}] (use a float column, or sum smaller "
-                                    "values)")
+                        info = np.iinfo(x.dtype)
+                        for total in np.add.reduceat(x.astype(object), heads).tolist():
+                            if not info.min <= total <= info.max:
+                                raise sum_overflow("a sum", total, x.dtype)
                 vals.append(ufunc.reduceat(x, heads))
                 valid.append(np.logical_or.reduceat(has, heads))
                 continue
